@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv on
+# a fresh machine and install the project into it first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vitsweep demo
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+bench: $(STAMP)
+	$(PY) bench/model_throughput.py
+	$(PY) bench/input_pipeline.py
+	$(PY) bench/metrics_throughput.py
+	$(PY) bench/sweep_overhead.py
+
+clean:
+	rm -rf results .pytest_cache

@@ -1,0 +1,290 @@
+"""Every measurement of both studies for one checkpoint, as long-format rows (STUDIES.md, analysis/schema.py).
+
+``evaluate_checkpoint`` runs a model over a fixed evaluation subset under every
+condition and returns rows ``{intervention, level, layer, head, metric, value}``
+in the measurements vocabulary; the caller adds ``trial_id``, ``study`` and
+``checkpoint_epoch`` and hands them to ``analysis.tables``.
+
+How the work is organised: a *pass* is one model forward per batch under one
+(image intervention, PE scale, RPI on/off) condition, asking the model only for
+what that pass feeds (tokens for SSDC, attention maps only for the clean pass).
+The loop is batch-major: each batch is transformed once per image intervention
+(JPEG, blur) and then pushed through every pass that uses it, so no transformed
+copy of the evaluation set is held. Passes that coincide (alpha = 1 is the
+trained model) run once. Accumulators keep SSDC and attention statistics over
+the whole subset: one per (pass, layer, coordinate frame).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from analysis import metrics
+from analysis.interventions import (
+    ALPHAS,
+    BLUR_HEADLINE,
+    BLUR_KERNEL,
+    BLUR_LEVELS,
+    JPEG_HEADLINE,
+    JPEG_LEVELS,
+    Clean,
+    GaussianBlur,
+    Intervention,
+    Jpeg,
+    PEScale,
+    RandomPermutation,
+    apply_condition,
+)
+from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
+
+# PEs that `pe_scale` acts on (the additive table or the rotation angles); `none` has nothing to scale.
+SCALABLE_PES = ("ape", "sincos2d", "rope2d", "rope2d_mixed")
+
+
+def evaluation_subset(split: Any, size: int = 1000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded subset of a split: (images uint8 (n, 3, H, W), labels int64 (n,)), n = min(size, len).
+
+    The indices depend only on ``len(split)`` and ``seed``, so every trial on the
+    same data set is measured on the same images. They are sorted, so folder-backed
+    splits are read in order. ``split``: a Dataset of (uint8 image (3, H, W), int
+    label); in-memory ``TensorImages`` (``.images``, ``.labels``) are sliced directly.
+    """
+    if size < 1:
+        raise ValueError(f"evaluation subset size {size} must be >= 1")
+    generator = torch.Generator().manual_seed(seed)
+    indices = torch.randperm(len(split), generator=generator)[:size].sort().values
+    if hasattr(split, "images") and hasattr(split, "labels"):
+        return split.images[indices], torch.as_tensor(split.labels)[indices].long()
+    items = [split[int(i)] for i in indices]
+    return torch.stack([image for image, _ in items]), torch.tensor([int(label) for _, label in items])
+
+
+@dataclass
+class _Pass:
+    """One model condition over the evaluation subset and what it accumulates."""
+
+    image: Intervention  # Clean, Jpeg or GaussianBlur: acts on uint8 images
+    model: tuple[Intervention, ...]  # PEScale and/or RandomPermutation: act on the model call
+    tokens: bool = False  # SSDC at token indices (clean, or RPI scored against index coordinates)
+    content: bool = False  # SSDC un-permuted to the patches' positions (RPI, content coordinates)
+    attention: bool = False  # MAD, entropy, CLS mass
+    correct: torch.Tensor | int = 0  # a device tensor while running: no host sync per forward
+    total: int = 0
+    ssdc_index: list[metrics.SSDCAccumulator] = field(default_factory=list)  # per layer
+    ssdc_content: list[metrics.SSDCAccumulator] = field(default_factory=list)
+    attention_stats: list[metrics.AttentionAccumulator] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return int(self.correct) / self.total
+
+    def ssdc(self, content: bool = False) -> list[float]:
+        return [a.ssdc() for a in (self.ssdc_content if content else self.ssdc_index)]
+
+
+class _Plan:
+    """The passes an evaluation needs, deduplicated by condition."""
+
+    def __init__(self, seed: int):
+        self.rpi = RandomPermutation(seed)
+        self.passes: dict[tuple, _Pass] = {}
+
+    def need(self, image: Intervention, *, alpha: float = 1.0, rpi: bool = False, **wants: bool) -> _Pass:
+        model = ((PEScale(alpha),) if alpha != 1.0 else ()) + ((self.rpi,) if rpi else ())
+        key = (image, model)
+        if key not in self.passes:
+            self.passes[key] = _Pass(image, model)
+        run = self.passes[key]
+        for name, wanted in wants.items():
+            setattr(run, name, getattr(run, name) or wanted)
+        return run
+
+    def by_image(self) -> dict[Intervention, list[_Pass]]:
+        groups: dict[Intervention, list[_Pass]] = {}
+        for run in self.passes.values():
+            groups.setdefault(run.image, []).append(run)
+        return groups
+
+
+def _run_passes(
+    model: nn.Module,
+    plan: _Plan,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    grid: int,
+    batch_size: int,
+    device: torch.device,
+) -> None:
+    num_patches = grid * grid
+    groups = plan.by_image()
+    for batch_index, start in enumerate(range(0, len(images), batch_size)):
+        batch = images[start : start + batch_size].to(device)
+        target = labels[start : start + batch_size].to(device)
+        for image_intervention, runs in groups.items():
+            x = normalize(image_intervention.images(batch), mean, std)
+            for run in runs:
+                _, kwargs = apply_condition(
+                    run.model, x, batch_index=batch_index, num_patches=num_patches, device=device
+                )
+                out = model(x, return_tokens=run.tokens or run.content, return_attention=run.attention, **kwargs)
+                run.correct = run.correct + (out.logits.argmax(-1) == target).sum()
+                run.total += len(target)
+                if run.tokens or run.content:
+                    _update_ssdc(run, out.tokens, kwargs.get("perm"), grid)
+                if run.attention:
+                    if not run.attention_stats:
+                        run.attention_stats = [metrics.AttentionAccumulator(grid) for _ in out.attention]
+                    for accumulator, attn in zip(run.attention_stats, out.attention):
+                        accumulator.update(attn)
+
+
+def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | None, grid: int) -> None:
+    """Feed each layer's patch tokens (B, N, D) (CLS dropped) to the pass's SSDC accumulators."""
+    if run.tokens and not run.ssdc_index:
+        run.ssdc_index = [metrics.SSDCAccumulator(grid) for _ in tokens]
+    if run.content and not run.ssdc_content:
+        if perm is None:
+            raise ValueError("content-coordinate SSDC needs a permuted pass (RPI)")
+        run.ssdc_content = [metrics.SSDCAccumulator(grid) for _ in tokens]
+    for layer, layer_tokens in enumerate(tokens):
+        patches = layer_tokens[:, 1:]
+        if run.tokens:
+            run.ssdc_index[layer].update(patches)  # scored where the tokens sit: index coordinates
+        if run.content:
+            run.ssdc_content[layer].update(patches, perm=perm)
+
+
+def _row(intervention: str, level: float | None, layer: int, head: int, metric: str, value: float) -> dict[str, Any]:
+    return {
+        "intervention": intervention,
+        "level": None if level is None else float(level),
+        "layer": int(layer),
+        "head": int(head),
+        "metric": metric,
+        "value": float(value),
+    }
+
+
+def _delta_ssdc(per_layer: list[float]) -> float:
+    """dSSDC, NaN for a one-block model (it has no layer 1)."""
+    return metrics.delta_ssdc(per_layer) if len(per_layer) >= 2 else math.nan
+
+
+def evaluate_checkpoint(
+    model: nn.Module,
+    images_uint8: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    grid: int,
+    seed: int = 0,
+    batch_size: int = 128,
+    jpeg_levels: Sequence[int] = JPEG_LEVELS,
+    blur_levels: Sequence[float] = BLUR_LEVELS,
+    alphas: Sequence[float] = ALPHAS,
+    device: torch.device | str | None = None,
+) -> list[dict[str, Any]]:
+    """All Study P and Study L measurements of one model, as measurement rows.
+
+    model: a ``trainables.vit.ViT`` (forward with perm / pe_scale / return_tokens /
+    return_attention; ``model.config.pe`` decides whether alphas apply).
+    images_uint8: (n, 3, H, W) uint8, labels: (n,) int; mean, std: the data set's
+    normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per
+    batch, a function of seed and batch index, so identical for every model at
+    the same batch size). jpeg_levels: qualities; blur_levels: sigmas at kernel
+    ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``).
+
+    Returns rows {intervention, level, layer, head, metric, value} (layer -1 =
+    whole model, head -1 = not per head):
+      clean/None:    acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
+      jpeg/quality:  acc, fs          blur/sigma: acc, fs
+      rpi/None:      acc; ssdc (index coordinates), ssdc_content per layer; dssdc
+      pe_scale/alpha: acc; fs_jpeg (q JPEG_HEADLINE); fs_blur (BLUR_HEADLINE); ssdc per layer under
+                      RPI (index coordinates); dssdc
+    The model is put in eval mode for the evaluation and its previous mode restored.
+    """
+    if images_uint8.dtype != torch.uint8:
+        raise ValueError(
+            f"images_uint8 must be uint8 (n, 3, H, W): interventions act before normalisation; got {images_uint8.dtype}"
+        )
+    if len(images_uint8) != len(labels) or len(labels) == 0:
+        raise ValueError(f"need as many labels as images (>0); got {len(images_uint8)} images, {len(labels)} labels")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    pe = getattr(getattr(model, "config", None), "pe", None)
+    scaled_alphas = [float(a) for a in alphas] if pe in SCALABLE_PES else []
+
+    clean = Clean()
+    jpegs = {q: Jpeg(q) for q in jpeg_levels}
+    blurs = {s: GaussianBlur(s, BLUR_KERNEL) for s in blur_levels}
+    jpeg_headline, blur_headline = Jpeg(JPEG_HEADLINE), GaussianBlur(BLUR_HEADLINE[1], BLUR_HEADLINE[0])
+
+    plan = _Plan(seed)
+    clean_pass = plan.need(clean, tokens=True, attention=True)
+    rpi_pass = plan.need(clean, rpi=True, tokens=True, content=True)
+    jpeg_passes = {q: plan.need(j) for q, j in jpegs.items()}
+    blur_passes = {s: plan.need(b) for s, b in blurs.items()}
+    alpha_passes = {
+        a: (
+            plan.need(clean, alpha=a),
+            plan.need(jpeg_headline, alpha=a),
+            plan.need(blur_headline, alpha=a),
+            plan.need(clean, alpha=a, rpi=True, tokens=True),
+        )
+        for a in scaled_alphas
+    }
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            _run_passes(
+                model, plan, images_uint8, labels,
+                mean=mean, std=std, grid=grid, batch_size=batch_size, device=device,
+            )
+    finally:
+        model.train(was_training)
+
+    rows: list[dict[str, Any]] = []
+    acc_clean = clean_pass.accuracy
+    rows.append(_row("clean", None, -1, -1, "acc", acc_clean))
+    for layer, value in enumerate(clean_pass.ssdc()):
+        rows.append(_row("clean", None, layer, -1, "ssdc", value))
+    for layer, stats in enumerate(clean_pass.attention_stats):
+        per_head = {
+            "mad": stats.mean_attention_distance(normalize=True),
+            "mad_raw": stats.mean_attention_distance(normalize=False),
+            "entropy": stats.entropy(),
+            "cls_mass": stats.cls_mass(),
+        }
+        for metric, values in per_head.items():
+            rows.extend(_row("clean", None, layer, head, metric, v) for head, v in enumerate(values.tolist()))
+
+    for name, passes in (("jpeg", jpeg_passes), ("blur", blur_passes)):
+        for level, run in passes.items():
+            rows.append(_row(name, level, -1, -1, "acc", run.accuracy))
+            rows.append(_row(name, level, -1, -1, "fs", metrics.fragility(acc_clean, run.accuracy)))
+
+    rpi_index = rpi_pass.ssdc()
+    rows.append(_row("rpi", None, -1, -1, "acc", rpi_pass.accuracy))
+    rows.extend(_row("rpi", None, layer, -1, "ssdc", v) for layer, v in enumerate(rpi_index))
+    rows.extend(_row("rpi", None, layer, -1, "ssdc_content", v) for layer, v in enumerate(rpi_pass.ssdc(content=True)))
+    rows.append(_row("rpi", None, -1, -1, "dssdc", _delta_ssdc(rpi_index)))
+
+    for alpha, (plain, jpeg, blur, rpi) in alpha_passes.items():
+        rows.append(_row("pe_scale", alpha, -1, -1, "acc", plain.accuracy))
+        rows.append(_row("pe_scale", alpha, -1, -1, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
+        rows.append(_row("pe_scale", alpha, -1, -1, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
+        ssdc_rpi = rpi.ssdc()
+        rows.extend(_row("pe_scale", alpha, layer, -1, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
+        rows.append(_row("pe_scale", alpha, -1, -1, "dssdc", _delta_ssdc(ssdc_rpi)))
+    return rows

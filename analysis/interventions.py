@@ -1,0 +1,216 @@
+"""Named, parameterised inference-time interventions (STUDIES.md, Study P).
+
+Each intervention acts in one of two places, and says which by what it returns:
+
+- on the images, ``images(x)``: uint8 (B, 3, H, W) -> uint8 (B, 3, H, W), before
+  normalisation (``jpeg``, ``blur``): the "content-destroying shifts" of the
+  fragility score;
+- on the model call, ``model_kwargs(...)`` -> kwargs for ``ViT.forward``
+  (``rpi`` -> ``perm``, ``pe_scale`` -> ``pe_scale``).
+
+``clean`` does neither. Interventions compose: a condition is a tuple of them,
+applied with ``apply_condition``. Make one by name with ``make_intervention``;
+``INTERVENTIONS`` is the registry and ``DEFAULT_LEVELS`` the severity grids.
+
+JPEG quality 5 and blur kernel 5 / sigma 2.5 are the paper's headline shifts,
+set for 224 px images; at 32 px they are far harsher, hence the grids.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torchvision.io
+import torchvision.transforms.v2.functional as TF
+
+JPEG_LEVELS = (5, 10, 20, 50, 75)  # quality
+JPEG_HEADLINE = 5
+BLUR_KERNEL = 5
+BLUR_LEVELS = (0.5, 1.0, 1.5, 2.0, 2.5)  # sigma, at kernel BLUR_KERNEL
+BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
+ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # 0, 0.1, ..., 1.0
+
+
+class Intervention:
+    """Base: identity on images, no model kwargs. ``level`` is what the measurements table stores."""
+
+    name: ClassVar[str]
+
+    @property
+    def level(self) -> float | None:
+        return None
+
+    def images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, 3, H, W) -> uint8 (B, 3, H, W)."""
+        return images
+
+    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+        """Keyword arguments for ``ViT.forward`` on evaluation batch ``batch_index``."""
+        return {}
+
+
+def _check_uint8(images: torch.Tensor) -> None:
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise ValueError(f"interventions act on uint8 (B, 3, H, W) images; got {images.dtype} {tuple(images.shape)}")
+
+
+@dataclass(frozen=True)
+class Clean(Intervention):
+    name: ClassVar[str] = "clean"
+
+
+@dataclass(frozen=True)
+class Jpeg(Intervention):
+    """JPEG round trip at ``quality`` (1..100), per image with libjpeg on the CPU.
+
+    CPU even for GPU batches: nvjpeg encodes slightly differently, and the same
+    quality should mean the same pixels on every machine.
+    """
+
+    quality: int
+    name: ClassVar[str] = "jpeg"
+
+    def __post_init__(self):
+        quality = self.quality
+        if isinstance(quality, float) and quality.is_integer():  # levels come back from Parquet as float64
+            quality = int(quality)
+        if not isinstance(quality, (int, np.integer)) or isinstance(quality, bool) or not 1 <= quality <= 100:
+            raise ValueError(f"jpeg quality {self.quality!r} must be an integer in 1..100; defaults: {JPEG_LEVELS}")
+        object.__setattr__(self, "quality", int(quality))
+
+    @property
+    def level(self) -> float:
+        return float(self.quality)
+
+    def images(self, images: torch.Tensor) -> torch.Tensor:
+        _check_uint8(images)
+        with warnings.catch_warnings():
+            # torchvision 0.29 deprecates its image codecs in favour of torchcodec, which this
+            # environment does not ship; the codecs still work, and one warning per batch floods logs.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision.io")
+            encoded = torchvision.io.encode_jpeg(list(images.cpu()), quality=self.quality)
+            decoded = torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB)
+        return torch.stack(decoded).to(images.device)
+
+
+@dataclass(frozen=True)
+class GaussianBlur(Intervention):
+    """Gaussian blur with a ``kernel`` x ``kernel`` window (odd) and standard deviation ``sigma`` (pixels)."""
+
+    sigma: float
+    kernel: int = BLUR_KERNEL
+    name: ClassVar[str] = "blur"
+
+    def __post_init__(self):
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"blur sigma {self.sigma!r} must be a positive number; defaults: {BLUR_LEVELS}")
+        kernel = self.kernel
+        if isinstance(kernel, float) and kernel.is_integer():
+            kernel = int(kernel)
+        if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"blur kernel {self.kernel!r} must be a positive odd integer; default: {BLUR_KERNEL}")
+        object.__setattr__(self, "sigma", float(self.sigma))
+        object.__setattr__(self, "kernel", kernel)
+
+    @property
+    def level(self) -> float:
+        return self.sigma
+
+    def images(self, images: torch.Tensor) -> torch.Tensor:
+        _check_uint8(images)
+        return TF.gaussian_blur(images, kernel_size=[self.kernel, self.kernel], sigma=[self.sigma, self.sigma])
+
+
+def rpi_permutation(seed: int, batch_index: int, num_patches: int) -> torch.Tensor:
+    """The RPI permutation (N,) of evaluation batch ``batch_index``: a function of (seed, batch index) only.
+
+    So every model evaluated with the same seed and batch size sees the same
+    token orders, whatever else ran before (no shared generator state).
+    """
+    state = np.random.SeedSequence([seed, batch_index]).generate_state(1, np.uint64)[0]
+    generator = torch.Generator().manual_seed(int(state))
+    return torch.randperm(num_patches, generator=generator)
+
+
+@dataclass(frozen=True)
+class RandomPermutation(Intervention):
+    """RPI: one seeded permutation of the patch tokens per evaluation batch, passed as the model's ``perm``."""
+
+    seed: int = 0
+    name: ClassVar[str] = "rpi"
+
+    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+        return {"perm": rpi_permutation(self.seed, batch_index, num_patches).to(device)}
+
+
+@dataclass(frozen=True)
+class PEScale(Intervention):
+    """PE scaling: the additive PE table (CLS slot included) or RoPE angles times ``alpha``, no retraining."""
+
+    alpha: float
+    name: ClassVar[str] = "pe_scale"
+
+    def __post_init__(self):
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"pe_scale alpha {self.alpha!r} must be a finite number >= 0; defaults: {ALPHAS}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+
+    @property
+    def level(self) -> float:
+        return self.alpha
+
+    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+        return {"pe_scale": self.alpha}
+
+
+INTERVENTIONS: dict[str, type[Intervention]] = {
+    cls.name: cls for cls in (Clean, Jpeg, GaussianBlur, RandomPermutation, PEScale)
+}
+DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS}
+
+
+def make_intervention(name: str, level: float | None = None, **params: Any) -> Intervention:
+    """Build an intervention by registry name.
+
+    ``make_intervention("jpeg", 5)``, ``make_intervention("blur", 2.5, kernel=5)``,
+    ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rpi", seed=0)``,
+    ``make_intervention("clean")``. ``level`` is required exactly for the
+    interventions in ``DEFAULT_LEVELS``.
+    """
+    if name not in INTERVENTIONS:
+        raise ValueError(f"unknown intervention {name!r}; choose one of {tuple(INTERVENTIONS)}")
+    if name in DEFAULT_LEVELS:
+        if level is None:
+            raise ValueError(f"intervention {name!r} needs a level; defaults: {DEFAULT_LEVELS[name]}")
+        return INTERVENTIONS[name](level, **params)
+    if level is not None:
+        raise ValueError(
+            f"intervention {name!r} takes no level (got {level!r}); levelled ones: {tuple(DEFAULT_LEVELS)}"
+        )
+    return INTERVENTIONS[name](**params)
+
+
+def apply_condition(
+    condition: Sequence[Intervention],
+    images: torch.Tensor,
+    *,
+    batch_index: int,
+    num_patches: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Apply a tuple of interventions to one uint8 batch: (transformed uint8 images, merged model kwargs)."""
+    kwargs: dict[str, Any] = {}
+    for intervention in condition:
+        images = intervention.images(images)
+        extra = intervention.model_kwargs(batch_index=batch_index, num_patches=num_patches, device=device)
+        for key, value in extra.items():
+            if key in kwargs:
+                raise ValueError(f"condition {condition!r} sets model argument {key!r} twice")
+            kwargs[key] = value
+    return images, kwargs

@@ -1,0 +1,256 @@
+"""The analysis job: every checkpoint of a study measured on Ray Data.
+
+    vitsweep analyze demo                      # final checkpoints
+    vitsweep analyze study_l --checkpoints all # plus the log-spaced snapshots
+
+One Ray Data row per checkpoint (from the ``trials`` table); a pool of
+stateful actors (``Measurer``) each loads the evaluation subset of a data set
+once and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
+interventions of both studies; the interventions share each transformed
+image batch, so a checkpoint, not a checkpoint x intervention pair, is the
+unit of work) and writes that checkpoint's measurement rows to Parquet and a
+scalar summary to the trial's MLflow run. A corrupt or missing checkpoint is
+reported and skipped; the others are still measured. Re-running skips
+checkpoints already measured unless ``force``.
+
+Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every
+CPU starves Ray Data's other tasks and hangs forever, so the pool is sized
+from the cluster's resources with one CPU left free, and at least one actor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from analysis import tables, tracking
+
+log = logging.getLogger("vitsweep.analyze")
+CHECKPOINT_CHOICES = ("final", "all")
+_SNAPSHOT = re.compile(r"epoch_(\d+)\.pt$")
+
+
+def list_checkpoints(results: str, study: str, which: str = "final") -> list[dict[str, Any]]:
+    """One row per checkpoint to measure: trial_id, epoch, path (a state.pt / snapshot file)."""
+    if which not in CHECKPOINT_CHOICES:
+        raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
+    trials = tables.read_table(results, study, "trials")
+    if trials is None:
+        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study first")
+    rows = []
+    for t in trials.to_pylist():
+        if t["status"] != "finished":
+            continue
+        if t.get("checkpoint_path"):
+            rows.append({"trial_id": t["trial_id"], "epoch": int(t["epochs_completed"] or 0),
+                         "path": f"{t['checkpoint_path'].rstrip('/')}/state.pt", "dataset": t["dataset"],
+                         "data_root": t["data_root"]})
+        if which == "all" and t.get("snapshot_dir"):
+            for path in _list_files(t["snapshot_dir"]):
+                m = _SNAPSHOT.search(path)
+                if m and int(m.group(1)) != int(t["epochs_completed"] or -1):
+                    rows.append({"trial_id": t["trial_id"], "epoch": int(m.group(1)), "path": path,
+                                 "dataset": t["dataset"], "data_root": t["data_root"]})
+    return rows
+
+
+def _list_files(uri: str) -> list[str]:
+    from pyarrow import fs as pafs
+
+    fs, root = tables.filesystem(uri)
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    prefix = uri.split("://")[0] + "://" if "://" in uri else ""
+    return sorted(prefix + i.path for i in infos if i.type == pafs.FileType.File)
+
+
+class Measurer:
+    """Stateful Ray Data actor: caches evaluation subsets, measures one checkpoint per row."""
+
+    def __init__(self, results: str, study: str, mlflow_uri: str | None, eval_size: int, batch_size: int,
+                 threads: int):
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.results, self.study, self.mlflow_uri = results, study, mlflow_uri
+        self.experiment_id = tracking.ensure_experiment(mlflow_uri, study) if mlflow_uri else None
+        self.eval_size, self.batch_size = eval_size, batch_size
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._subsets: dict[tuple[str, str], Any] = {}
+
+    def _subset(self, dataset: str, data_root: str):
+        key = (dataset, data_root)
+        if key not in self._subsets:
+            from analysis.evaluate import evaluation_subset
+            from trainables.datasets import load_dataset
+
+            data = load_dataset(dataset, data_root, seed=0)
+            images, labels = evaluation_subset(data.test, self.eval_size, seed=0)
+            self._subsets[key] = (images, labels, data.mean, data.std)
+        return self._subsets[key]
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {"trial_id": [], "epoch": [], "status": [], "rows": [], "seconds": []}
+        for trial_id, epoch, path, dataset, data_root in zip(
+            batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
+        ):
+            t0 = time.perf_counter()
+            try:
+                n = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root))
+                status = "ok"
+            except Exception as exc:  # one bad checkpoint must not stop the study's analysis
+                n, status = 0, f"error: {type(exc).__name__}: {exc}"
+            out["trial_id"].append(str(trial_id))
+            out["epoch"].append(int(epoch))
+            out["status"].append(status)
+            out["rows"].append(n)
+            out["seconds"].append(time.perf_counter() - t0)
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> int:
+        from analysis.evaluate import evaluate_checkpoint
+        from trainables.train import load_model
+
+        local = _fetch(path)
+        try:
+            model, cfg, _ = load_model(local, map_location="cpu")
+        finally:
+            if local != path:
+                os.unlink(local)
+        images, labels, mean, std = self._subset(dataset, data_root)
+        rows = evaluate_checkpoint(model.to(self.device), images, labels, mean=mean, std=std,
+                                   grid=cfg.model.grid, seed=0, batch_size=self.batch_size, device=self.device)
+        tables.write_measurements(self.results, self.study, trial_id, epoch, rows)
+        if self.mlflow_uri:
+            run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
+            if run_id is not None:
+                tracking.log_metrics(self.mlflow_uri, run_id, summarize(rows), step=epoch)
+        return len(rows)
+
+
+def _fetch(path: str) -> str:
+    """A local copy of a checkpoint file (object stores are downloaded)."""
+    if "://" not in path:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        return path
+    from pyarrow import fs as pafs
+
+    fs, remote = tables.filesystem(path)
+    fd, local = tempfile.mkstemp(suffix=".pt")
+    os.close(fd)
+    pafs.copy_files(remote, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return local
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Scalar MLflow metrics from measurement rows, e.g. ``ssdc_rpi/layer_3``, ``fs_jpeg_q5``, ``mad_min``."""
+    from analysis.interventions import BLUR_HEADLINE, JPEG_HEADLINE
+
+    out: dict[str, float] = {}
+    mads = []
+    for r in rows:
+        iv, lvl, layer, metric, value = r["intervention"], r.get("level"), r["layer"], r["metric"], r["value"]
+        if iv == "clean" and metric == "acc":
+            out["acc_clean"] = value
+        elif iv == "clean" and metric == "ssdc":
+            out[f"ssdc/layer_{layer}"] = value
+        elif iv == "clean" and metric == "mad":
+            mads.append(value)
+        elif iv == "rpi" and metric == "ssdc":
+            out[f"ssdc_rpi/layer_{layer}"] = value
+        elif iv == "rpi" and metric == "ssdc_content":
+            out[f"ssdc_rpi_content/layer_{layer}"] = value
+        elif iv == "rpi" and metric == "dssdc":
+            out["dssdc_rpi"] = value
+        elif iv == "jpeg" and metric == "fs" and lvl == JPEG_HEADLINE:
+            out[f"fs_jpeg_q{JPEG_HEADLINE}"] = value
+        elif iv == "blur" and metric == "fs" and lvl == BLUR_HEADLINE[1]:
+            out[f"fs_blur_s{BLUR_HEADLINE[1]}"] = value
+    if mads:
+        out["mad_min"] = float(min(mads))
+    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
+
+
+def pool_size(max_actors: int | None, gpus_per_actor: float) -> tuple[int, float, float]:
+    """(actors, cpus per actor, gpus per actor) that fit the cluster with a CPU to spare."""
+    import ray
+
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 1.0), total.get("GPU", 0.0)
+    if gpus >= 1 and gpus_per_actor > 0:
+        fit = max(1, math.floor(gpus / gpus_per_actor))
+        cpu_each = max(0.5, min(2.0, (cpus - 1) / fit))
+        return (min(fit, max_actors or fit), cpu_each, gpus_per_actor)
+    fit = max(1, math.floor(cpus) - 1)
+    return (min(fit, max_actors or fit), 1.0 if cpus >= 2 else 0.5, 0.0)
+
+
+def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
+            checkpoints: str = "final", force: bool = False, eval_size: int = 1000, batch_size: int = 128,
+            max_actors: int | None = None, gpus_per_actor: float = 1.0) -> list[dict[str, Any]]:
+    """Measure a study's checkpoints; returns one status row per checkpoint."""
+    import ray
+
+    rows = list_checkpoints(results, study, checkpoints)
+    if not force:
+        done = tables.measured(results, study)
+        rows = [r for r in rows if (r["trial_id"], r["epoch"]) not in done]
+    log.info("analysis of %s: %d checkpoint(s) to measure", study, len(rows))
+    if not rows:
+        return []
+    if not ray.is_initialized():
+        ray.init(address=address) if address else ray.init()
+    actors, cpu_each, gpu_each = pool_size(max_actors, gpus_per_actor)
+    ds = ray.data.from_items(rows).map_batches(
+        Measurer,
+        fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,
+                               "eval_size": eval_size, "batch_size": batch_size, "threads": int(max(1, cpu_each))},
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
+        num_cpus=cpu_each,
+        num_gpus=gpu_each or None,
+    )
+    statuses = ds.take_all()
+    for s in statuses:
+        if s["status"] != "ok":
+            log.warning("checkpoint %s epoch %s skipped: %s", s["trial_id"], s["epoch"], s["status"])
+    ok = sum(s["status"] == "ok" for s in statuses)
+    log.info("analysis of %s: %d measured, %d skipped", study, ok, len(statuses) - ok)
+    return statuses
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study")
+    parser.add_argument("--results", default="results", help="results folder or URI (default ./results)")
+    parser.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<results>/mlflow.db)")
+    parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default="final",
+                        help="final checkpoints only, or also every log-spaced snapshot")
+    parser.add_argument("--force", action="store_true", help="measure again checkpoints already measured")
+    parser.add_argument("--eval-size", type=int, default=1000, help="evaluation images (fixed, seeded subset)")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--actors", type=int, help="cap on the actor pool (default: what the cluster fits)")
+    parser.add_argument("--gpus-per-actor", type=float, default=1.0, help="GPU share per actor when GPUs exist")
+    parser.add_argument("--address", help="Ray address; default a local Ray, 'auto' joins a cluster")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    results = args.results if "://" in args.results else os.path.abspath(args.results)
+    mlflow_uri = args.mlflow_uri or tracking.default_tracking_uri(results)
+    try:
+        tracking.check_tracking_uri(mlflow_uri)
+        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
+                           checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
+                           batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0 if all(s["status"] == "ok" for s in statuses) else 1

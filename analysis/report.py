@@ -1,0 +1,406 @@
+"""The study report: the papers' figures and tables regenerated from Parquet, with seed-level spread.
+
+    vitsweep report STUDY --results DIR          # or: python -m analysis.report STUDY --results DIR
+    build_report("results", "study_l")           # -> results/study_l/report/index.html
+
+Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``analysis.schema``) and writes
+``<results>/<study>/report/``: one PNG per figure and one self-contained ``index.html`` (figures
+inline as base64 PNGs). Any table may be missing or empty: a figure without its data is replaced
+by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
+numbers in ``analysis.claims``; this module loads the data, joins it and writes the page.
+
+Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol); a *trial* is
+one seed of a condition and the unit of every spread and test. Only finished trials count. Unless
+a figure is about training time, each trial contributes its last measured checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import html
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyarrow import fs as pafs
+
+from analysis import claims as numbers
+from analysis import figures
+from analysis.claims import FACTORS, REFERENCE, SWITCHES, canonical_protocol, model_label
+from analysis.schema import MEASUREMENTS, TRIAL_FIELDS
+from analysis.tables import filesystem, read_table, table_path
+
+log = logging.getLogger(__name__)
+
+# Headline severities of Study P's fragility score (FS): JPEG quality 5, blur kernel 5 sigma 2.5.
+HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
+_TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
+
+
+@dataclass
+class StudyData:
+    """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
+
+    trials: finished trials, one row each; dataset, pe, rpt (bool), protocol (canonical name), seed,
+        model (``ape + RPT``) and the three protocol switches are always present.
+    epochs: per-epoch rows of those trials.  measurements: long rows of every measured checkpoint.
+    raw_trials: the trials table as stored (all statuses), for the configuration section.
+    """
+
+    study: str
+    trials: pd.DataFrame
+    epochs: pd.DataFrame
+    measurements: pd.DataFrame
+    raw_trials: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, results: str, study: str) -> StudyData:
+        fs, root = filesystem(f"{results.rstrip('/')}/{study}")
+        if fs.get_file_info(root).type != pafs.FileType.Directory:
+            raise ValueError(f"no study {study!r} under {results!r}; studies there: {list_studies(results)}")
+        tables, notes = {}, []
+        for name in ("trials", "epochs", "measurements"):
+            table = read_table(results, study, name)
+            if table is None or table.num_rows == 0:
+                notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
+                tables[name] = pd.DataFrame()
+            else:
+                tables[name] = table.to_pandas()
+        return cls.from_frames(study, tables["trials"], tables["epochs"], tables["measurements"], notes=notes)
+
+    @classmethod
+    def from_frames(cls, study: str, trials: pd.DataFrame, epochs: pd.DataFrame, measurements: pd.DataFrame,
+                    *, notes: list[str] | None = None) -> StudyData:
+        """Clean and join raw tables (as ``pandas.read_parquet`` returns them)."""
+        notes = list(notes or [])
+        clean = _normalise_trials(trials, notes)
+        keys = clean[list(_TRIAL_KEYS)]
+        joined_epochs = epochs.merge(keys, on="trial_id") if "trial_id" in epochs else pd.DataFrame()
+        if measurements.empty or "trial_id" not in measurements:
+            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *_TRIAL_KEYS[1:]])
+        else:
+            joined = measurements.merge(keys, on="trial_id")
+            if dropped := len(measurements) - len(joined):
+                notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
+        joined["level"] = joined["level"].astype(float)
+        return cls(study, clean, joined_epochs, joined, trials, notes)
+
+    # -- views ---------------------------------------------------------------------
+    @cached_property
+    def final(self) -> pd.DataFrame:
+        """Measurement rows of each trial's last measured checkpoint."""
+        m = self.measurements
+        if m.empty:
+            return m
+        return m[m["checkpoint_epoch"] == m.groupby("trial_id")["checkpoint_epoch"].transform("max")]
+
+    def select(self, intervention: str, metric: str, *, level: float | None = None, per_layer: bool = False,
+               per_head: bool = False, final: bool = True) -> pd.DataFrame:
+        """Measurement rows of one (intervention, metric), optionally at one level; per_layer/per_head
+        keep only rows with layer >= 0 / head >= 0. ``final=False`` keeps every checkpoint."""
+        m = self.final if final else self.measurements
+        if m.empty:
+            return m
+        mask = (m["intervention"] == intervention) & (m["metric"] == metric)
+        if level is not None:
+            mask &= np.isclose(m["level"].to_numpy(float), level)
+        if per_layer:
+            mask &= m["layer"] >= 0
+        if per_head:
+            mask &= m["head"] >= 0
+        return m[mask]
+
+    @cached_property
+    def per_trial(self) -> pd.DataFrame:
+        """One row per finished trial: factors plus the headline metrics at the final checkpoint.
+
+        test_acc (trials table; the clean accuracy measurement where it is missing), min_mad (smallest
+        per-head MAD in the network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5):
+        the PE-scaling rows at alpha 1 stand in for fs_* when the severity grid lacks the headline level."""
+        t = self.trials
+        out = t[list(_TRIAL_KEYS) + (["img_size"] if "img_size" in t else [])].copy().set_index("trial_id")
+
+        def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
+            return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
+
+        acc = t.set_index("trial_id")["test_acc"].astype(float) if "test_acc" in t else pd.Series(dtype=float)
+        out["test_acc"] = acc.reindex(out.index).combine_first(per(self.select("clean", "acc")).reindex(out.index))
+        out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
+        out["dssdc"] = per(self.select("rpi", "dssdc"))
+        for name, kind, level in (("fs_jpeg", "jpeg", HEADLINE_JPEG_QUALITY), ("fs_blur", "blur", HEADLINE_BLUR_SIGMA)):
+            headline = per(self.select(kind, "fs", level=level))
+            scaled = per(self.select("pe_scale", name, level=1.0))
+            out[name] = headline.reindex(out.index).combine_first(scaled.reindex(out.index))
+        return out.reset_index()
+
+    def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
+        """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
+
+        For pe, rpt and protocol outside ``keep`` that take several values in ``df``, keep only the
+        ``REFERENCE`` value (ape, fixed order, baseline), or the most common one when the reference
+        is absent. Returns the slice and a description such as ``"pe = ape, protocol = baseline"``."""
+        said = []
+        for factor in ("pe", "rpt", "protocol"):
+            if factor in keep or factor not in df or df[factor].nunique() < 2:
+                continue
+            values = set(df[factor].unique())
+            value = REFERENCE[factor] if REFERENCE[factor] in values else df[factor].mode().iloc[0]
+            df = df[df[factor] == value]
+            shown = {"rpt": lambda v: "RPT" if v else "fixed"}.get(factor, str)(value)
+            said.append(f"{'token order' if factor == 'rpt' else factor} = {shown}")
+        return df, ", ".join(said)
+
+    def matches_paper_p(self, dataset: str) -> bool:
+        """Study P's numbers compare only at its setting: ImageNet-100 or 224 px images."""
+        if dataset == "imagenet100":
+            return True
+        t = self.trials[self.trials["dataset"] == dataset]
+        return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
+
+
+def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    """Finished trials with the factor columns filled in and named canonically."""
+    if raw.empty or "trial_id" not in raw:
+        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc"])
+    t = raw.copy()
+    if "status" in t:
+        others = t.loc[t["status"] != "finished", "status"].fillna("unknown").value_counts()
+        if len(others):
+            notes.append("not counted: " + ", ".join(f"{n} {s} trial(s)" for s, n in others.items()) + ".")
+        t = t[t["status"] == "finished"]
+    t = t.drop_duplicates("trial_id", keep="last")
+    if "protocol" not in t and all(s in t for s in SWITCHES):
+        t["protocol"] = [
+            "+".join(s for s in SWITCHES if row[s]) or "baseline" for row in t[list(SWITCHES)].to_dict("records")
+        ]
+    for column, default in (("dataset", "unknown"), ("pe", "unknown"), ("protocol", "unknown"), ("seed", -1)):
+        if column not in t:
+            notes.append(f"trials have no {column!r} column: every trial counted as {column} = {default}.")
+            t[column] = default
+        t[column] = t[column].fillna(default)
+    t["rpt"] = t["rpt"].fillna(False).astype(bool) if "rpt" in t else False
+    t["protocol"] = t["protocol"].map(canonical_protocol)
+    # The switches follow the protocol name, so a claim about "CutMix on" and one about protocol agree.
+    switches = pd.DataFrame([numbers.protocol_switches(p) for p in t["protocol"]], index=t.index)
+    t[list(SWITCHES)] = switches
+    t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
+    return t.reset_index(drop=True)
+
+
+def list_studies(results: str) -> list[str]:
+    """Study folders under ``results`` (for error messages)."""
+    fs, root = filesystem(results)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except (FileNotFoundError, OSError):
+        return []
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+# -- the page -----------------------------------------------------------------------
+SECTIONS = {
+    "P": "Study P: positional encodings anchor spatial structure",
+    "L": "Study L: the training protocol induces locality",
+    "T": "Across conditions and over training",
+}
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0} th,td{border:1px solid #ddd;padding:3px 7px}
+th{background:#f3f3f3} td{text-align:right} td:first-child,td:nth-child(2){text-align:left}
+figure{margin:1.2em 0} img{max-width:100%} figcaption,.caption{font-size:.85em;color:#444;max-width:1100px}
+.omitted{color:#777;font-style:italic;margin:.3em 0} .meta{color:#555}
+td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f7e0e0}
+"""
+
+
+def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None = None) -> Path:
+    """Write the report of ``study`` and return the path of its ``index.html``.
+
+    results: the results folder (or a pyarrow URI such as ``s3://bucket/results``; then ``out_dir``,
+    a local folder, is required). out_dir defaults to ``<results>/<study>/report``."""
+    if out_dir is None:
+        if "://" in results and not results.startswith("file://"):
+            raise ValueError(f"results {results!r} is remote: pass out_dir, a local folder for the report")
+        out_dir = Path(results.removeprefix("file://")) / study / "report"
+    data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    body = {key: [] for key in SECTIONS}
+    for section, title, draw in figures.FIGURES:
+        try:
+            plots = draw(data)
+        except figures.NoData as missing:
+            body[section].append(f'<p class="omitted">{_e(title)}: omitted ({_e(str(missing))}).</p>')
+            continue
+        except Exception as err:  # noqa: BLE001 - one broken figure must not cost the whole report
+            log.exception("figure %r failed", title)
+            body[section].append(f'<p class="omitted">{_e(title)}: could not be drawn ({_e(repr(err))}).</p>')
+            continue
+        for plot in plots:
+            png = figures.render_png(plot.figure)
+            (out / f"{_slug(plot.title)}.png").write_bytes(png)
+            src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+            body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}">'
+                                 f"<figcaption>{_e(plot.caption)}</figcaption></figure>")
+    body["L"].extend(_ablation_html(data))
+    body["T"].insert(0, _conditions_html(data))
+
+    claims = numbers.evaluate_claims(data)
+    claims.to_csv(out / "claims.csv", index=False)
+    page = _page(data, results, claims, body)
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, list[str]]) -> str:
+    n_final = len(data.trials)
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>vitsweep report: {_e(data.study)}</title>"
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>vitsweep report: {_e(data.study)}</h1>",
+        f"<p class='meta'>results: {_e(str(results))} · generated "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')} · code version: {_e(_code_version(data))} · "
+        f"{n_final} finished trial(s), {data.trials['seed'].nunique() if n_final else 0} seed(s)</p>",
+        "<nav>" + " · ".join(f"<a href='#{k}'>{_e(v.split(':')[0])}</a>" for k, v in
+                             [("claims", "Claims"), *SECTIONS.items(), ("config", "Configuration"),
+                              ("paper", "Paper numbers"), ("notes", "Notes")]) + "</nav>",
+        "<h2 id='claims'>Claims</h2>",
+        "<p class='caption'>Each claim of the two papers tested on this study's trials, separately per data set "
+        "and with the factors the claim does not name held at one value (shown in <i>setting</i>). Units are "
+        f"trials (seeds); p from a Mann-Whitney U test, alpha = {numbers.ALPHA}, no correction for the number of "
+        "claims. 'not enough seeds': with these group sizes even complete separation cannot reach p &lt; "
+        f"{numbers.ALPHA}. A claim of <i>no</i> effect is never 'supported' by a test that fails to reject: it is "
+        "reported as 'no significant difference (consistent with the claim)'; read the CI of the effect for how "
+        "large a difference the seeds still allow.</p>",
+        _claims_html(claims),
+    ]
+    for key, title in SECTIONS.items():
+        parts += [f"<h2 id='{key}'>{_e(title)}</h2>", *body[key]]
+    parts += ["<h2 id='config'>Configuration</h2>", _config_html(data),
+              "<h2 id='paper'>Paper numbers (for reference)</h2>",
+              "<p class='caption'>As reported in STUDIES.md. Drawn beside ours as markers only where the setting "
+              "matches (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100); otherwise compare with care: severities "
+              "set for 224 px are far harsher at 32 px, and Study L's MAD normalisation is not published.</p>",
+              _table(numbers.paper_reference_table()),
+              "<h2 id='notes'>Notes</h2>",
+              "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>" if data.notes else "<p>None.</p>",
+              "</body></html>"]
+    return "\n".join(parts)
+
+
+def _claims_html(claims: pd.DataFrame) -> str:
+    fmt = claims.copy()
+    for col in ("mean A", "mean B", "effect (A - B)"):
+        fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
+    fmt["p"] = fmt["p"].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
+    table = _table(fmt)
+    # Colour the verdict cells: mark each <td> holding a verdict with a class.
+    for v in numbers.VERDICTS:
+        cls = "v-" + v.split(" (")[0].replace(" ", "-")
+        table = table.replace(f"<td>{_e(v)}</td>", f"<td class='{cls}'>{_e(v)}</td>")
+    return table
+
+
+def _ablation_html(data: StudyData) -> list[str]:
+    tables = numbers.ablation_tables(data)
+    if not tables:
+        return ['<p class="omitted">Protocol ablation table: omitted (needs minimum MAD for two or more '
+                "protocols).</p>"]
+    out = []
+    for dataset, table, note in tables:
+        out += [f"<h3>Protocol ablation table ({_e(dataset)})</h3>",
+                "<p class='caption'>Minimum MAD = smallest per-head MAD in the network at the final checkpoint; "
+                "mean ± std over seeds, n = seeds.</p>", _table(table), f"<p class='caption'>{_e(note)}</p>"]
+    return out
+
+
+def _conditions_html(data: StudyData) -> str:
+    table = numbers.conditions_table(data)
+    if table.empty:
+        return '<p class="omitted">Conditions table: omitted (no finished trials).</p>'
+    return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
+            "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
+            "them).</p>" + _table(table))
+
+
+def _config_html(data: StudyData) -> str:
+    raw = data.raw_trials
+    if raw.empty:
+        return '<p class="omitted">Configuration: omitted (no trials table).</p>'
+    result_columns = set(TRIAL_FIELDS.names) - {"study"} | {"code_version"}
+    varying, constant = [], []
+    for col in (c for c in raw.columns if c not in result_columns):
+        values = raw[col].dropna().unique()
+        shown = sorted(map(str, values))
+        if len(shown) > 1:
+            listed = ", ".join(shown[:20]) + (f", … ({len(shown) - 20} more)" if len(shown) > 20 else "")
+            varying.append({"column": col, "distinct": len(shown), "values": listed})
+        else:
+            constant.append({"column": col, "value": shown[0] if shown else "—"})
+    code = f"<p>Code version: {_e(_code_version(data))}.</p>"
+    return (code + f"<h3>Varying ({len(varying)})</h3>" + _table(pd.DataFrame(varying)) +
+            f"<h3>Constant ({len(constant)})</h3>" + _table(pd.DataFrame(constant)))
+
+
+def _code_version(data: StudyData) -> str:
+    """The code version behind the finished trials; several are named with their trial counts."""
+    t = data.trials
+    if "code_version" not in t or t["code_version"].isna().all():
+        return "unknown"
+    counts = t["code_version"].fillna("unknown").value_counts()
+    if len(counts) == 1:
+        return str(counts.index[0])
+    return "MIXED: " + ", ".join(f"{v} ({n} trials)" for v, n in counts.items())
+
+
+def _table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "<p class='omitted'>(empty)</p>"
+    return df.to_html(index=False, border=0, na_rep="—", escape=True)
+
+
+def _e(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _slug(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+# -- command line ---------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``vitsweep report`` (the lead mounts them as a sub-command)."""
+    parser.add_argument("study", help="study name: the folder <results>/<study>")
+    parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
+    parser.add_argument("--out", default=None, help="report folder (default: <results>/<study>/report)")
+
+
+def run(args: argparse.Namespace) -> int:
+    index = build_report(args.results, args.study, out_dir=args.out)
+    print(index)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vitsweep report", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as err:  # a wrong study name or results folder: say so without a traceback
+        parser.error(str(err))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

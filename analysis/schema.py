@@ -1,0 +1,86 @@
+"""Parquet tables of a study: their layout on storage and their columns.
+
+Every table lives under ``<results>/<study>/<table>/`` as one Parquet file per
+writer unit (a trial, or a trial x checkpoint for measurements), so concurrent
+trials never write the same file and a resumed sweep overwrites its own file
+instead of appending duplicate rows. Read a whole table as a directory::
+
+    pyarrow.parquet.read_table("results/demo/trials")
+    pandas.read_parquet("results/demo/epochs")
+    duckdb.sql("SELECT * FROM read_parquet('results/demo/measurements/*.parquet', union_by_name=true)")
+
+``trials`` carries every flat run-config field as a column (see
+``trainables.config.RunConfig.to_flat``), so its schema is the fixed columns
+below plus the config's; ``epochs`` and ``measurements`` are fully fixed.
+
+measurements is long format: one row per trial x checkpoint epoch x
+intervention x level x layer x head x metric. ``layer == -1`` means the row is
+about the whole model, ``head == -1`` that it is not per head. The vocabulary
+(intervention, level -> metrics) is:
+
+==========  ===============  ==============================================================
+intervention level            metrics
+==========  ===============  ==============================================================
+clean       null             acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
+jpeg        quality          acc, fs
+blur        sigma (kernel 5) acc, fs
+rpi         null             acc; ssdc (index coords) and ssdc_content per layer; dssdc
+pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc
+==========  ===============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TABLES = ("trials", "epochs", "measurements")
+
+# Columns of `trials` beside the flat run config.
+TRIAL_FIELDS = pa.schema(
+    [
+        ("trial_id", pa.string()),
+        ("study", pa.string()),
+        ("status", pa.string()),  # finished | failed | running
+        ("epochs_completed", pa.int64()),
+        ("train_loss", pa.float64()),
+        ("train_acc", pa.float64()),
+        ("eval_loss", pa.float64()),
+        ("eval_acc", pa.float64()),
+        ("test_acc", pa.float64()),  # top-1 on the full official test split
+        ("checkpoint_path", pa.string()),
+        ("snapshot_dir", pa.string()),
+        ("wall_time_s", pa.float64()),
+        ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
+    ]
+)
+
+EPOCHS = pa.schema(
+    [
+        ("trial_id", pa.string()),
+        ("study", pa.string()),
+        ("epoch", pa.int64()),  # 1-based: metrics after that many epochs
+        ("train_loss", pa.float64()),
+        ("train_acc", pa.float64()),
+        ("eval_loss", pa.float64()),
+        ("eval_acc", pa.float64()),
+        ("lr", pa.float64()),
+        ("images_per_s", pa.float64()),
+        ("wall_time_s", pa.float64()),
+    ]
+)
+
+MEASUREMENTS = pa.schema(
+    [
+        ("trial_id", pa.string()),
+        ("study", pa.string()),
+        ("checkpoint_epoch", pa.int64()),  # 0 = untrained snapshot
+        ("intervention", pa.string()),
+        ("level", pa.float64()),  # null when the intervention has no level
+        ("layer", pa.int64()),  # -1: whole model
+        ("head", pa.int64()),  # -1: not per head
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+
+INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale")

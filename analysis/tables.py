@@ -1,0 +1,141 @@
+"""The one module that writes Parquet (layout and columns: ``analysis.schema``).
+
+Each writer unit owns one file: ``trials/<trial_id>.parquet``,
+``epochs/<trial_id>.parquet`` and ``measurements/<trial_id>-e<epoch>.parquet``.
+A retried or resumed trial overwrites its own files, so no table ever holds
+duplicate rows, concurrent trials never touch the same file, and no file is
+rewritten per *other* trial (nothing grows quadratically with the sweep).
+
+``results`` is a local folder or any URI pyarrow's filesystems understand
+(``s3://bucket/prefix``, ``gs://...``). Local writes go to a hidden temporary
+name and are renamed into place, so a reader never sees half a file; object
+stores make a finished upload visible atomically by themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from analysis.schema import EPOCHS, MEASUREMENTS, TABLES, TRIAL_FIELDS
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path) for a local folder or a remote URI."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    return pafs.FileSystem.from_uri(uri)
+
+
+def table_path(results: str, study: str, table: str) -> str:
+    """Folder of one table, in the same form (local path or URI) as ``results``."""
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; valid tables: {list(TABLES)}")
+    return f"{results.rstrip('/')}/{study}/{table}"
+
+
+def _write(table: pa.Table, results: str, study: str, name: str, file: str) -> str:
+    fs, root = filesystem(table_path(results, study, name))
+    fs.create_dir(root, recursive=True)
+    final = f"{root}/{file}.parquet"
+    if isinstance(fs, pafs.LocalFileSystem):
+        # Hidden temp name (leading dot, no .parquet suffix): readers skip it.
+        tmp = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, final)
+    else:
+        pq.write_table(table, final, filesystem=fs)
+    return final
+
+
+def _scalar_type(value: Any) -> pa.DataType:
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    return pa.string()
+
+
+def write_trial(results: str, study: str, config: Mapping[str, Any], outcome: Mapping[str, Any]) -> str:
+    """Write (or overwrite) the one ``trials`` row of a trial.
+
+    ``config`` is ``RunConfig.to_flat()``; ``outcome`` holds the fixed columns of
+    ``schema.TRIAL_FIELDS`` (missing ones are null)."""
+    columns = {f.name: pa.array([outcome.get(f.name)], type=f.type) for f in TRIAL_FIELDS}
+    for key, value in config.items():
+        if key not in columns:
+            columns[key] = pa.array([value], type=_scalar_type(value))
+    return _write(pa.table(columns), results, study, "trials", outcome["trial_id"])
+
+
+def write_epochs(results: str, study: str, trial_id: str, rows: Iterable[Mapping[str, Any]]) -> str:
+    """Write a trial's whole epoch history (one row per finished epoch)."""
+    rows = [{**r, "trial_id": trial_id, "study": study} for r in rows]
+    table = pa.Table.from_pylist(rows, schema=EPOCHS)
+    return _write(table, results, study, "epochs", trial_id)
+
+
+def write_measurements(
+    results: str, study: str, trial_id: str, checkpoint_epoch: int, rows: Iterable[Mapping[str, Any]]
+) -> str:
+    """Write the long-format measurement rows of one checkpoint of one trial."""
+    rows = [
+        {
+            **r,
+            "level": None if r.get("level") is None or _isnan(r["level"]) else float(r["level"]),
+            "trial_id": trial_id,
+            "study": study,
+            "checkpoint_epoch": checkpoint_epoch,
+        }
+        for r in rows
+    ]
+    table = pa.Table.from_pylist(rows, schema=MEASUREMENTS)
+    return _write(table, results, study, "measurements", f"{trial_id}-e{checkpoint_epoch}")
+
+
+def measured(results: str, study: str) -> set[tuple[str, int]]:
+    """(trial_id, checkpoint_epoch) pairs that already have measurement files."""
+    fs, root = filesystem(table_path(results, study, "measurements"))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except FileNotFoundError:
+        return set()
+    done = set()
+    for info in infos:
+        stem = info.base_name.removesuffix(".parquet")
+        if info.base_name.endswith(".parquet") and "-e" in stem:
+            trial_id, _, epoch = stem.rpartition("-e")
+            if epoch.isdigit():
+                done.add((trial_id, int(epoch)))
+    return done
+
+
+def read_table(results: str, study: str, table: str) -> pa.Table | None:
+    """A whole table, or None when nothing has been written yet."""
+    fs, root = filesystem(table_path(results, study, table))
+    info = fs.get_file_info(root)
+    if info.type != pafs.FileType.Directory:
+        return None
+    files = [
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(root))
+        if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+    ]
+    if not files:
+        return None
+    # Trials may differ in config columns (a study adds a field): unify by name.
+    tables = [pq.read_table(f, filesystem=fs) for f in sorted(files)]
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _isnan(x: Any) -> bool:
+    return isinstance(x, float) and math.isnan(x)

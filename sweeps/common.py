@@ -1,0 +1,74 @@
+"""What every study file shares: the options a user may change and the grid helper.
+
+A study is a module in ``sweeps/`` with a docstring (launch command, trial
+count, expected result), ``DEFAULTS`` (a ``StudyOptions``) and
+``trials(options) -> list[RunConfig]``. ``sweeps.STUDIES`` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainables.config import RunConfig
+from trainables.protocols import Protocol
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """The knobs every study accepts (``--datasets``, ``--seeds``, ``--epochs``, ``--preset``, ``--set``)."""
+
+    datasets: tuple[str, ...]
+    seeds: int
+    epochs: int
+    preset: str | None = None  # None: each data set's native preset
+    overrides: dict[str, Any] = field(default_factory=dict)
+    data_root: str = "data"
+
+
+# Native preset per image size: Study L's model at 32 and 64 px, Study P's at 224 px.
+NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
+
+ALL_PROTOCOLS = tuple(
+    Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True)
+)
+
+
+def native_preset(dataset: str) -> str:
+    from trainables.datasets import dataset_info
+
+    size = dataset_info(dataset).img_size
+    return NATIVE_PRESETS.get(size, "study_l")
+
+
+def make_trials(
+    study: str,
+    options: StudyOptions,
+    conditions: Iterable[dict[str, Any]],
+    base: dict[str, Any] | None = None,
+) -> list[RunConfig]:
+    """conditions x seeds, in that order, each a full RunConfig.
+
+    A condition is a dict with ``dataset`` and any run-config fields (``pe``,
+    ``rpt``, ``protocol``, ...); ``base`` holds the study's recipe; user
+    ``--set`` overrides win over both."""
+    configs = []
+    for cond in conditions:
+        cond = dict(cond)
+        dataset = cond.pop("dataset")
+        preset = options.preset or native_preset(dataset)
+        for seed in range(options.seeds):
+            fields = {
+                **(base or {}),
+                **cond,
+                "study": study,
+                "seed": seed,
+                "epochs": options.epochs,
+                "data_root": options.data_root,
+                **options.overrides,
+            }
+            warmup = fields.get("warmup_epochs", RunConfig.warmup_epochs)
+            fields["warmup_epochs"] = min(int(warmup), int(fields["epochs"]))
+            configs.append(RunConfig.for_dataset(dataset, preset=preset, **fields))
+    return configs

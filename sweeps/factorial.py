@@ -1,0 +1,29 @@
+"""The joint factorial of Study P and Study L.
+
+    vitsweep sweep factorial --datasets cifar100,tinyimagenet --seeds 3      # 56 x 2 x 3 = 336 trials
+    ray submit cluster/aws.yaml sweeps/run.py -- factorial --datasets cifar10,cifar100,tinyimagenet --seeds 5 ...
+
+PE {none, ape, sincos2d, rope2d} x token order {fixed, RPT} (less the
+redundant none + RPT: 7 conditions; ``--include-none-rpt`` adds it back)
+x the 8 protocols of Study L x data sets x
+seeds: 56 cells per data set and seed. Each data set uses its native preset
+(``study_l`` at 32/64 px, ``study_p`` at 224 px) and Study L's recipe.
+
+What it is for: every model gets every measurement of both studies, so
+cross-study questions become answerable: does CutMix change SSDC? Does RPT
+destroy locality? Is RoPE's low fragility stable across protocols?
+"""
+
+from sweeps.common import ALL_PROTOCOLS, StudyOptions, make_trials
+from sweeps.study_p import conditions as pe_conditions
+
+DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=100, preset=None)
+
+
+def trials(options: StudyOptions, *, include_none_rpt: bool = False):
+    cells = [
+        {**pe_cond, "protocol": p.name}
+        for pe_cond in pe_conditions(options.datasets, include_none_rpt=include_none_rpt)
+        for p in ALL_PROTOCOLS
+    ]
+    return make_trials("factorial", options, cells)

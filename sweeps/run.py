@@ -1,0 +1,271 @@
+"""Launcher: run a named study on Ray Tune + Ray Train, then analyse and report.
+
+Runs as a plain script, so a cluster user can write
+
+    ray submit cluster/aws.yaml sweeps/run.py -- study_l --results s3://BUCKET/vitsweep --mlflow-uri http://127.0.0.1:5000
+
+and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong
+(study, PE, data set, protocol, ``--set`` field, storage and MLflow URIs) is
+checked before Ray starts; ``--dry-run`` stops right after that check and
+prints the trial table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sweeps import STUDIES, load_study
+from sweeps.common import StudyOptions
+
+log = logging.getLogger("vitsweep")
+STAGES = ("train", "analyze", "report", "all")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help=f"one of {', '.join(STUDIES)}")
+    g = parser.add_argument_group("what to run")
+    g.add_argument("--datasets", help="comma-separated data sets (default: the study's)")
+    g.add_argument("--seeds", type=int, help="run seeds 0..N-1 (default: the study's)")
+    g.add_argument("--epochs", type=int, help="epochs per trial (default: the study's)")
+    g.add_argument("--preset", help="model preset for every trial (default: the study's / each data set's native one)")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable)")
+    g.add_argument("--include-none-rpt", action="store_true", help="factorial: keep the redundant none + RPT cell")
+    g.add_argument("--defaults-from", metavar="JSON", help="best config written by the hparam study")
+    g.add_argument("--stage", choices=STAGES, default="train", help="train (default), analyze, report, or all three")
+    g.add_argument("--dry-run", action="store_true", help="print the trial table and count; start nothing")
+    g.add_argument("--json", action="store_true", help="with --dry-run: only a JSON list of trial configs on stdout")
+    w = parser.add_argument_group("where it runs and writes")
+    w.add_argument("--results", default="results", help="local folder or URI (s3://...) for Parquet tables (default ./results)")
+    w.add_argument("--storage", help="checkpoints and Tune state, local or URI (default: <results>/storage)")
+    w.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<results>/mlflow.db for a local --results)")
+    w.add_argument("--data-root", default="data", help="where data sets live or are downloaded (default ./data)")
+    w.add_argument("--address", help="Ray address; default starts a local Ray, 'auto' joins a running cluster")
+    w.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are not re-run")
+    r = parser.add_argument_group("resources per trial")
+    r.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per Train worker; fractions share a GPU")
+    r.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per Train worker (default 1)")
+    r.add_argument("--workers-per-trial", type=int, default=1, help="Ray Train workers per trial (>1: DDP)")
+    r.add_argument("--max-concurrent", type=int, help="cap on trials running at once (default: what fits)")
+    r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its last checkpoint")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def build_trials(args: argparse.Namespace):
+    """The study's trial configs; raises ValueError on any bad name or value."""
+    study = load_study(args.study)
+    defaults: StudyOptions = study.DEFAULTS
+    overrides = {}
+    if args.defaults_from:
+        overrides.update(json.loads(Path(args.defaults_from).read_text()))
+    overrides.update(parse_overrides(args.set))
+    datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
+    if args.seeds is not None and args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    options = StudyOptions(
+        datasets=datasets,
+        seeds=args.seeds or defaults.seeds,
+        epochs=args.epochs or defaults.epochs,
+        preset=args.preset or defaults.preset,
+        overrides=overrides,
+        data_root=args.data_root,
+    )
+    kwargs = {"include_none_rpt": True} if args.include_none_rpt and args.study == "factorial" else {}
+    configs = study.trials(options, **kwargs)
+    ids = [c.trial_id for c in configs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the study produced duplicate trials; check --set overrides")
+    return configs
+
+
+def print_table(configs, stream=sys.stdout) -> None:
+    cols = ("trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr")
+    rows = [{**c.to_flat(), "trial_id": c.trial_id} for c in configs]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols} if rows else {c: len(c) for c in cols}
+    print("  ".join(c.ljust(widths[c]) for c in cols), file=stream)
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols), file=stream)
+    print(f"{len(rows)} trials", file=stream)
+
+
+def check_data(configs) -> None:
+    """Fail before Ray starts when a data set's root is missing or malformed."""
+    from trainables.datasets import check_root
+
+    for dataset, root in sorted({(c.dataset, c.data_root) for c in configs}):
+        check_root(dataset, root)
+
+
+def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(results, storage, mlflow_uri), validated."""
+    from analysis import tracking
+
+    results = args.results if "://" in args.results else os.path.abspath(args.results)
+    storage = args.storage or f"{results.rstrip('/')}/storage"
+    if "://" not in storage:
+        storage = os.path.abspath(storage)
+    for uri in (results, storage):
+        _check_uri(uri)
+    mlflow_uri = args.mlflow_uri or tracking.default_tracking_uri(results)
+    tracking.check_tracking_uri(mlflow_uri)
+    return results, storage, mlflow_uri
+
+
+def _check_uri(uri: str) -> None:
+    from analysis.tables import filesystem
+
+    try:
+        filesystem(uri)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own wording
+        raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
+
+
+def start_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    # The dashboard stays on: Ray Train's controller queries the state API it serves.
+    ray.init(address=address) if address else ray.init()
+
+
+def max_concurrent(args: argparse.Namespace) -> int | None:
+    """Trials that fit at once in the cluster as it is now, so none waits forever
+    for Train workers that the other trials' workers block."""
+    import ray
+
+    if args.max_concurrent:
+        return args.max_concurrent
+    total = ray.cluster_resources()
+    fits = [math.floor(total.get("CPU", 0) / (args.cpus_per_trial * args.workers_per_trial) + 1e-9)]
+    if args.gpus_per_trial > 0:
+        fits.append(math.floor(total.get("GPU", 0) / (args.gpus_per_trial * args.workers_per_trial) + 1e-9))
+    fit = min(fits)
+    if fit < 1:
+        if args.address:  # an autoscaling cluster adds nodes for pending trials
+            return None
+        raise ValueError(
+            f"one trial needs {args.workers_per_trial} worker(s) x {args.cpus_per_trial} CPU / "
+            f"{args.gpus_per_trial} GPU, but this Ray has {total.get('CPU', 0)} CPU / {total.get('GPU', 0)} GPU"
+        )
+    return fit
+
+
+def train_stage(args, configs, results, storage, mlflow_uri) -> int:
+    from ray import tune
+
+    from analysis import tracking
+    from trainables.ray_trainable import DRIVER_CPU, LaunchSettings, finished_trials, run_trial
+
+    experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
+    settings = LaunchSettings(
+        study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
+        workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
+    )
+    done = finished_trials(results, args.study)
+    todo = [c for c in configs if c.trial_id not in done]
+    log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
+    if not todo:
+        return 0
+    start_ray(args.address)
+    by_id = {c.trial_id: c.to_flat() for c in configs}
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, settings=settings, trials=by_id), {"CPU": DRIVER_CPU}
+    )
+    tune_dir = f"{storage.rstrip('/')}/{args.study}"
+    name = "tune"
+    restore_path = f"{tune_dir}/{name}"
+    if args.resume and tune.Tuner.can_restore(restore_path):
+        log.info("resuming the Tune experiment at %s", restore_path)
+        tuner = tune.Tuner.restore(restore_path, trainable=trainable, resume_errored=True, restart_errored=False)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"trial_id": tune.grid_search([c.trial_id for c in todo])},
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=max_concurrent(args),
+                trial_name_creator=_trial_name,
+                trial_dirname_creator=_trial_name,
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=tune_dir,
+                failure_config=tune.FailureConfig(max_failures=args.max_failures),
+                verbose=1,
+            ),
+        )
+    t0 = time.perf_counter()
+    grid = tuner.fit()
+    errors = [r for r in grid if r.error]
+    log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
+    return 1 if errors else 0
+
+
+def _trial_name(trial) -> str:
+    return trial.config["trial_id"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sweeps/run.py",
+        description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
+        epilog="example: python sweeps/run.py demo --stage all   |   python sweeps/run.py study_l --dry-run",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        configs = build_trials(args)
+        if args.dry_run:
+            if args.json:
+                json.dump([{**c.to_flat(), "trial_id": c.trial_id} for c in configs], sys.stdout, indent=1)
+                print()
+            else:
+                print_table(configs)
+            return 0
+        results, storage, mlflow_uri = resolve_locations(args)
+        if args.stage in ("train", "all"):
+            check_data(configs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    status = 0
+    if args.stage in ("train", "all"):
+        status = train_stage(args, configs, results, storage, mlflow_uri)
+    if args.stage in ("analyze", "all"):
+        from analysis.job import analyze
+
+        analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address)
+    if args.stage in ("report", "all"):
+        from analysis.report import build_report
+
+        path = build_report(results, args.study)
+        log.info("report: %s", path)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Session-wide fixtures: one real local Ray and one real demo sweep, shared.
+
+Starting Ray and training the demo study cost tens of seconds on a 2-core
+machine, so the suite pays for them once; tests that only read the demo's
+Parquet tables, MLflow runs or report reuse its output.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Settings that keep the demo sweep inside the suite's time budget on 2 cores.
+FAST_DEMO = ["--set", "epochs=2", "--set", "max_train_images=1024"]
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray instance with its own temp dir (never another session's)."""
+    import ray
+
+    # Unix socket paths must stay short: a short dir under /tmp, not pytest's tmp_path.
+    temp_dir = tempfile.mkdtemp(prefix="vsr-", dir="/tmp")
+    ray.init(num_cpus=2, _temp_dir=temp_dir, include_dashboard=True, configure_logging=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_results(ray_local, tmp_path_factory):
+    """The demo study trained, analysed and reported once: returns the results folder."""
+    from sweeps import run as launcher
+
+    results = tmp_path_factory.mktemp("demo-results")
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(["demo", "--stage", "all", "--results", str(results), *FAST_DEMO])
+    assert launcher.run(args) == 0
+    return results

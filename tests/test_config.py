@@ -1,0 +1,60 @@
+"""RunConfig: flat round trip, overrides, trial ids."""
+
+import pytest
+
+from trainables.config import RunConfig
+
+
+def cfg(**overrides):
+    return RunConfig.for_dataset("shapes", preset="tiny", **overrides)
+
+
+def test_flat_round_trip_keeps_every_field():
+    c = cfg(pe="rope2d", rpt=True, cutmix=True, lr=3e-4)
+    flat = c.to_flat()
+    assert flat["pe"] == "rope2d" and flat["protocol"] == "cutmix" and flat["depth"] == 2
+    assert all(isinstance(v, (bool, int, float, str)) for v in flat.values())
+    assert RunConfig.from_flat(flat) == c
+
+
+def test_model_fits_the_dataset():
+    c = cfg()
+    assert (c.model.img_size, c.model.patch_size, c.model.grid) == (32, 4, 8)
+    assert c.model.num_classes == 10
+
+
+def test_string_overrides_are_parsed_to_field_types():
+    c = cfg().with_overrides({"lr": "5e-4", "depth": "3", "rpt": "true", "protocol": "modern"})
+    assert c.lr == 5e-4 and c.model.depth == 3 and c.rpt is True
+    assert (c.autoaugment, c.cutmix, c.label_smoothing) == (True, True, True)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"lr_max": "1"}, "unknown run-config field 'lr_max'.*valid fields"),
+        ({"optimizer": "sgd"}, "optimizer must be one of .*'adamw'.*got 'sgd'"),
+        ({"pe": "rope3d"}, "rope3d"),
+        ({"rpt": "maybe"}, "rpt expects a boolean"),
+        ({"protocol": "fancy"}, "fancy"),
+        ({"epochs": "0"}, "epochs must be >= 1"),
+    ],
+)
+def test_bad_values_name_the_value_and_the_choices(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        cfg().with_overrides(overrides)
+
+
+def test_trial_id_is_stable_readable_and_ignores_where_it_runs():
+    a = cfg(pe="ape", rpt=True, cutmix=True, seed=3)
+    assert a.trial_id.startswith("shapes-ape-rpt-cutmix-s3-")
+    assert a.trial_id == cfg(pe="ape", rpt=True, cutmix=True, seed=3).trial_id
+    assert a.trial_id == cfg(pe="ape", rpt=True, cutmix=True, seed=3, data_root="/elsewhere").trial_id
+    assert a.trial_id != cfg(pe="ape", rpt=True, cutmix=True, seed=3, lr=2e-3).trial_id
+
+
+def test_from_flat_rejects_a_protocol_that_contradicts_the_switches():
+    flat = cfg().to_flat()
+    flat["protocol"] = "cutmix"
+    with pytest.raises(ValueError, match="contradicts"):
+        RunConfig.from_flat(flat)

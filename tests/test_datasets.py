@@ -1,0 +1,403 @@
+"""Data sets: the procedural `shapes` set, the loaders on small files in each official layout
+(written here), the real CIFAR-10 / Tiny-ImageNet archives when ../shared/data has them,
+holdout splits, and the errors a user sees."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import decode_image, write_jpeg, write_png
+
+from trainables import shapes
+from trainables.datasets import (
+    DATASETS,
+    IMAGENET100_WNIDS,
+    DataRootError,
+    ImageFiles,
+    TensorImages,
+    check_root,
+    dataset_info,
+    holdout_split,
+    link_imagenet100,
+    load_dataset,
+    patch_size_for,
+)
+
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec (not a dependency yet):
+# one warning per decoded file would make pytest record ~10^5 of them.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+# -- shapes ----------------------------------------------------------------------------------
+
+
+def test_shapes_deterministic_per_seed_and_different_across_seeds():
+    a_images, a_labels = shapes.make_shapes(200, seed=3)
+    b_images, b_labels = shapes.make_shapes(200, seed=3)
+    c_images, c_labels = shapes.make_shapes(200, seed=4)
+    assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+    assert not torch.equal(a_labels, c_labels)
+    assert (a_images.float() - c_images.float()).abs().mean() > 10  # whole scenes differ, not a few pixels
+
+
+@pytest.mark.parametrize("img_size", [32, 64])
+def test_shapes_balanced_uint8_and_sized(img_size):
+    images, labels = shapes.make_shapes(300, img_size=img_size, seed=0)
+    assert images.dtype == torch.uint8 and images.shape == (300, 3, img_size, img_size)
+    assert labels.dtype == torch.int64
+    assert torch.bincount(labels, minlength=10).tolist() == [30] * 10
+    assert images.min() < 40 and images.max() > 215  # the full range is used: real contrast
+
+
+def test_shapes_objects_sit_where_their_class_says():
+    """Class 1 (square near the centre) and 9 (square in a corner) differ only in position.
+    Brute force over the rendered pixels: the object (pixels far from the image's median)
+    has its centroid within ~3.6 px of the centre for 1 (jitter +-2.56 px per axis) and
+    at least ~6 px away for 9 (edges at most 1 + 4 px from two borders, half-size <= 5.7 px)."""
+    images, labels = shapes.make_shapes(400, seed=1)
+    grey = images.float().mean(1)  # (N, S, S)
+    median = grey.flatten(1).median(1).values.view(-1, 1, 1)
+    mask = ((grey - median).abs() > 60).float()  # the object: >= 0.15 away from any background
+    ys, xs = torch.meshgrid(torch.arange(32.0) + 0.5, torch.arange(32.0) + 0.5, indexing="ij")
+    area = mask.sum((1, 2)).clamp(min=1)
+    cy, cx = (mask * ys).sum((1, 2)) / area, (mask * xs).sum((1, 2)) / area
+    offset = ((cy - 16) ** 2 + (cx - 16) ** 2).sqrt()
+    assert offset[labels == 1].max() < 4.8 < offset[labels == 9].min()
+
+
+def test_load_shapes_splits():
+    data = load_dataset("shapes", holdout_fraction=0.05, seed=0)
+    assert (data.num_classes, data.img_size, data.patch_size) == (10, 32, 4)
+    assert (len(data.train), len(data.holdout), len(data.test)) == (9500, 500, 2000)
+    assert isinstance(data.train, TensorImages) and data.train.images.dtype == torch.uint8
+    image, label = data.test[0]
+    assert image.shape == (3, 32, 32) and isinstance(label, int)
+    assert all(0 < m < 1 for m in data.mean) and all(0 < s < 0.5 for s in data.std)
+    assert data.classes == shapes.CLASSES
+    assert data.split("holdout") is data.holdout
+    with pytest.raises(ValueError, match="valid"):
+        data.split("val")
+
+
+# -- holdout -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 0.1, 0.37])
+def test_holdout_disjoint_sized_and_stratified(fraction):
+    labels = torch.arange(1003) % 7  # unequal class sizes: 144 or 143
+    train, holdout = holdout_split(labels, fraction, seed=5)
+    assert len(holdout) == round(fraction * len(labels))
+    assert set(train.tolist()).isdisjoint(holdout.tolist())
+    assert sorted(train.tolist() + holdout.tolist()) == list(range(len(labels)))
+    per_class = torch.bincount(labels[holdout], minlength=7).double()
+    assert ((per_class - fraction * torch.bincount(labels).double()).abs() < 1).all()
+
+
+def test_holdout_seeded():
+    labels = torch.arange(500) % 5
+    assert torch.equal(holdout_split(labels, 0.1, seed=1)[1], holdout_split(labels, 0.1, seed=1)[1])
+    assert not torch.equal(holdout_split(labels, 0.1, seed=1)[1], holdout_split(labels, 0.1, seed=2)[1])
+
+
+def test_holdout_rows_are_removed_from_train(tmp_path):
+    root = _write_folder(tmp_path / "f", classes=("a", "b"), per_class=10, size=16, fmt="png")
+    full = load_dataset("folder", root, img_size=16, holdout_fraction=0.0)
+    data = load_dataset("folder", root, img_size=16, holdout_fraction=0.2, seed=3)
+    assert len(data.holdout) == 4 and len(data.train) == 16
+    keep = sorted(set(range(20)) - set(data.holdout_indices.tolist()))
+    assert torch.equal(data.holdout.images, full.train.images[data.holdout_indices])
+    assert torch.equal(data.train.images, full.train.images[keep])
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match="cifar100.*folder|folder.*cifar100"):
+        load_dataset("cifar1000")
+    with pytest.raises(ValueError, match="tinyimagenet"):
+        dataset_info("imagenet")
+
+
+@pytest.mark.parametrize("name", ["tinyimagenet", "imagenet100", "folder"])
+def test_missing_root_fails_at_once_naming_path(name, tmp_path):
+    root = tmp_path / "nowhere"
+    with pytest.raises(DataRootError, match=re.escape(str(root))) as err:
+        load_dataset(name, root)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, FileNotFoundError)
+    assert "xpected" in str(err.value)  # says what it expected there
+    with pytest.raises(DataRootError, match=re.escape(str(root))):
+        check_root(name, root)
+
+
+def test_cifar_missing_without_download_names_root_files_and_url(tmp_path):
+    with pytest.raises(DataRootError) as err:
+        load_dataset("cifar100", tmp_path, download=False)
+    message = str(err.value)
+    assert str(tmp_path / "cifar-100-python") in message and "train" in message and "meta" in message
+    assert "cifar-100-python.tar.gz" in message
+
+
+def test_cifar_malformed_file_is_named(tmp_path):
+    folder = _write_cifar(tmp_path, "cifar100", n_train=10, n_test=5)
+    (folder / "test").write_bytes(b"not a pickle")
+    with pytest.raises(DataRootError, match=re.escape(str(folder / "test"))):
+        load_dataset("cifar100", tmp_path)
+
+
+def test_bad_img_size_and_fraction():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        load_dataset("shapes", img_size=36)
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        load_dataset("shapes", holdout_fraction=1.0)
+
+
+def test_tinyimagenet_annotation_with_unknown_wnid(tmp_path):
+    root = _write_tinyimagenet(tmp_path, wnids=("n01", "n02"), per_class=2, val_per_class=1)
+    with open(root / "val" / "val_annotations.txt", "a") as fh:
+        fh.write("val_99.JPEG\tn99\t0\t0\t1\t1\n")
+    with pytest.raises(DataRootError, match="val_annotations.txt:3"):
+        load_dataset("tinyimagenet", root)
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,size,patch,classes", [
+    ("shapes", 32, 4, 10), ("cifar10", 32, 4, 10), ("cifar100", 32, 4, 100),
+    ("tinyimagenet", 64, 8, 200), ("imagenet100", 224, 16, 100),
+])
+def test_registry_gives_the_studies_grids(name, size, patch, classes):
+    info = dataset_info(name)
+    assert (info.img_size, info.patch_size, info.num_classes) == (size, patch, classes)
+    assert info.grid == (14 if size == 224 else 8)
+
+
+def test_folder_info_reads_root(tmp_path):
+    root = _write_folder(tmp_path / "f", classes=("x", "y", "z"), per_class=2, size=24, fmt="png")
+    with pytest.raises(ValueError, match="needs a root"):
+        dataset_info("folder")
+    info = dataset_info("folder", root)
+    assert (info.num_classes, info.img_size, info.patch_size) == (3, 24, 3)
+    assert set(DATASETS) == {"shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder"}
+
+
+def test_patch_size_rule():
+    assert [patch_size_for(s) for s in (32, 64, 128, 224)] == [4, 8, 16, 16]
+
+
+def test_imagenet100_list_is_cmc():
+    assert len(IMAGENET100_WNIDS) == len(set(IMAGENET100_WNIDS)) == 100
+    assert IMAGENET100_WNIDS[0] == "n02869837" and IMAGENET100_WNIDS[-1] == "n02090622"
+
+
+# -- loaders on small files in each official layout --------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_pickles(name, tmp_path):
+    folder = _write_cifar(tmp_path, name, n_train=30, n_test=12)
+    data = load_dataset(name, tmp_path, holdout_fraction=0.0)
+    written = _read_written(folder, name)
+    num_classes = 10 if name == "cifar10" else 100
+    assert data.num_classes == num_classes and len(data.classes) == num_classes
+    assert data.classes[3] == f"class_{3}"
+    assert torch.equal(data.train.images, written["train"][0]) and torch.equal(data.train.labels, written["train"][1])
+    assert torch.equal(data.test.images, written["test"][0]) and torch.equal(data.test.labels, written["test"][1])
+    assert data.mean == DATASETS[name].mean
+    resized = load_dataset(name, tmp_path, holdout_fraction=0.0, img_size=64)
+    assert resized.train.images.shape[1:] == (3, 64, 64) and resized.patch_size == 8
+
+
+@pytest.mark.parametrize("use_parent", [True, False])
+def test_tinyimagenet_layout(tmp_path, use_parent):
+    wnids = ("n03", "n01", "n02")  # wnids.txt order is not sorted: classes must be
+    folder = _write_tinyimagenet(tmp_path, wnids=wnids, per_class=4, val_per_class=2, grey_first=True)
+    root = tmp_path if use_parent else folder
+    data = load_dataset("tinyimagenet", root, holdout_fraction=0.25)
+    assert data.classes == ("n01", "n02", "n03")
+    assert (len(data.train), len(data.holdout), len(data.test)) == (9, 3, 6)
+    assert data.train.images.shape[1:] == (3, 64, 64) and data.patch_size == 8
+    # val order follows val_annotations.txt; labels are sorted-wnid indices
+    expected = [sorted(wnids).index(w) for w in wnids for _ in range(2)]
+    assert data.test.labels.tolist() == expected
+    # greyscale JPEG (n01_0, the first training file) -> three equal channels; a colour one is not
+    full = load_dataset("tinyimagenet", root, holdout_fraction=0.0)
+    grey, colour = full.train.images[0], full.train.images[1]
+    assert torch.equal(grey[0], grey[1]) and torch.equal(grey[1], grey[2])
+    assert not torch.equal(colour[0], colour[1])
+
+
+def test_folder_in_memory_exact_pixels(tmp_path):
+    root = _write_folder(tmp_path / "f", classes=("b", "a"), per_class=3, size=32, fmt="png", test_dir="val")
+    data = load_dataset("folder", root, holdout_fraction=0.0)
+    assert isinstance(data.train, TensorImages) and data.classes == ("a", "b")
+    first = decode_image(str(root / "train" / "a" / "0.png"))
+    assert torch.equal(data.train.images[0], first)
+    assert data.train.labels.tolist() == [0, 0, 0, 1, 1, 1] and len(data.test) == 6
+    assert data.img_size == 32 and data.patch_size == 4
+
+
+def test_folder_large_is_lazy(tmp_path):
+    root = _write_folder(tmp_path / "f", classes=("a", "b"), per_class=3, size=(150, 200), fmt="jpg")
+    data = load_dataset("folder", root, img_size=128, holdout_fraction=0.34)
+    assert isinstance(data.train, ImageFiles) and isinstance(data.test, ImageFiles)
+    assert data.train[0][0].shape == (3, 150, 200)  # native size: the protocol crops it
+    assert data.holdout[0][0].shape == (3, 128, 128) and data.test[0][0].shape == (3, 128, 128)
+    assert data.mean == (0.485, 0.456, 0.406)
+
+
+def test_imagenet100_via_symlinks(tmp_path):
+    wnids = IMAGENET100_WNIDS[:3]
+    imagenet = tmp_path / "imagenet"
+    for split, n in (("train", 3), ("val", 2)):
+        for k, w in enumerate((*wnids, "n99999999")):  # an extra class that must not be linked
+            _write_images(imagenet / split / w, n, size=(260, 300), fmt="jpg", seed=k)
+    root = link_imagenet100(imagenet, tmp_path / "in100", wnids=wnids)
+    assert sorted(p.name for p in (root / "train").iterdir()) == sorted(wnids)
+    with pytest.warns(UserWarning, match="not the CMC"):
+        data = load_dataset("imagenet100", root, holdout_fraction=0.0)
+    assert (data.num_classes, data.img_size, data.patch_size) == (3, 224, 16)
+    assert len(data.train) == 9 and len(data.test) == 6
+    assert data.train[0][0].shape == (3, 260, 300) and data.test[0][0].shape == (3, 224, 224)
+    with pytest.raises(DataRootError, match="missing"):
+        link_imagenet100(imagenet, tmp_path / "other")  # the full list is not there
+
+
+# -- real archives (../shared/data), unpacked once per session ------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_data(tmp_path_factory):
+    archives = [SHARED_DATA / "cifar10-jpeg.tar.gz", SHARED_DATA / "tiny-imagenet-200-subset.tar.gz"]
+    if not all(a.is_file() for a in archives):
+        pytest.skip(f"real-data archives not found under {SHARED_DATA} (only on the dev machines; see its README)")
+    # 72k small files: on a busy disk unpacking takes ~50 s, in RAM (tmpfs) ~1 s.
+    shm = Path("/dev/shm")
+    in_ram = shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2**30
+    out = Path(tempfile.mkdtemp(prefix="vitsweep-real-data-", dir=shm)) if in_ram else tmp_path_factory.mktemp("real")
+    try:
+        for archive in archives:
+            if shutil.which("tar"):  # GNU tar is ~20x faster than Python's tarfile on many small files
+                subprocess.run(["tar", "xzf", str(archive), "-C", str(out)], check=True)
+            else:
+                with tarfile.open(archive) as tar:
+                    tar.extractall(out, filter="data")
+        yield out
+    finally:
+        if in_ram:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def test_real_cifar10_jpeg_as_folder(real_data):
+    data = load_dataset("folder", real_data / "cifar10-jpeg", holdout_fraction=0.0)
+    assert data.classes == CIFAR10_CLASSES  # sorted folder names = CIFAR-10's official order
+    assert (len(data.train), len(data.test), data.img_size) == (50_000, 10_000, 32)
+    assert torch.bincount(data.train.labels).tolist() == [5000] * 10
+    assert torch.bincount(data.test.labels).tolist() == [1000] * 10
+    assert data.train.labels[:5000].eq(0).all() and data.train.labels[-5000:].eq(9).all()
+    assert abs(data.mean[0] - DATASETS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
+
+
+def test_real_tinyimagenet_subset(real_data):
+    data = load_dataset("tinyimagenet", real_data, holdout_fraction=0.05, seed=0)
+    wnids = sorted((real_data / "tiny-imagenet-200" / "wnids.txt").read_text().split())
+    assert data.classes == tuple(wnids) and data.num_classes == 200
+    assert (len(data.train) + len(data.holdout), len(data.holdout), len(data.test)) == (10_000, 500, 2_000)
+    assert data.train.images.shape[1:] == (3, 64, 64)
+    first = (real_data / "tiny-imagenet-200" / "val" / "val_annotations.txt").read_text().splitlines()[0].split("\t")
+    assert data.test.labels[0].item() == wnids.index(first[1])
+    assert torch.bincount(data.test.labels, minlength=200).tolist() == [10] * 200
+
+
+# -- writers for the official layouts ----------------------------------------------------------------
+
+
+def _random_image(size, seed: int, grey: bool = False) -> torch.Tensor:
+    h, w = (size, size) if isinstance(size, int) else size
+    g = torch.Generator().manual_seed(seed)
+    image = torch.randint(0, 256, (1 if grey else 3, h, w), dtype=torch.uint8, generator=g)
+    return image
+
+
+def _write_images(folder: Path, n: int, *, size, fmt: str, seed: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        image = _random_image(size, seed * 1000 + i)
+        (write_png if fmt == "png" else write_jpeg)(image, str(folder / f"{i}.{fmt}"))
+
+
+def _write_folder(root: Path, *, classes, per_class: int, size, fmt: str, test_dir: str = "test") -> Path:
+    for split in ("train", test_dir):
+        for k, c in enumerate(classes):
+            _write_images(root / split / c, per_class, size=size, fmt=fmt, seed=k + (7 if split != "train" else 0))
+    return root
+
+
+def _write_cifar(root: Path, name: str, *, n_train: int, n_test: int) -> Path:
+    """Small files in torchvision's CIFAR format (pickled dicts, 'data' (N, 3072) uint8 rows of R, G, B planes)."""
+    ten = name == "cifar10"
+    folder = root / ("cifar-10-batches-py" if ten else "cifar-100-python")
+    folder.mkdir(parents=True)
+    num_classes, label_key = (10, "labels") if ten else (100, "fine_labels")
+    rng = np.random.default_rng(0)
+    train_files = [f"data_batch_{i}" for i in range(1, 6)] if ten else ["train"]
+    sizes = [n_train // len(train_files)] * len(train_files)
+    for fname, n in [*zip(train_files, sizes), ("test_batch" if ten else "test", n_test)]:
+        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 label_key: rng.integers(0, num_classes, n).tolist(), "batch_label": fname}
+        if not ten:
+            entry["coarse_labels"] = rng.integers(0, 20, n).tolist()
+        with open(folder / fname, "wb") as fh:
+            pickle.dump(entry, fh)
+    meta = {("label_names" if ten else "fine_label_names"): [f"class_{i}" for i in range(num_classes)]}
+    with open(folder / ("batches.meta" if ten else "meta"), "wb") as fh:
+        pickle.dump(meta, fh)
+    return folder
+
+
+def _read_written(folder: Path, name: str) -> dict:
+    ten = name == "cifar10"
+    files = {"train": [f"data_batch_{i}" for i in range(1, 6)] if ten else ["train"],
+             "test": ["test_batch" if ten else "test"]}
+    out = {}
+    for split, names in files.items():
+        entries = [pickle.loads((folder / n).read_bytes()) for n in names]
+        images = torch.from_numpy(np.concatenate([e["data"] for e in entries]).reshape(-1, 3, 32, 32))
+        labels = torch.tensor([lab for e in entries for lab in e["labels" if ten else "fine_labels"]])
+        out[split] = (images, labels)
+    return out
+
+
+def _write_tinyimagenet(parent: Path, *, wnids, per_class: int, val_per_class: int, grey_first: bool = False) -> Path:
+    folder = parent / "tiny-imagenet-200"
+    (folder / "val" / "images").mkdir(parents=True)
+    (folder / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for k, w in enumerate(wnids):
+        images = folder / "train" / w / "images"
+        images.mkdir(parents=True)
+        (folder / "train" / w / f"{w}_boxes.txt").write_text("")
+        for i in range(per_class):
+            grey = grey_first and w == min(wnids) and i == 0
+            write_jpeg(_random_image(64, k * 100 + i, grey=grey), str(images / f"{w}_{i}.JPEG"))
+    lines, v = [], 0
+    for w in wnids:
+        for _ in range(val_per_class):
+            write_jpeg(_random_image(64, 5000 + v), str(folder / "val" / "images" / f"val_{v}.JPEG"))
+            lines.append(f"val_{v}.JPEG\t{w}\t0\t0\t63\t63")
+            v += 1
+    (folder / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return folder

@@ -1,0 +1,251 @@
+"""analysis.evaluate on tiny random-weight ViTs: the STUDIES.md properties and the measurement vocabulary."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis import metrics
+from analysis.evaluate import SCALABLE_PES, evaluate_checkpoint, evaluation_subset
+from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
+from analysis.schema import MEASUREMENTS
+from trainables.datasets import TensorImages
+from trainables.protocols import normalize
+from trainables.vit import ViT, ViTConfig
+
+GRID = 8
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
+
+def _smooth_images(n: int = 64, seed: int = 0) -> torch.Tensor:
+    """uint8 (n, 3, 32, 32) smooth colour fields: neighbouring patches look alike, so SSDC is clearly > 0."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, 3, 4, 4, generator=generator)
+    return (F.interpolate(coarse, size=32, mode="bicubic").clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _model(pe: str, seed: int = 0) -> ViT:
+    torch.manual_seed(seed)
+    return ViT(ViTConfig.preset("tiny", pe=pe)).eval()
+
+
+def _labels(n: int = 64) -> torch.Tensor:
+    return torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(1))
+
+
+# Only the image shifts a test is about: each level is one more forward pass per batch.
+NO_SHIFTS = dict(jpeg_levels=(), blur_levels=())
+
+
+def _values(rows, intervention, metric, level=None):
+    """{(layer, head): value} of the rows matching (intervention, metric[, level])."""
+    return {
+        (r["layer"], r["head"]): r["value"]
+        for r in rows
+        if r["intervention"] == intervention and r["metric"] == metric and (level is None or r["level"] == level)
+    }
+
+
+def _layers(rows, intervention, metric, level=None) -> list[float]:
+    values = _values(rows, intervention, metric, level)
+    return [values[(layer, -1)] for layer in range(len(values))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU the thread barriers cost ~7x."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def images():
+    return _smooth_images()
+
+
+@pytest.fixture(scope="module")
+def ape_rows(images):
+    """Every default level: 52 passes, so one batch of 32 images."""
+    return evaluate_checkpoint(_model("ape"), images[:32], _labels(32), mean=MEAN, std=STD, grid=GRID, batch_size=32)
+
+
+def _tokens(model, images, perm=None, **kwargs):
+    with torch.no_grad():
+        return model(normalize(images, MEAN, STD), perm=perm, return_tokens=True, **kwargs).tokens
+
+
+# --------------------------------------------------------------------------- STUDIES.md properties
+
+
+def test_none_model_rpi_content_ssdc_equals_unpermuted_and_index_ssdc_collapses(images):
+    model = _model("none")
+    clean = [metrics.SSDCAccumulator(GRID) for _ in range(model.config.depth)]
+    content = [metrics.SSDCAccumulator(GRID) for _ in range(model.config.depth)]
+    index = [metrics.SSDCAccumulator(GRID) for _ in range(model.config.depth)]
+    for batch_index, batch in enumerate(images.split(16)):
+        perm = rpi_permutation(0, batch_index, GRID * GRID)
+        for layer, tokens in enumerate(_tokens(model, batch)):
+            clean[layer].update(tokens[:, 1:])
+        for layer, tokens in enumerate(_tokens(model, batch, perm=perm)):
+            content[layer].update(tokens[:, 1:], perm=perm)
+            index[layer].update(tokens[:, 1:])
+    for layer in range(model.config.depth):
+        assert clean[layer].ssdc() > 0.3  # the smooth images give real content structure
+        assert content[layer].ssdc() == pytest.approx(clean[layer].ssdc(), abs=1e-4)
+        assert abs(index[layer].ssdc()) < 0.15
+
+
+def test_none_model_rows_rpi_content_equals_clean(images):
+    rows = evaluate_checkpoint(
+        _model("none"), images, _labels(), mean=MEAN, std=STD, grid=GRID, batch_size=32, **NO_SHIFTS
+    )
+    clean = _layers(rows, "clean", "ssdc")
+    content, index = _layers(rows, "rpi", "ssdc_content"), _layers(rows, "rpi", "ssdc")
+    assert content == pytest.approx(clean, abs=1e-4)
+    assert all(abs(v) < 0.15 for v in index) and all(v > 0.3 for v in clean)
+    # The CLS output of a PE-free model does not see the token order: RPI leaves accuracy unchanged.
+    assert _values(rows, "rpi", "acc") == pytest.approx(_values(rows, "clean", "acc"))
+    assert not any(r["intervention"] == "pe_scale" for r in rows)  # nothing to scale
+
+
+@pytest.mark.parametrize("pe", ["ape", "sincos2d"])
+def test_additive_pe_at_alpha_0_equals_none_model(pe, images):
+    model = _model(pe)
+    none = ViT(ViTConfig.preset("tiny", pe="none")).eval()
+    missing, unexpected = none.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and set(unexpected) <= {"pe.table"}
+    perm = rpi_permutation(0, 0, GRID * GRID)
+    for a, b in zip(_tokens(model, images[:8], perm=perm, pe_scale=0.0), _tokens(none, images[:8], perm=perm)):
+        torch.testing.assert_close(a, b)
+
+    kwargs = dict(mean=MEAN, std=STD, grid=GRID, batch_size=32, **NO_SHIFTS)
+    rows = evaluate_checkpoint(model, images, _labels(), alphas=(0.0,), **kwargs)
+    none_rows = evaluate_checkpoint(none, images, _labels(), **kwargs)
+    assert _values(rows, "pe_scale", "acc", 0.0) == _values(none_rows, "clean", "acc")
+    assert _layers(rows, "pe_scale", "ssdc", 0.0) == pytest.approx(_layers(none_rows, "rpi", "ssdc"), abs=1e-4)
+
+
+# --------------------------------------------------------------------------- vocabulary and ranges
+
+
+def test_rows_have_the_full_vocabulary(ape_rows):
+    config = ViTConfig.preset("tiny")
+    L, H = config.depth, config.heads
+    counts = Counter((r["intervention"], r["metric"]) for r in ape_rows)
+    expected = {
+        ("clean", "acc"): 1, ("clean", "ssdc"): L,
+        ("clean", "mad"): L * H, ("clean", "mad_raw"): L * H, ("clean", "entropy"): L * H, ("clean", "cls_mass"): L * H,
+        ("jpeg", "acc"): len(JPEG_LEVELS), ("jpeg", "fs"): len(JPEG_LEVELS),
+        ("blur", "acc"): len(BLUR_LEVELS), ("blur", "fs"): len(BLUR_LEVELS),
+        ("rpi", "acc"): 1, ("rpi", "ssdc"): L, ("rpi", "ssdc_content"): L, ("rpi", "dssdc"): 1,
+        ("pe_scale", "acc"): 11, ("pe_scale", "fs_jpeg"): 11, ("pe_scale", "fs_blur"): 11,
+        ("pe_scale", "ssdc"): 11 * L, ("pe_scale", "dssdc"): 11,
+    }  # fmt: skip
+    assert dict(counts) == expected
+    assert {r["level"] for r in ape_rows if r["intervention"] == "jpeg"} == {float(q) for q in JPEG_LEVELS}
+    assert {r["level"] for r in ape_rows if r["intervention"] == "blur"} == set(BLUR_LEVELS)
+    assert all(r["level"] is None for r in ape_rows if r["intervention"] in ("clean", "rpi"))
+    # Heads only on attention metrics; layer -1 exactly on whole-model metrics.
+    for r in ape_rows:
+        assert (r["head"] >= 0) == (r["metric"] in ("mad", "mad_raw", "entropy", "cls_mass"))
+        assert (r["layer"] == -1) == (r["metric"] in ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc"))
+    # The caller adds trial_id, study and checkpoint_epoch; then the rows fit the Parquet schema as they are.
+    keyed = [{"trial_id": "t", "study": "s", "checkpoint_epoch": 0, **r} for r in ape_rows]
+    table = pa.Table.from_pylist(keyed, MEASUREMENTS)
+    assert table.num_rows == len(ape_rows)
+
+
+def test_rows_have_sane_ranges_and_consistent_derived_values(ape_rows):
+    max_distance = math.sqrt(2) * (GRID - 1)
+    for r in ape_rows:
+        value, metric = r["value"], r["metric"]
+        if metric in ("acc", "mad", "entropy", "cls_mass"):
+            assert 0.0 <= value <= 1.0, r
+        elif metric == "mad_raw":
+            assert 0.0 <= value <= max_distance, r
+        elif metric in ("ssdc", "ssdc_content"):
+            assert -1.0 <= value <= 1.0, r
+        elif metric in ("fs", "fs_jpeg", "fs_blur"):
+            assert math.isnan(value) or value <= 1.0, r
+    mad, mad_raw = _values(ape_rows, "clean", "mad"), _values(ape_rows, "clean", "mad_raw")
+    assert all(mad[k] == pytest.approx(mad_raw[k] / max_distance) for k in mad)
+    acc = _values(ape_rows, "clean", "acc")[(-1, -1)]
+    for level in JPEG_LEVELS:
+        shifted = _values(ape_rows, "jpeg", "acc", float(level))[(-1, -1)]
+        fs = _values(ape_rows, "jpeg", "fs", float(level))[(-1, -1)]
+        assert fs == pytest.approx(metrics.fragility(acc, shifted), nan_ok=True)
+    # alpha = 1 is the trained model: the same numbers as the unscaled conditions.
+    assert _values(ape_rows, "pe_scale", "acc", 1.0)[(-1, -1)] == acc
+    assert _layers(ape_rows, "pe_scale", "ssdc", 1.0) == _layers(ape_rows, "rpi", "ssdc")
+    rpi = _layers(ape_rows, "rpi", "ssdc")
+    assert _values(ape_rows, "rpi", "dssdc")[(-1, -1)] == pytest.approx(rpi[1] - rpi[0])
+
+
+def test_attention_rows_match_one_shot_metrics_on_the_whole_subset(images):
+    model = _model("rope2d")
+    rows = evaluate_checkpoint(
+        model, images, _labels(), mean=MEAN, std=STD, grid=GRID, batch_size=24, alphas=(), **NO_SHIFTS
+    )
+    with torch.no_grad():
+        attention = model(normalize(images, MEAN, STD), return_attention=True).attention
+    for layer, attn in enumerate(attention):
+        for metric, expected in (
+            ("mad", metrics.mean_attention_distance(attn, GRID)),
+            ("entropy", metrics.attention_entropy(attn, GRID)),
+            ("cls_mass", metrics.cls_attention_mass(attn)),
+        ):
+            values = _values(rows, "clean", metric)
+            got = torch.tensor([values[(layer, h)] for h in range(model.config.heads)], dtype=torch.float64)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_clean_measurements_do_not_depend_on_batch_size_and_mode_is_restored(images):
+    model = _model("sincos2d").train()
+    kwargs = dict(mean=MEAN, std=STD, grid=GRID, alphas=(), **NO_SHIFTS)
+    small = evaluate_checkpoint(model, images, _labels(), batch_size=16, **kwargs)
+    assert model.training
+    large = evaluate_checkpoint(model, images, _labels(), batch_size=64, **kwargs)
+    for metric in ("acc", "ssdc", "mad", "entropy"):
+        a, b = _values(small, "clean", metric), _values(large, "clean", metric)
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
+
+
+def test_scalable_pes_are_the_registry_less_none():
+    from trainables.pos_embed import POS_EMBEDS
+
+    assert set(SCALABLE_PES) == set(POS_EMBEDS) - {"none"}
+
+
+# --------------------------------------------------------------------------- evaluation subset
+
+
+class _ListDataset(torch.utils.data.Dataset):
+    """A map-style Dataset of (uint8 image, int label) without .images/.labels (the path folder splits take)."""
+
+    def __init__(self, images, labels):
+        self._images, self._labels = images, labels
+
+    def __len__(self):
+        return len(self._labels)
+
+    def __getitem__(self, i):
+        return self._images[i], int(self._labels[i])
+
+
+def test_evaluation_subset_is_fixed_seeded_and_the_same_for_both_dataset_kinds():
+    images, labels = _smooth_images(50), torch.arange(50)
+    a_images, a_labels = evaluation_subset(TensorImages(images, labels), size=20, seed=3)
+    b_images, b_labels = evaluation_subset(_ListDataset(images, labels), size=20, seed=3)
+    assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+    assert a_images.dtype == torch.uint8 and a_images.shape == (20, 3, 32, 32) and a_labels.dtype == torch.int64
+    assert a_labels.unique().numel() == 20 and torch.equal(a_labels, a_labels.sort().values)
+    assert torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=3)[1], a_labels)
+    assert not torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=4)[1], a_labels)
+    assert len(evaluation_subset(TensorImages(images, labels), size=1000)[1]) == 50  # capped at the split

@@ -1,0 +1,119 @@
+"""analysis.interventions: what each intervention does to images or to the model call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis import interventions as iv
+
+
+def _images(batch: int = 4, size: int = 32, seed: int = 0) -> torch.Tensor:
+    """Natural-ish uint8 images: smooth colour fields (bilinearly upsampled noise) with some fine texture."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = F.interpolate(torch.rand(batch, 3, size // 8, size // 8, generator=generator), size=size, mode="bilinear")
+    fine = 0.15 * torch.rand(batch, 3, size, size, generator=generator)
+    return ((coarse + fine).clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _change(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().mean().item()
+
+
+def test_registry_and_default_levels():
+    assert set(iv.INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale"}
+    assert iv.JPEG_LEVELS == (5, 10, 20, 50, 75) and iv.JPEG_HEADLINE in iv.JPEG_LEVELS
+    assert iv.BLUR_LEVELS == (0.5, 1.0, 1.5, 2.0, 2.5) and iv.BLUR_HEADLINE == (iv.BLUR_KERNEL, iv.BLUR_LEVELS[-1])
+    assert iv.ALPHAS == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def test_jpeg_changes_pixels_more_at_lower_quality():
+    images = _images()
+    changes = [_change(iv.make_intervention("jpeg", q).images(images), images) for q in sorted(iv.JPEG_LEVELS)]
+    assert all(a > b for a, b in zip(changes, changes[1:])), changes
+    out = iv.make_intervention("jpeg", 50).images(images)
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+
+
+def test_jpeg_is_per_image():
+    images = _images(batch=3)
+    jpeg = iv.make_intervention("jpeg", 10)
+    torch.testing.assert_close(jpeg.images(images)[1:2], jpeg.images(images[1:2]), rtol=0, atol=0)
+
+
+def test_blur_changes_pixels_more_at_larger_sigma_and_matches_torchvision():
+    images = _images()
+    changes = [_change(iv.make_intervention("blur", s).images(images), images) for s in iv.BLUR_LEVELS]
+    assert all(a < b for a, b in zip(changes, changes[1:])), changes
+    blurred = iv.make_intervention("blur", 2.5).images(images)
+    # Reference: the blur of each image computed separately in float, rounded back to uint8.
+    import torchvision.transforms.v2.functional as TF
+
+    reference = torch.stack([TF.gaussian_blur(image.float(), [5, 5], [2.5, 2.5]) for image in images])
+    assert (blurred.float() - reference).abs().max() <= 1.0
+    assert blurred.dtype == torch.uint8
+
+
+def test_clean_and_model_interventions_leave_images_alone():
+    images = _images()
+    for name, level in (("clean", None), ("rpi", None), ("pe_scale", 0.3)):
+        intervention = iv.make_intervention(name, level)
+        assert intervention.images(images) is images
+
+
+def test_rpi_permutation_is_seeded_per_batch():
+    rpi = iv.make_intervention("rpi", seed=3)
+    first = rpi.model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
+    assert sorted(first.tolist()) == list(range(64))
+    again = iv.make_intervention("rpi", seed=3).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
+    assert torch.equal(first, again)
+    second = rpi.model_kwargs(batch_index=1, num_patches=64, device="cpu")["perm"]
+    other_seed = iv.make_intervention("rpi", seed=4).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
+    assert not torch.equal(first, second) and not torch.equal(first, other_seed)
+
+
+def test_pe_scale_kwargs_and_levels():
+    assert iv.make_intervention("pe_scale", 0.3).model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
+        "pe_scale": 0.3
+    }
+    assert iv.make_intervention("pe_scale", 0).level == 0.0
+    assert iv.make_intervention("jpeg", 5.0).level == 5.0  # levels round-trip through float64 Parquet columns
+    assert iv.make_intervention("blur", 2.5).level == 2.5
+    assert iv.make_intervention("rpi").level is None and iv.make_intervention("clean").level is None
+
+
+def test_apply_condition_composes_images_and_kwargs():
+    images = _images()
+    condition = (iv.make_intervention("jpeg", 5), iv.make_intervention("rpi"), iv.make_intervention("pe_scale", 0.5))
+    out, kwargs = iv.apply_condition(condition, images, batch_index=2, num_patches=16, device="cpu")
+    torch.testing.assert_close(out, iv.make_intervention("jpeg", 5).images(images), rtol=0, atol=0)
+    assert set(kwargs) == {"perm", "pe_scale"} and kwargs["pe_scale"] == 0.5
+    with pytest.raises(ValueError, match="twice"):
+        twice = (iv.make_intervention("pe_scale", 0.1),) * 2
+        iv.apply_condition(twice, images, batch_index=0, num_patches=16, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "name, level, params, match",
+    [
+        ("gamma", None, {}, "clean"),  # unknown name lists the registry
+        ("jpeg", 0, {}, "1..100"),
+        ("jpeg", 101, {}, "1..100"),
+        ("jpeg", 7.5, {}, "1..100"),
+        ("jpeg", None, {}, "needs a level"),
+        ("blur", 0.0, {}, "positive"),
+        ("blur", 1.0, {"kernel": 4}, "odd"),
+        ("pe_scale", -0.1, {}, ">= 0"),
+        ("pe_scale", float("nan"), {}, ">= 0"),
+        ("rpi", 1.0, {}, "takes no level"),
+    ],
+)
+def test_bad_names_and_levels_raise(name, level, params, match):
+    with pytest.raises(ValueError, match=match):
+        iv.make_intervention(name, level, **params)
+
+
+def test_image_interventions_reject_float_images():
+    with pytest.raises(ValueError, match="uint8"):
+        iv.make_intervention("jpeg", 5).images(torch.rand(1, 3, 8, 8))

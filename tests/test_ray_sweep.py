@@ -1,0 +1,76 @@
+"""The demo study on a real local Ray: Tune + Train, checkpoints, Parquet, MLflow, analysis, report."""
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import FAST_DEMO
+
+from analysis import tables, tracking
+
+pytestmark = pytest.mark.ray
+
+
+def test_every_trial_finished_with_parquet_rows(demo_results):
+    trials = pq.read_table(demo_results / "demo" / "trials").to_pandas()
+    assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    assert set(trials["pe"]) == {"none", "ape"} and set(trials["protocol"]) == {"baseline", "cutmix"}
+    assert trials["test_acc"].between(0, 1).all() and (trials["epochs_completed"] == 2).all()
+    # every config field is a column
+    assert {"lr", "depth", "dim", "rpt", "seed", "max_train_images", "code_version"} <= set(trials.columns)
+    epochs = pq.read_table(demo_results / "demo" / "epochs").to_pandas()
+    assert len(epochs) == 4 * 2 and not epochs.duplicated(["trial_id", "epoch"]).any()
+    assert (epochs["images_per_s"] > 0).all()
+
+
+def test_checkpoints_and_snapshots_are_on_storage(demo_results):
+    from pathlib import Path
+
+    trials = tables.read_table(str(demo_results), "demo", "trials").to_pylist()
+    for t in trials:
+        assert (Path(t["checkpoint_path"]) / "state.pt").exists()
+        snaps = sorted(p.name for p in Path(t["snapshot_dir"]).glob("epoch_*.pt"))
+        assert snaps == ["epoch_0000.pt", "epoch_0001.pt", "epoch_0002.pt"]
+
+
+def test_each_trial_is_one_finished_mlflow_run(demo_results):
+    uri = tracking.default_tracking_uri(str(demo_results))
+    runs = tracking.search_trial_runs(uri, "demo")
+    trials = tables.read_table(str(demo_results), "demo", "trials").to_pandas()
+    assert sorted(runs["trial_id"]) == sorted(trials["trial_id"])
+    assert set(runs["status"]) == {"FINISHED"}
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.get_run(runs["run_id"].iloc[0])
+    assert run.data.params["pe"] in ("none", "ape") and "lr" in run.data.params
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_acc")] == [1, 2]
+    assert "mad_min" in run.data.metrics and "dssdc_rpi" in run.data.metrics  # from the analysis stage
+    assert run.data.tags["study"] == "demo"
+
+
+def test_analysis_rows_cover_the_vocabulary(demo_results):
+    m = pq.read_table(demo_results / "demo" / "measurements").to_pandas()
+    assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {2}
+    assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(m["intervention"])
+    assert not m[m["trial_id"].str.contains("-none-")]["intervention"].eq("pe_scale").any()
+    mad = m[(m.metric == "mad") & (m.intervention == "clean")]
+    assert mad["value"].between(0, 1).all() and (mad["head"] >= 0).all()
+
+
+def test_report_was_built(demo_results):
+    html = (demo_results / "demo" / "report" / "index.html").read_text()
+    assert "<img" in html and "claims" in html.lower()
+
+
+def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):
+    from analysis.job import analyze
+    from sweeps import run as launcher
+
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    before = {p.name: p.stat().st_mtime_ns for p in (demo_results / "demo" / "trials").iterdir()}
+    args = parser.parse_args(["demo", "--results", str(demo_results), *FAST_DEMO])
+    assert launcher.run(args) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in (demo_results / "demo" / "trials").iterdir()}
+    assert before == after
+    uri = tracking.default_tracking_uri(str(demo_results))
+    assert analyze(results=str(demo_results), study="demo", mlflow_uri=uri) == []

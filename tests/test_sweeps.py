@@ -1,0 +1,103 @@
+"""Study files and the launcher's checks: counts, dry runs, errors before Ray starts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweeps import run as launcher
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dry(*argv):
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    return launcher.build_trials(parser.parse_args([*argv, "--dry-run"]))
+
+
+@pytest.mark.parametrize(
+    "argv, count",
+    [
+        (["study_l"], 60),
+        (["study_l", "--seeds", "1"], 12),
+        (["study_p"], 28),
+        (["factorial", "--datasets", "cifar100", "--seeds", "1"], 56),
+        (["factorial", "--datasets", "cifar100,tinyimagenet", "--seeds", "2"], 224),
+        (["factorial", "--datasets", "cifar100", "--seeds", "1", "--include-none-rpt"], 64),
+        (["demo"], 4),
+    ],
+)
+def test_trial_counts(argv, count):
+    configs = dry(*argv)
+    assert len(configs) == count
+    assert len({c.trial_id for c in configs}) == count
+
+
+def test_study_l_conditions_and_recipe():
+    configs = dry("study_l", "--seeds", "1")
+    by_dataset = {}
+    for c in configs:
+        by_dataset.setdefault(c.dataset, set()).add(c.protocol.name)
+    assert by_dataset["cifar10"] == by_dataset["tinyimagenet"] == {"baseline", "autoaugment+cutmix+label_smoothing"}
+    assert len(by_dataset["cifar100"]) == 8
+    c = configs[0]
+    assert (c.model.depth, c.model.dim, c.model.heads, c.model.mlp_ratio, c.model.grid) == (8, 192, 8, 2.0, 8)
+    assert (c.optimizer, c.lr, c.weight_decay, c.batch_size, c.epochs, c.warmup_epochs) == ("adamw", 1e-3, 0.05, 128, 100, 10)
+    tiny = next(c for c in configs if c.dataset == "tinyimagenet")
+    assert (tiny.model.img_size, tiny.model.patch_size, tiny.model.num_classes) == (64, 8, 200)
+
+
+def test_study_p_conditions_and_recipe():
+    configs = dry("study_p", "--seeds", "1")
+    conds = {(c.pe, c.rpt) for c in configs}
+    assert conds == {("none", False), ("ape", False), ("sincos2d", False), ("rope2d", False),
+                     ("ape", True), ("sincos2d", True), ("rope2d", True)}
+    c = configs[0]
+    assert (c.model.img_size, c.model.patch_size, c.model.dim, c.model.depth, c.model.heads) == (224, 16, 384, 12, 8)
+    assert (c.optimizer, c.weight_decay, c.epochs, c.model.num_classes, c.model.ape_init) == ("adam", 0.05, 60, 100, "normal")
+
+
+def test_options_reach_every_trial():
+    configs = dry("study_l", "--datasets", "cifar10", "--seeds", "2", "--epochs", "7", "--preset", "tiny",
+                  "--set", "lr=5e-4", "--set", "depth=3")
+    assert len(configs) == 4
+    assert all((c.epochs, c.lr, c.model.depth, c.preset) == (7, 5e-4, 3, "tiny") for c in configs)
+    assert all(c.warmup_epochs <= c.epochs for c in configs)
+    assert sorted({c.seed for c in configs}) == [0, 1]
+
+
+def test_dry_run_json_prints_only_json_on_stdout():
+    out = subprocess.run([sys.executable, "sweeps/run.py", "demo", "--dry-run", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    trials = json.loads(out.stdout)
+    assert len(trials) == 4 and {"trial_id", "pe", "dataset", "lr", "depth"} <= set(trials[0])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["study_q"], "unknown study 'study_q'; valid studies: \\['demo', 'study_l'"),
+        (["demo", "--set", "pe=fourier"], "fourier"),
+        (["demo", "--datasets", "mnist"], "mnist"),
+        (["demo", "--set", "protocol=fancy"], "fancy"),
+        (["demo", "--set", "warmup"], "KEY=VALUE"),
+        (["demo", "--results", "nosuchscheme://x/y"], "nosuchscheme"),
+        (["study_l", "--data-root", "/nonexistent/vitsweep-data"], "/nonexistent/vitsweep-data"),
+    ],
+)
+def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path, capsys):
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args([*argv] + ([] if "--results" in argv else ["--results", str(tmp_path)]))
+    assert launcher.run(args) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    import re
+
+    assert re.search(message, err), err
+    import ray
+
+    assert not ray.is_initialized()

@@ -1,0 +1,480 @@
+"""analysis/tracking.py against real MLflow stores: SQLite files and a real `mlflow server`.
+
+No mocks: every test writes through MLflow and reads back what MLflow stored.
+The module-scoped ``uri`` store is shared (one schema migration for the file);
+each test uses its own experiment name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import shutil
+import socket
+import sqlite3
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from analysis import tracking
+from analysis.tracking import TrackingError
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory) -> str:
+    return tracking.default_tracking_uri(tmp_path_factory.mktemp("results"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(uri: str, run_id: str):
+    return MlflowClient(tracking_uri=uri).get_run(run_id)
+
+
+# ------------------------------------------------------------------------------- URIs
+
+
+def test_default_tracking_uri_is_an_absolute_sqlite_file_under_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expected = f"sqlite:///{(tmp_path / 'results').resolve().as_posix()}/mlflow.db"
+    assert tracking.default_tracking_uri("results") == expected
+    assert tracking.default_tracking_uri(tmp_path / "results") == expected
+    assert tracking.default_tracking_uri((tmp_path / "results").as_uri()) == expected
+    assert expected.startswith("sqlite:////")  # four slashes: absolute, same for every Ray worker
+
+
+@pytest.mark.parametrize("results", ["s3://bucket/results", "gs://bucket/results", "abfs://c@a/r"])
+def test_default_tracking_uri_refuses_object_storage(results):
+    with pytest.raises(ValueError, match="--mlflow-uri") as info:
+        tracking.default_tracking_uri(results)
+    assert results in str(info.value) and "SQLite" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("sqllite:////tmp/x/mlflow.db", ["'sqllite'", "sqlite, http, https"]),
+        ("htp://127.0.0.1:5000", ["'htp'", "sqlite, http, https"]),
+        ("file:///tmp/mlruns", ["file store", "sqlite:////"]),
+        ("/tmp/mlruns", ["file store"]),
+        ("sqlite:///relative/mlflow.db", ["relative", "sqlite:////"]),
+        ("sqlite://", ["in-memory"]),
+        ("", ["empty"]),
+    ],
+)
+def test_check_tracking_uri_rejects_misspelt_or_unusable_uris(bad, words):
+    with pytest.raises(ValueError) as info:
+        tracking.check_tracking_uri(bad)
+    message = str(info.value)
+    assert bad in message
+    for word in words:
+        assert word in message
+
+
+def test_check_tracking_uri_database_errors_hide_the_password():
+    # Either the driver is missing (ValueError) or nothing listens on port 1 (TrackingError).
+    with pytest.raises((ValueError, TrackingError)) as info:
+        tracking.check_tracking_uri("postgresql://user:s3cret@127.0.0.1:1/mlflow", timeout_s=1)
+    assert "postgresql://user:***@127.0.0.1:1/mlflow" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_check_tracking_uri_sqlite_folder(tmp_path):
+    good = f"sqlite:///{tmp_path}/new/deeper/mlflow.db"
+    tracking.check_tracking_uri(good)
+    assert (tmp_path / "new" / "deeper").is_dir()  # created, ready for the database
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    uncreatable = f"sqlite:///{blocker}/sub/mlflow.db"
+    with pytest.raises(ValueError, match="cannot create the folder") as info:
+        tracking.check_tracking_uri(uncreatable)
+    assert uncreatable in str(info.value)
+
+    not_sqlite = tmp_path / "notes.db"
+    not_sqlite.write_text("hello")
+    with pytest.raises(ValueError, match="not a SQLite database"):
+        tracking.check_tracking_uri(f"sqlite:///{not_sqlite}")
+
+
+def test_check_tracking_uri_fails_fast_when_no_server_listens():
+    down = f"http://127.0.0.1:{_free_port()}"
+    start = time.monotonic()
+    with pytest.raises(TrackingError, match="not reachable") as info:
+        tracking.check_tracking_uri(down)
+    assert down in str(info.value)
+    assert time.monotonic() - start < 3  # refused at once, not MLflow's minutes of retries
+
+
+def test_check_tracking_uri_times_out_on_a_hung_server():
+    # A socket that accepts TCP connections (backlog) but never answers: a wedged server.
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        wedged = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(TrackingError, match="not reachable within 1 s") as info:
+            tracking.check_tracking_uri(wedged, timeout_s=1.0)
+        elapsed = time.monotonic() - start
+    assert wedged in str(info.value)
+    assert 0.9 < elapsed < 5
+
+
+# ------------------------------------------------------------------------- experiments
+
+
+def test_ensure_experiment_is_idempotent_and_keeps_artifacts_beside_the_db(uri):
+    first = tracking.ensure_experiment(uri, "idempotent")
+    assert tracking.ensure_experiment(uri, "idempotent") == first
+    client = MlflowClient(tracking_uri=uri)
+    assert [e.experiment_id for e in client.search_experiments() if e.name == "idempotent"] == [first]
+    location = client.get_experiment(first).artifact_location
+    db_folder = Path(uri.removeprefix("sqlite:///")).parent
+    assert location == (db_folder / "mlartifacts" / "idempotent").as_uri()
+    with pytest.raises(ValueError, match="'idempotnet'.*idempotent"):  # lists what exists
+        tracking.search_trial_runs(uri, "idempotnet")
+
+
+def test_ensure_experiment_refuses_a_deleted_experiment(uri):
+    experiment_id = tracking.ensure_experiment(uri, "deleted")
+    MlflowClient(tracking_uri=uri).delete_experiment(experiment_id)
+    with pytest.raises(ValueError, match="deleted") as info:
+        tracking.ensure_experiment(uri, "deleted")
+    assert "mlflow experiments restore" in str(info.value)
+
+
+# -------------------------------------------------------------------------------- runs
+
+
+def test_same_trial_id_continues_one_run(uri):
+    experiment_id = tracking.ensure_experiment(uri, "resume")
+    config = {"study": "study_l", "pe": "rope2d", "lr": 0.001, "depth": 8, "rpt": True, "seed": 3}
+    tags = tracking.trial_tags(config, code_version="abc123")
+    assert tags == {"study": "study_l", "pe": "rope2d", "rpt": "True", "seed": "3",
+                    "code_version": "abc123"}
+
+    run_id = tracking.start_trial_run(uri, experiment_id, "trial-a", params=config, tags=tags)
+    tracking.log_metrics(uri, run_id, {"train_loss": 2.0, "eval_acc": 0.1}, step=1)
+    tracking.end_trial_run(uri, run_id, "FAILED")  # e.g. a preempted node
+
+    # The retry: same trial id, one param changed, one added.
+    changed = dict(config, lr=0.002, epochs=100)
+    again = tracking.start_trial_run(uri, experiment_id, "trial-a", params=changed, tags=tags)
+    assert again == run_id
+    assert _run(uri, run_id).info.status == "RUNNING"
+    tracking.log_metrics(uri, run_id, {"train_loss": 1.5, "eval_acc": 0.3}, step=2)
+    tracking.end_trial_run(uri, run_id)
+
+    run = _run(uri, run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "trial-a"
+    assert run.data.params == {"study": "study_l", "pe": "rope2d", "lr": "0.001", "depth": "8",
+                               "rpt": "True", "seed": "3", "epochs": "100"}
+    assert run.data.tags["vitsweep.changed_param.lr"] == "0.002"
+    assert run.data.tags[tracking.ATTEMPT_TAG] == "2"
+    assert run.data.tags["pe"] == "rope2d"
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "eval_acc")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.3)]
+
+    runs = tracking.search_trial_runs(uri, "resume")
+    assert len(runs) == 1
+    row = runs.iloc[0]
+    assert (row.trial_id, row.status, row["params.lr"], row["metrics.eval_acc"]) == (
+        "trial-a", "FINISHED", "0.001", 0.3)
+
+
+def test_trial_run_marks_failed_on_exception_and_finished_otherwise(uri):
+    experiment_id = tracking.ensure_experiment(uri, "context")
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracking.trial_run(uri, experiment_id, "bad", params={"lr": 1}) as run:
+            run.log_metrics({"train_loss": 9.0}, step=1)
+            raise RuntimeError("boom: loss diverged")
+    failed = _run(uri, run.run_id)
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["vitsweep.error"] == "RuntimeError: boom: loss diverged"
+    assert failed.info.end_time is not None
+
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.trial_run(uri, experiment_id, "interrupted", params={"lr": 1}) as run:
+            raise KeyboardInterrupt
+    assert _run(uri, run.run_id).info.status == "KILLED"
+
+    with tracking.trial_run(uri, experiment_id, "good", params={"lr": 1}) as run:
+        run.log_metrics({"train_loss": 1.0}, step=1)
+    assert _run(uri, run.run_id).info.status == "FINISHED"
+
+    with tracking.trial_run(uri, experiment_id, "bad", params={"lr": 1}) as retried:  # Ray's retry
+        retried.log_metrics({"train_loss": 0.5}, step=1)
+    assert retried.run_id == failed.info.run_id
+    data = _run(uri, retried.run_id).data
+    assert tracking.ERROR_TAG not in data.tags and data.tags[tracking.ATTEMPT_TAG] == "2"
+    statuses = tracking.search_trial_runs(uri, "context").set_index("trial_id").status.to_dict()
+    assert statuses == {"bad": "FINISHED", "interrupted": "KILLED", "good": "FINISHED"}
+
+
+def test_end_orphaned_runs_fails_only_dead_running_runs(uri):
+    experiment_id = tracking.ensure_experiment(uri, "orphans")
+    dead = tracking.start_trial_run(uri, experiment_id, "dead", params={})  # process SIGKILLed
+    alive = tracking.start_trial_run(uri, experiment_id, "alive", params={})
+    done = tracking.start_trial_run(uri, experiment_id, "done", params={})
+    tracking.end_trial_run(uri, done)
+    assert tracking.end_orphaned_runs(uri, experiment_id, keep_trial_ids=["alive"]) == ["dead"]
+    assert [_run(uri, r).info.status for r in (dead, alive, done)] == ["FAILED", "RUNNING", "FINISHED"]
+
+
+def test_log_metrics_batches_past_mlflow_limits_and_checks_values(uri):
+    experiment_id = tracking.ensure_experiment(uri, "batches")
+    run_id = tracking.start_trial_run(uri, experiment_id, "wide",
+                                      params={f"p{i}": i for i in range(250)})  # > 100 per batch
+    metrics = {f"m{i}": float(i) for i in range(2500)}  # > 1000 per batch
+    tracking.log_metrics(uri, run_id, dict(metrics, optional=None, nan=float("nan")), step=0)
+    data = _run(uri, run_id).data
+    assert len(data.params) == 250
+    assert {k: v for k, v in data.metrics.items() if k != "nan"} == metrics  # None skipped
+    assert data.metrics["nan"] != data.metrics["nan"]
+    with pytest.raises(ValueError, match="'acc'"):
+        tracking.log_metrics(uri, run_id, {"acc": "high"}, step=0)
+    with pytest.raises(ValueError, match="FINSHED"):
+        tracking.end_trial_run(uri, run_id, "FINSHED")
+
+
+def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
+    key = tracking.measurement_metric_key
+    assert key("clean", None, -1, -1, "acc") == "clean/acc"
+    assert key("jpeg", 5.0, -1, -1, "fs") == "jpeg_5/fs"
+    assert key("pe_scale", 0.5, 1, -1, "ssdc") == "pe_scale_0.5/ssdc/layer1"
+    assert key("clean", float("nan"), 3, 2, "mad") == "clean/mad/layer3/head2"
+
+    rows = pd.DataFrame({
+        "trial_id": "t", "study": "s", "checkpoint_epoch": [10, 10, 10, 20],
+        "intervention": ["clean", "clean", "blur", "clean"], "level": [None, None, 2.5, None],
+        "layer": [-1, 0, -1, -1], "head": [-1, 4, -1, -1], "metric": ["acc", "mad", "acc", "acc"],
+        "value": [0.5, 1.7, 0.25, 0.75],
+    })
+    experiment_id = tracking.ensure_experiment(uri, "measurements")
+    tracking.end_trial_run(uri, tracking.start_trial_run(uri, experiment_id, "measured", params={}))
+    run_id = tracking.find_trial_run(uri, experiment_id, "measured")  # as the analysis job does
+    assert tracking.log_measurements(uri, run_id, rows) == 3  # the per-head row stays in Parquet
+    client = MlflowClient(tracking_uri=uri)
+    def history(key):
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+    assert history("clean/acc") == [(10, 0.5), (20, 0.75)]
+    assert history("blur_2.5/acc") == [(10, 0.25)]
+    assert client.get_metric_history(run_id, "clean/mad/layer0/head4") == []
+    assert tracking.log_measurements(uri, run_id, rows.iloc[[1]], per_head=True) == 1
+    assert client.get_metric_history(run_id, "clean/mad/layer0/head4")[0].value == 1.7
+
+
+def test_provenance_artifacts_and_tags(uri, tmp_path):
+    experiment_id = tracking.ensure_experiment(uri, "provenance")
+    config = {"study": "demo", "lr": 0.001, "pe": "ape"}
+    run_id = tracking.start_trial_run(uri, experiment_id, "prov", params=config)
+    info = tracking.log_provenance(uri, run_id, config)
+    figure = tmp_path / "curve.png"
+    figure.write_bytes(b"\x89PNG fake")
+    tracking.log_artifact_file(uri, run_id, figure, "figures")
+    tracking.end_trial_run(uri, run_id)
+
+    client = MlflowClient(tracking_uri=uri)
+    listed = {f.path for f in client.list_artifacts(run_id)} | {
+        f.path for f in client.list_artifacts(run_id, "provenance")}
+    assert {"config.json", "provenance/environment.json", "provenance/requirements.txt",
+            "figures"} <= listed
+    local = Path(client.download_artifacts(run_id, "", str(tmp_path / "down")))
+    assert json.loads((local / "config.json").read_text()) == config
+    environment = json.loads((local / "provenance/environment.json").read_text())
+    assert environment["hostname"] == socket.gethostname() == info["hostname"]
+    import mlflow
+    import torch
+
+    assert environment["packages"]["mlflow"] == mlflow.__version__
+    assert environment["torch"]["version"] == torch.__version__
+    assert f"mlflow=={mlflow.__version__}\n" in (local / "provenance/requirements.txt").read_text()
+    assert (local / "figures/curve.png").read_bytes() == b"\x89PNG fake"
+    assert _run(uri, run_id).data.tags["code_version"] == info["code_version"] == tracking.code_version()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_code_version_reads_the_commit_and_dirty_flag(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-qm", "first")
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert tracking.code_version(tmp_path) == commit[:12]
+    (tmp_path / "untracked.txt").write_text("results do not make the code dirty")
+    assert tracking.code_version(tmp_path) == commit[:12]
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert tracking.code_version(tmp_path) == commit[:12] + "-dirty"
+    outside = tmp_path.parent / f"{tmp_path.name}-nogit"
+    outside.mkdir()
+    assert tracking.code_version(outside) in ("vitsweep-0.1.0", "unknown")
+
+
+# ----------------------------------------------------------------------- concurrency
+
+WRITERS, STEPS, METRICS = 4, 30, 5
+
+
+def _writer(uri: str, trial_id: str, barrier) -> None:
+    """One trial process: all start together on a fresh SQLite file, so the schema
+    migration, the experiment creation and every metric write contend."""
+    from analysis import tracking
+
+    import mlflow.tracking  # noqa: F401  (import before the barrier: contend on writes, not imports)
+
+    barrier.wait()
+    experiment_id = tracking.ensure_experiment(uri, "concurrent")
+    with tracking.trial_run(uri, experiment_id, trial_id, params={"trial": trial_id}) as run:
+        for step in range(STEPS):
+            run.log_metrics({f"m{k}": step * 100 + k for k in range(METRICS)}, step=step)
+
+
+def test_concurrent_writers_on_one_fresh_sqlite_file_lose_no_metric(tmp_path):
+    uri = tracking.default_tracking_uri(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(WRITERS)
+    workers = [context.Process(target=_writer, args=(uri, f"w{i}", barrier)) for i in range(WRITERS)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * WRITERS
+
+    client = MlflowClient(tracking_uri=uri)
+    assert [e.name for e in client.search_experiments()].count("concurrent") == 1
+    runs = tracking.search_trial_runs(uri, "concurrent")
+    assert sorted(runs.trial_id) == [f"w{i}" for i in range(WRITERS)]
+    assert set(runs.status) == {"FINISHED"}
+    for run_id in runs.run_id:
+        for k in range(METRICS):
+            history = client.get_metric_history(run_id, f"m{k}")
+            assert sorted((m.step, m.value) for m in history) == [(s, s * 100 + k) for s in range(STEPS)]
+
+
+def test_writes_retry_a_locked_database_and_give_up_after_the_budget(uri, tmp_path, monkeypatch):
+    # A real SQLite lock: another connection holds the file EXCLUSIVE, so a write with no
+    # busy wait fails with "database is locked" until the holder commits.
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    attempts = []
+
+    def write(client):
+        attempts.append(time.monotonic())
+        with contextlib.closing(sqlite3.connect(path, timeout=0)) as db:
+            db.execute("INSERT INTO t VALUES (1)")
+            db.commit()
+        return "written"
+
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(0.5, holder.execute, ["COMMIT"])
+    release.start()
+    assert tracking._with_retries("locked write", uri, write) == "written"
+    release.join()
+    assert len(attempts) > 2 and attempts[-1] - attempts[0] >= 0.4
+
+    monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 0.5)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(TrackingError, match="locked write.*database is locked") as info:
+            tracking._with_retries("locked write", uri, write)
+    finally:
+        holder.execute("COMMIT")
+    assert uri in str(info.value)
+
+    def not_transient(client):
+        attempts.append("bad")
+        raise ValueError("a bug, not a lock")
+
+    with pytest.raises(ValueError, match="a bug"):
+        tracking._with_retries("buggy write", uri, not_transient)
+    assert attempts.count("bad") == 1
+
+
+# ------------------------------------------------------------------------ real server
+
+
+def _group_rss_bytes(pgid: int) -> tuple[int, int]:
+    """(summed RSS, process count) of a process group, from /proc."""
+    total, count = 0, 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            rss_kb = next(int(line.split()[1]) for line in (entry / "status").read_text().splitlines()
+                          if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        total, count = total + rss_kb * 1024, count + 1
+    return total, count
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads RSS from /proc")
+def test_real_mlflow_server_roundtrip(tmp_path):
+    uri, server = tracking.start_local_server(
+        f"sqlite:///{tmp_path}/server/mlflow.db", tmp_path / "server" / "artifacts",
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        tracking.check_tracking_uri(uri)
+        # Same server, addressed by a name MLflow 3's Host check does not allow ("127.1" is
+        # 127.0.0.1): /health would answer, every API call gets 403. The check must say so.
+        with pytest.raises(TrackingError, match="--allowed-hosts '127.1'"):
+            tracking.check_tracking_uri(uri.replace("127.0.0.1", "127.1"))
+        rss, processes = _group_rss_bytes(server.pid)
+        print(f"mlflow server: {processes} processes, RSS {rss / 2**20:.0f} MiB")
+        assert rss < 1.5 * 2**30  # MLflow 3 defaults take ~3 GB; one worker, no job runners ~0.6 GB
+
+        experiment_id = tracking.ensure_experiment(uri, "served")
+        assert tracking.ensure_experiment(uri, "served") == experiment_id
+        with tracking.trial_run(uri, experiment_id, "served-trial",
+                                params={"pe": "sincos2d", "lr": 0.001}, tags={"study": "demo"}) as run:
+            for epoch in (1, 2):
+                run.log_metrics({"eval_acc": 0.25 * epoch}, step=epoch)
+            run.log_artifact_dict("config.json", {"pe": "sincos2d", "lr": 0.001})
+        same = tracking.start_trial_run(uri, experiment_id, "served-trial", params={"pe": "sincos2d"})
+        assert same == run.run_id
+        tracking.end_trial_run(uri, same)
+
+        def rest(endpoint: str, **query) -> dict:
+            with urllib.request.urlopen(f"{uri}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}",
+                                        timeout=10) as response:
+                return json.load(response)
+
+        got = rest("runs/get", run_id=run.run_id)["run"]
+        assert got["info"]["status"] == "FINISHED" and got["info"]["run_name"] == "served-trial"
+        assert {p["key"]: p["value"] for p in got["data"]["params"]} == {"pe": "sincos2d", "lr": "0.001"}
+        history = rest("metrics/get-history", run_id=run.run_id, metric_key="eval_acc")["metrics"]
+        assert sorted((m["step"], m["value"]) for m in history) == [(1, 0.25), (2, 0.5)]
+        # Artifacts went through the server's proxy into --artifacts-destination.
+        assert got["info"]["artifact_uri"].startswith("mlflow-artifacts:")
+        assert list((tmp_path / "server" / "artifacts").rglob("config.json"))
+        local = MlflowClient(tracking_uri=uri).download_artifacts(run.run_id, "config.json", str(tmp_path))
+        assert json.loads(Path(local).read_text()) == {"pe": "sincos2d", "lr": 0.001}
+    finally:
+        tracking.stop_local_server(server)
+    assert _group_rss_bytes(server.pid)[1] == 0  # no uvicorn worker left behind
+    with pytest.raises(TrackingError, match="not reachable"):
+        tracking.check_tracking_uri(uri)

@@ -1,0 +1,196 @@
+"""RunConfig: everything one trial needs, as one frozen dataclass.
+
+A run config is the unit every layer exchanges: a study file produces a list
+of them, Tune's param space carries them as flat dicts, MLflow logs them as
+params and the Parquet ``trials`` table stores them as columns. So it
+flattens to scalar key/values and rebuilds from them:
+
+    cfg = RunConfig.for_dataset("cifar100", preset="study_l", pe="rope2d", cutmix=True)
+    flat = cfg.to_flat()            # {"dataset": "cifar100", ..., "pe": "rope2d", "dim": 192, ...}
+    assert RunConfig.from_flat(flat) == cfg
+
+Model fields (``ViTConfig``) are flattened beside the run fields without a
+prefix; the two sets of names never clash (checked at import).
+
+Defaults follow Study L's recipe (Lee et al. 2021: AdamW lr 1e-3, weight
+decay 0.05, batch 128, 100 epochs, 10 warm-up epochs, cosine decay); Study P
+overrides them in its study file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from trainables.protocols import Protocol
+from trainables.vit import ViTConfig
+
+OPTIMIZERS = ("adamw", "adam")  # adam = Adam with coupled L2 weight decay, as in Study P
+SCHEDULES = ("cosine", "constant")
+EVAL_SPLITS = ("test", "holdout")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Fields that say where or how a run executes, not what it computes: they stay
+# out of the trial id, so moving the data or changing the device resumes the
+# same trial instead of starting a new one.
+_EXECUTION_FIELDS = ("data_root", "device", "num_workers")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    study: str = "adhoc"
+    dataset: str = "shapes"
+    data_root: str = "data"
+    preset: str = "study_l"
+    model: ViTConfig = field(default_factory=ViTConfig)
+    # Token order in training: RPT shuffles patch tokens at every forward pass.
+    rpt: bool = False
+    rpt_per_image: bool = False  # one permutation per image instead of per batch
+    # The three protocol switches of Study L.
+    autoaugment: bool = False
+    cutmix: bool = False
+    label_smoothing: bool = False
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    batch_size: int = 128
+    epochs: int = 100
+    warmup_epochs: int = 10
+    schedule: str = "cosine"
+    seed: int = 0
+    eval_split: str = "test"  # "holdout" for tuning: never tune on the test split
+    holdout_fraction: float = 0.05
+    max_train_images: int = 0  # 0 = the whole train split; a cap for demos and tests
+    checkpoint_every: int = 1  # epochs between resumable checkpoints
+    device: str = "auto"
+    amp: bool = True  # bf16 autocast, used on CUDA only (slower on CPU)
+    num_workers: int = 0  # DataLoader worker processes for augmentation
+
+    def __post_init__(self) -> None:
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("eval_split", self.eval_split, EVAL_SPLITS)
+        _check_choice("device", self.device, DEVICES)
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if not 0 <= self.warmup_epochs <= self.epochs:
+            raise ValueError(f"warmup_epochs must lie in [0, epochs={self.epochs}], got {self.warmup_epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+
+    # -- derived names ---------------------------------------------------
+    @property
+    def protocol(self) -> Protocol:
+        return Protocol(self.autoaugment, self.cutmix, self.label_smoothing)
+
+    @property
+    def pe(self) -> str:
+        return self.model.pe
+
+    @property
+    def trial_id(self) -> str:
+        """Stable, readable id: the headline factors plus a hash of every field
+        that changes what is computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
+        flat = {k: v for k, v in self.to_flat().items() if k not in _EXECUTION_FIELDS}
+        digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
+        order = "-rpt" if self.rpt else ""
+        return f"{self.dataset}-{self.pe}{order}-{self.protocol.name}-s{self.seed}-{digest}"
+
+    # -- flat form ---------------------------------------------------------
+    def to_flat(self) -> dict[str, Any]:
+        """One flat dict of scalars: run fields, ``protocol`` (derived) and model fields."""
+        run = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        run["protocol"] = self.protocol.name
+        return {**run, **self.model.to_flat()}
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, Any]) -> "RunConfig":
+        """Inverse of ``to_flat``. Unknown keys raise, so a typo in ``--set`` is caught."""
+        run_names = {f.name for f in fields(cls)} - {"model"}
+        model_names = {f.name for f in fields(ViTConfig)}
+        unknown = set(flat) - run_names - model_names - {"protocol"}
+        if unknown:
+            raise ValueError(
+                f"unknown run-config field(s) {sorted(unknown)}; valid fields: {sorted(run_names | model_names)}"
+            )
+        run = {k: _coerce(cls, k, v) for k, v in flat.items() if k in run_names}
+        model = ViTConfig.from_flat({k: v for k, v in flat.items() if k in model_names})
+        cfg = cls(**run, model=model)
+        if "protocol" in flat and flat["protocol"] != cfg.protocol.name:
+            raise ValueError(
+                f"protocol {flat['protocol']!r} contradicts the switches "
+                f"(autoaugment={cfg.autoaugment}, cutmix={cfg.cutmix}, label_smoothing={cfg.label_smoothing})"
+            )
+        return cfg
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
+        """Apply flat ``key=value`` overrides (run or model fields); values given as
+        strings are parsed to the field's type. ``protocol=NAME`` sets the switches."""
+        flat = self.to_flat()
+        overrides = dict(overrides)
+        if "protocol" in overrides:
+            p = Protocol.from_name(str(overrides.pop("protocol")))
+            flat.update(autoaugment=p.autoaugment, cutmix=p.cutmix, label_smoothing=p.label_smoothing)
+        flat.pop("protocol")
+        for key, value in overrides.items():
+            if key not in flat:
+                raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(flat)}")
+            flat[key] = _parse_like(key, value, flat[key])
+        return RunConfig.from_flat(flat)
+
+    @classmethod
+    def for_dataset(cls, dataset: str, *, preset: str, info=None, **overrides: Any) -> "RunConfig":
+        """A run config whose model fits ``dataset``: preset architecture with the data
+        set's image size, patch size (the study's 8x8 or 14x14 grid) and class count.
+
+        ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to the registry's)."""
+        from trainables.datasets import dataset_info
+
+        info = info or dataset_info(dataset)
+        model = ViTConfig.preset(
+            preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
+        )
+        base = cls(dataset=dataset, preset=preset, model=model)
+        return base.with_overrides(overrides) if overrides else base
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _coerce(cls, name: str, value: Any) -> Any:
+    """Parquet and MLflow hand numbers back as numpy/float types: cast to the field's type."""
+    default = next(f for f in fields(cls) if f.name == name)
+    kind = type(default.default) if default.default is not dataclasses.MISSING else None
+    if kind is bool:
+        return bool(value)
+    if kind in (int, float, str):
+        return kind(value)
+    return value
+
+
+def _parse_like(key: str, value: Any, current: Any) -> Any:
+    """Parse a ``--set key=value`` string to the type of the current value."""
+    if not isinstance(value, str) or isinstance(current, str):
+        return value
+    if isinstance(current, bool):
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key} expects a boolean (true/false), got {value!r}")
+    try:
+        return type(current)(value)
+    except ValueError:
+        raise ValueError(f"{key} expects a {type(current).__name__}, got {value!r}") from None

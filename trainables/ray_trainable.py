@@ -1,0 +1,184 @@
+"""The thin Ray layer: one Tune trial = one Ray Train run of the plain loop.
+
+Ray 2.5x/2.6x runs Train V2, where ``Tuner(TorchTrainer)`` is gone; the
+recommended pattern is a Tune *function* trainable that launches a
+``TorchTrainer`` and forwards its reports to Tune with ``TuneReportCallback``.
+The function is only a driver: it asks for a sliver of a CPU (``DRIVER_CPU``)
+so that drivers never hold the cores their own Train workers need (with 1 CPU
+per driver, two drivers fill a 2-core machine and their workers never start).
+
+Per trial:
+    driver (Tune trial)                       Train worker(s), rank 0 writes
+    -------------------                       ------------------------------
+    skip if trials/<id> says finished
+    MLflow run (continues a previous one)     restore the latest Train checkpoint
+    trials/<id> row: running                  train(): per epoch -> epochs/<id>,
+    TorchTrainer(name=<id>).fit()               MLflow metrics, ray.train.report,
+    trials/<id> row: finished | failed          snapshots copied to storage
+    MLflow run FINISHED | FAILED
+
+The Train run is named by the trial id under ``<storage>/<study>/train``, so a
+retried trial (Tune ``FailureConfig``) or a resumed sweep continues from its
+latest checkpoint: Train V2 restores its checkpoint list from storage.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyarrow import fs as pafs
+
+from analysis import tables, tracking
+from trainables.config import RunConfig
+
+DRIVER_CPU = 0.01
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Where a sweep writes and what each trial may use; the same for every trial."""
+
+    study: str
+    results: str
+    storage: str
+    mlflow_uri: str
+    experiment_id: str
+    workers_per_trial: int = 1
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_failures: int = 2
+
+    def snapshot_uri(self, trial_id: str) -> str:
+        return f"{self.storage.rstrip('/')}/{self.study}/snapshots/{trial_id}"
+
+
+def finished_trials(results: str, study: str) -> dict[str, dict[str, Any]]:
+    """trial_id -> trials row of every trial that already finished."""
+    table = tables.read_table(results, study, "trials")
+    if table is None:
+        return {}
+    return {row["trial_id"]: row for row in table.to_pylist() if row["status"] == "finished"}
+
+
+def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, dict[str, Any]]) -> None:
+    """Tune function trainable (the driver of one trial).
+
+    Tune's grid holds only trial ids (``config["trial_id"]``): the flat configs
+    travel once, through ``tune.with_parameters`` (``trials``: id -> flat config),
+    which keeps Tune's state and progress output small for thousand-trial sweeps."""
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg = RunConfig.from_flat(trials[config["trial_id"]])
+    trial_id, flat = cfg.trial_id, cfg.to_flat()
+    done = finished_trials(settings.results, settings.study).get(trial_id)
+    if done is not None:  # finished in an earlier launch: report, never train twice
+        tune.report({k: done[k] for k in ("eval_acc", "test_acc", "epochs_completed") if done.get(k) is not None})
+        return
+
+    version = tracking.code_version()
+    tags = tracking.trial_tags(flat, code_version=version)
+    run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, trial_id, params=flat, tags=tags)
+    tracking.log_provenance(settings.mlflow_uri, run_id, config=flat)
+    outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
+               "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
+    tables.write_trial(settings.results, settings.study, flat, outcome)
+    t0 = time.perf_counter()
+    use_gpu = settings.gpus_per_trial > 0
+    resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"trial": flat, "settings": asdict(settings), "run_id": run_id},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=settings.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=trial_id,
+            storage_path=f"{settings.storage.rstrip('/')}/{settings.study}/train",
+            failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except BaseException:
+        outcome.update(status="failed", wall_time_s=time.perf_counter() - t0)
+        tables.write_trial(settings.results, settings.study, flat, outcome)
+        tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED")
+        raise
+    final = result.metrics or {}
+    outcome.update(
+        status="finished",
+        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
+        wall_time_s=time.perf_counter() - t0,
+        **{k: final.get(k) for k in ("epochs_completed", "train_loss", "train_acc", "eval_loss", "eval_acc", "test_acc")},
+    )
+    tables.write_trial(settings.results, settings.study, flat, outcome)
+    tracking.set_tags(settings.mlflow_uri, run_id, {"checkpoint_path": str(outcome["checkpoint_path"]),
+                                                     "snapshot_dir": outcome["snapshot_dir"]})
+    tracking.end_trial_run(settings.mlflow_uri, run_id, "FINISHED")
+
+
+def _train_worker(loop_config: dict[str, Any]) -> None:
+    """Runs on each Ray Train worker: restore, train, report."""
+    import ray.train
+    import torch
+
+    from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train
+
+    cfg = RunConfig.from_flat(loop_config["trial"])
+    settings = LaunchSettings(**loop_config["settings"])
+    run_id = loop_config["run_id"]
+    rank = ray.train.get_context().get_world_rank()
+    workdir = Path(tempfile.mkdtemp(prefix=f"vitsweep-{cfg.trial_id}-"))
+    history: list[dict[str, Any]] = []  # the epochs table: restored epochs + new ones
+    restored = ray.train.get_checkpoint()
+    if restored is not None:
+        local = workdir / CHECKPOINT_DIR / CHECKPOINT_FILE
+        local.parent.mkdir(parents=True)
+        with restored.as_directory() as d:
+            shutil.copy(Path(d) / CHECKPOINT_FILE, local)
+        history = list(torch.load(local, map_location="cpu", weights_only=False)["history"])
+    uploaded: set[str] = set()
+
+    def report(metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        if rank == 0:
+            history.append(metrics)
+            tables.write_epochs(settings.results, settings.study, cfg.trial_id, history)
+            tracking.log_metrics(settings.mlflow_uri, run_id, {k: v for k, v in metrics.items() if k != "epoch"},
+                                 step=metrics["epoch"])
+            _upload_snapshots(workdir / SNAPSHOT_DIR, settings.snapshot_uri(cfg.trial_id), uploaded)
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    final = train(cfg, workdir, report=report)
+    if rank == 0:
+        final_metrics = {k: v for k, v in final.items() if k != "history"}
+        tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final_metrics["test_acc"]},
+                             step=final_metrics["epochs_completed"])
+    else:
+        final_metrics = {}
+    # A last report carries the full-test-split accuracy to the driver.
+    ray.train.report({**final_metrics, "final": True})
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _upload_snapshots(local_dir: Path, uri: str, uploaded: set[str]) -> None:
+    """Copy new snapshot files to storage (local folder or object store)."""
+    if not local_dir.exists():
+        return
+    fs, root = tables.filesystem(uri)
+    fs.create_dir(root, recursive=True)
+    for path in sorted(local_dir.glob("epoch_*.pt")):
+        if path.name not in uploaded:
+            pafs.copy_files(str(path), f"{root}/{path.name}", source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+            uploaded.add(path.name)

@@ -1,0 +1,290 @@
+"""The ViT both studies train: `ViTConfig` (frozen, flat), `ViT`, `ViTOutput`.
+
+A plain pre-norm ViT with a CLS-token classifier (Dosovitskiy et al. 2021), built from timm layers
+(PatchEmbed, Mlp, DropPath, trunc_normal_) and timm's init, with the positional encoding chosen by name
+from `trainables.pos_embed.POS_EMBEDS`. Positions are explicit in `forward`: `perm` shuffles patch tokens
+(RPT / RPI) right after patch embedding and `pe_scale` scales the PE (Study P's alpha), so every PE
+runs the same code path. Analysis asks for per-layer tokens and attention maps instead of hooking.
+
+Shapes: B batch, C classes, G = img_size / patch_size grid side, N = G*G patches, T = 1 + N tokens (CLS
+first), D = dim, H = heads, hd = D / H, L = depth.
+
+Presets (`ViTConfig.preset(name, **overrides)`; overrides may change any field; params with pe="ape"):
+
+| preset  | img / patch (G) | dim | depth | heads | mlp | drop / attn / proj | drop_path | ape_init     | C   | params |
+| ------- | --------------- | --- | ----- | ----- | --- | ------------------ | --------- | ------------ | --- | ------ |
+| study_l | 32 / 4 (8)      | 192 | 8     | 8     | 2   | 0 / 0 / 0          | 0         | trunc_normal | 10  | 2.40M  |
+| study_p | 224 / 16 (14)   | 384 | 12    | 8     | 4   | .15 / .15 / .15    | 0.2       | normal       | 100 | 21.70M |
+| vit_s   | 224 / 16 (14)   | 384 | 12    | 6     | 4   | .15 / .15 / .15    | 0.2       | normal       | 100 | 21.70M |
+| tiny    | 32 / 4 (8)      | 64  | 2     | 4     | 2   | 0 / 0 / 0          | 0         | trunc_normal | 10  | 0.08M  |
+
+Every preset leaves pe="ape", in_chans=3 and rope_base=10000 at their defaults.
+
+study_l: Study L's model (depth 8, D 192, 8 heads, MLP 2, "~2.4M parameters"); use img_size=64,
+patch_size=8 for Tiny-ImageNet (still an 8x8 grid; 2.43M parameters). study_p: Study P's model (ViT-S
+width with 8 heads, dropout 0.15, drop path 0.2, APE N(0, 1), ImageNet-100). vit_s: the standard 6-head
+ViT-S at Study P's recipe. tiny: tests and demos. Heads do not change the parameter count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
+from torch import nn
+
+from trainables.pos_embed import APE_INITS, POS_EMBEDS, Rotation, apply_rotation, build_pos_embed
+
+_STUDY_P = dict(
+    img_size=224, patch_size=16, num_classes=100, dim=384, depth=12, heads=8, mlp_ratio=4.0,
+    drop_rate=0.15, attn_drop_rate=0.15, proj_drop_rate=0.15, drop_path_rate=0.2, ape_init="normal",
+)
+_NO_DROPOUT = dict(drop_rate=0.0, attn_drop_rate=0.0, proj_drop_rate=0.0, drop_path_rate=0.0)
+PRESETS: dict[str, dict[str, Any]] = {
+    "study_l": dict(img_size=32, patch_size=4, num_classes=10, dim=192, depth=8, heads=8, mlp_ratio=2.0,
+                    ape_init="trunc_normal", **_NO_DROPOUT),
+    "study_p": _STUDY_P,
+    "vit_s": {**_STUDY_P, "heads": 6},
+    "tiny": dict(img_size=32, patch_size=4, num_classes=10, dim=64, depth=2, heads=4, mlp_ratio=2.0,
+                 ape_init="trunc_normal", **_NO_DROPOUT),
+}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of one ViT. Flat scalars only, so Tune, MLflow and Parquet take it as is."""
+
+    img_size: int = 32
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 10
+    dim: int = 192
+    depth: int = 8
+    heads: int = 8
+    mlp_ratio: float = 2.0
+    pe: str = "ape"
+    drop_rate: float = 0.0  # on the tokens after CLS + additive PE (timm's pos_drop; unlike timm, not before the head)
+    attn_drop_rate: float = 0.0  # on the softmax attention weights
+    proj_drop_rate: float = 0.0  # after the attention output projection and inside the MLP
+    drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this over the blocks (timm)
+    ape_init: str = "trunc_normal"  # "normal" N(0, 1) (Study P) | "trunc_normal" std 0.02 (timm)
+    rope_base: float = 10000.0  # rope2d frequency base: Study P 10000, Heo et al. axial 100
+
+    def __post_init__(self) -> None:
+        for name in ("img_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        for name in ("drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
+        if self.mlp_ratio <= 0 or self.rope_base <= 0:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} and rope_base={self.rope_base} must be positive")
+        if self.img_size % self.patch_size:
+            raise ValueError(
+                f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}; "
+                f"valid patch sizes for img_size={self.img_size}: {_divisors(self.img_size)}"
+            )
+        if self.dim % self.heads:
+            raise ValueError(
+                f"dim={self.dim} is not divisible by heads={self.heads}; "
+                f"valid heads for dim={self.dim}: {_divisors(self.dim)}"
+            )
+        if self.pe not in POS_EMBEDS:
+            raise ValueError(f"unknown pe={self.pe!r}; valid: {sorted(POS_EMBEDS)}")
+        if self.ape_init not in APE_INITS:
+            raise ValueError(f"unknown ape_init={self.ape_init!r}; valid: {sorted(APE_INITS)}")
+        POS_EMBEDS[self.pe].validate(self)
+
+    @property
+    def grid(self) -> int:
+        return self.img_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid**2
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def to_flat(self) -> dict[str, Any]:
+        """Field name -> scalar."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, Any]) -> ViTConfig:
+        """Inverse of to_flat; ignores keys that are not fields (run fields sit in the same flat dict).
+
+        Values are cast to the field's type, so numpy scalars or strings from MLflow params rebuild too.
+        """
+        kwargs = {}
+        for field in dataclasses.fields(cls):
+            if field.name in flat:
+                kwargs[field.name] = type(field.default)(flat[field.name])
+        return cls(**kwargs)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ViTConfig:
+        """The named architecture (see the module docstring), with any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset={name!r}; valid: {sorted(PRESETS)}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s) {unknown}; valid: {fields}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+@dataclass
+class ViTOutput:
+    """logits (B, C); tokens: L x (B, T, D) = norm1(h_l), CLS first; attention: L x (B, H, T, T) softmax maps."""
+
+    logits: torch.Tensor
+    tokens: list[torch.Tensor] | None = None
+    attention: list[torch.Tensor] | None = None
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention; fused SDPA by default, explicit softmax only when the map is wanted."""
+
+    def __init__(self, dim: int, heads: int, attn_drop: float, proj_drop: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim)  # with bias, as timm ViT (qkv_bias=True)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, D) -> (out (B, T, D), softmax map (B, H, T, T) or None)."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if rotation is not None:  # (B, H, T, hd) each
+            q, k = apply_rotation(q, *rotation), apply_rotation(k, *rotation)
+        if return_attention:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
+            out = self.attn_drop(attn) @ v
+        else:
+            attn = None
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(B, T, D)
+        return self.proj_drop(self.proj(out)), attn
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: h + DropPath(Attn(norm1 h)), then + DropPath(MLP(norm2 h))."""
+
+    def __init__(self, config: ViTConfig, drop_path: float):
+        super().__init__()
+        dim = config.dim
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)  # eps as timm ViT
+        self.attn = Attention(dim, config.heads, config.attn_drop_rate, config.proj_drop_rate)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), act_layer=nn.GELU, drop=config.proj_drop_rate)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self, h: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """h (B, T, D) -> (next h (B, T, D), norm1(h) (B, T, D), attention (B, H, T, T) or None)."""
+        tokens = self.norm1(h)
+        out, attn = self.attn(tokens, rotation, return_attention)
+        h = h + self.drop_path(out)
+        h = h + self.drop_path(self.mlp(self.norm2(h)))
+        return h, tokens, attn
+
+
+def permute_patches(patches: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """patches (B, N, D), perm (N,) or (B, N) integer -> out (B, N, D) with out[b, i] = patches[b, perm[b, i]]."""
+    B, N, D = patches.shape
+    if perm.dtype.is_floating_point or perm.dtype.is_complex or perm.dtype == torch.bool:
+        raise ValueError(f"perm has dtype={perm.dtype}; valid: an integer dtype (torch.long)")
+    if perm.shape not in ((N,), (B, N)):
+        raise ValueError(
+            f"perm has shape {tuple(perm.shape)}; valid: (N,) = ({N},) for one permutation of the batch "
+            f"or (B, N) = ({B}, {N}) for one per image"
+        )
+    perm = perm.to(patches.device)
+    if perm.ndim == 1:
+        return patches[:, perm]
+    return patches.gather(1, perm[:, :, None].expand(B, N, D))
+
+
+class ViT(nn.Module):
+    """Pre-norm ViT, CLS-token classifier, positional encoding by name (config.pe)."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = config
+        D = config.dim
+        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pe = build_pos_embed(config)
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        # stochastic depth rises linearly from 0 to drop_path_rate over the blocks (timm's schedule)
+        drop_paths = [config.drop_path_rate * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        self.blocks = nn.ModuleList(Block(config, p) for p in drop_paths)
+        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.head = nn.Linear(D, config.num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """timm ViT's default init: Linear trunc_normal(0.02) and zero bias, CLS N(0, 1e-6); conv left as is."""
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names an optimiser should not decay (timm / Heo et al. convention)."""
+        return {name for name, _ in self.named_parameters() if name in ("cls_token", "pe.table", "pe.freqs")}
+
+    def forward(
+        self,
+        images: torch.Tensor,
+        *,
+        perm: torch.Tensor | None = None,
+        pe_scale: float = 1.0,
+        return_tokens: bool = False,
+        return_attention: bool = False,
+    ) -> ViTOutput:
+        """images (B, 3, H, W) normalised -> ViTOutput.
+
+        perm: (N,) or (B, N); patches[b, i] <- patches[b, perm[b, i]] after patch embedding, before the PE,
+            so the PE stays tied to indices (RPT in training, RPI at inference).
+        pe_scale: multiplies the additive table (CLS slot included) or the rotation angles (rope).
+        """
+        x = self.patch_embed(images)  # (B, N, D)
+        if perm is not None:
+            x = permute_patches(x, perm)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, T, D)
+        table = self.pe.additive(pe_scale)
+        if table is not None:
+            x = x + table
+        x = self.pos_drop(x)
+        rotations = self.pe.rotations(pe_scale)
+        tokens, attention = [], []
+        for layer, block in enumerate(self.blocks):
+            x, normed, attn = block(x, rotations[layer] if rotations else None, return_attention)
+            if return_tokens:
+                tokens.append(normed)
+            attention.append(attn)
+        # LayerNorm is per token, so normalising CLS alone equals timm's norm-all-then-pool.
+        logits = self.head(self.norm(x[:, 0]))  # (B, C)
+        return ViTOutput(
+            logits=logits,
+            tokens=tokens if return_tokens else None,
+            attention=attention if return_attention else None,
+        )
