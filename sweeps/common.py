@@ -35,10 +35,10 @@ ALL_PROTOCOLS = tuple(
 )
 
 
-def native_preset(dataset: str) -> str:
+def native_preset(dataset: str, data_root: str | None = None) -> str:
     from trainables.datasets import dataset_info
 
-    size = dataset_info(dataset).img_size
+    size = dataset_info(dataset, data_root if dataset == "folder" else None).img_size
     return NATIVE_PRESETS.get(size, "study_l")
 
 
@@ -57,7 +57,7 @@ def make_trials(
     for cond in conditions:
         cond = dict(cond)
         dataset = cond.pop("dataset")
-        preset = options.preset or native_preset(dataset)
+        preset = options.preset or native_preset(dataset, options.data_root)
         for seed in range(options.seeds):
             fields = {
                 **(base or {}),

@@ -2,7 +2,8 @@
 
 Runs as a plain script, so a cluster user can write
 
-    ray submit cluster/aws.yaml sweeps/run.py -- study_l --results s3://BUCKET/vitsweep --mlflow-uri http://127.0.0.1:5000
+    ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto \
+        --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
 
 and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong
 (study, PE, data set, protocol, ``--set`` field, storage and MLflow URIs) is
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable)")
     g.add_argument("--include-none-rpt", action="store_true", help="factorial: keep the redundant none + RPT cell")
     g.add_argument("--defaults-from", metavar="JSON", help="best config written by the hparam study")
+    g.add_argument("--samples", type=int, help="hparam: number of Optuna trials (default 24)")
     g.add_argument("--stage", choices=STAGES, default="train", help="train (default), analyze, report, or all three")
     g.add_argument("--dry-run", action="store_true", help="print the trial table and count; start nothing")
     g.add_argument("--json", action="store_true", help="with --dry-run: only a JSON list of trial configs on stdout")
@@ -76,7 +78,9 @@ def build_trials(args: argparse.Namespace):
     defaults: StudyOptions = study.DEFAULTS
     overrides = {}
     if args.defaults_from:
-        overrides.update(json.loads(Path(args.defaults_from).read_text()))
+        from sweeps.hparam import read_defaults
+
+        overrides.update(read_defaults(args.defaults_from))
     overrides.update(parse_overrides(args.set))
     datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
     if args.seeds is not None and args.seeds < 1:
@@ -87,7 +91,8 @@ def build_trials(args: argparse.Namespace):
         epochs=args.epochs or defaults.epochs,
         preset=args.preset or defaults.preset,
         overrides=overrides,
-        data_root=args.data_root,
+        # Absolute: every Ray worker process has its own working directory.
+        data_root=args.data_root if "://" in args.data_root else os.path.abspath(os.path.expanduser(args.data_root)),
     )
     kwargs = {"include_none_rpt": True} if args.include_none_rpt and args.study == "factorial" else {}
     configs = study.trials(options, **kwargs)
@@ -187,6 +192,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
     if not todo:
         return 0
+    if args.study == "hparam" and args.resume:
+        raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
     start_ray(args.address)
     by_id = {c.trial_id: c.to_flat() for c in configs}
     trainable = tune.with_resources(
@@ -198,6 +205,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     if args.resume and tune.Tuner.can_restore(restore_path):
         log.info("resuming the Tune experiment at %s", restore_path)
         tuner = tune.Tuner.restore(restore_path, trainable=trainable, resume_errored=True, restart_errored=False)
+    elif args.study == "hparam":
+        tuner = hparam_tuner(args, configs[0], settings, tune_dir, name)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -218,7 +227,60 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     grid = tuner.fit()
     errors = [r for r in grid if r.error]
     log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
+    close_unfinished(results, args.study, mlflow_uri, experiment_id)
+    if args.study == "hparam":
+        from sweeps import hparam
+
+        best = grid.get_best_result(metric=hparam.METRIC, mode=hparam.MODE, scope="last")
+        path = hparam.write_best(results, best.config, score=best.metrics[hparam.METRIC],
+                                 condition=configs[0].to_flat(), n_trials=len(grid))
+        log.info("best %s %.4f with %s -> %s", hparam.METRIC, best.metrics[hparam.METRIC],
+                 {k: best.config[k] for k in hparam.SEARCHED}, path)
     return 1 if errors else 0
+
+
+def hparam_tuner(args, base, settings, tune_dir: str, name: str):
+    """Optuna (TPE) proposals + ASHA early stopping around one base condition."""
+    from ray import tune
+
+    from sweeps import hparam
+    from trainables.ray_trainable import DRIVER_CPU, run_trial
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, settings=settings, trials={}, base=base.to_flat()), {"CPU": DRIVER_CPU}
+    )
+    return tune.Tuner(
+        trainable,
+        param_space=hparam.search_space(base.epochs),
+        tune_config=tune.TuneConfig(
+            search_alg=hparam.searcher(seed=base.seed),
+            scheduler=hparam.scheduler(base.epochs),
+            num_samples=args.samples or hparam.DEFAULT_SAMPLES,
+            max_concurrent_trials=max_concurrent(args),
+            metric=hparam.METRIC,
+            mode=hparam.MODE,
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=1),
+    )
+
+
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str) -> None:
+    """After Tune returns, no trial is running: mark what was cut short (ASHA stops,
+    a killed driver) as such in Parquet and MLflow, so nothing is left RUNNING."""
+    from analysis import tables, tracking
+
+    early = study == "hparam"  # there a trial still running when Tune returns was stopped by ASHA
+    table = tables.read_table(results, study, "trials")
+    for row in table.to_pylist() if table is not None else []:
+        if row["status"] != "running":
+            continue
+        tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
+        run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
+        if run_id is not None:
+            if early:
+                tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true"})
+            tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
+    tracking.end_orphaned_runs(mlflow_uri, experiment_id)
 
 
 def _trial_name(trial) -> str:

@@ -1,7 +1,7 @@
 """Study P: positional encodings anchor spatial structure (arXiv 2606.00124).
 
     vitsweep sweep study_p --data-root /data --gpus-per-trial 1      # 7 conditions x 4 seeds = 28 trials
-    ray submit cluster/aws.yaml sweeps/run.py -- study_p --results s3://BUCKET/vitsweep --mlflow-uri http://127.0.0.1:5000
+    ray submit cluster/aws.yaml sweeps/run.py -- study_p --address auto --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data --gpus-per-trial 1
 
 Conditions: PE {none, ape, sincos2d, rope2d} with fixed token order, plus
 {ape, sincos2d, rope2d} with RPT (random patch permutation in training); the

@@ -155,7 +155,8 @@ class RunConfig:
         ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to the registry's)."""
         from trainables.datasets import dataset_info
 
-        info = info or dataset_info(dataset)
+        # `folder` reads its classes and image size from the root; the others need none.
+        info = info or dataset_info(dataset, overrides.get("data_root") if dataset == "folder" else None)
         model = ViTConfig.preset(
             preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
         )

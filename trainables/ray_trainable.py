@@ -65,18 +65,28 @@ def finished_trials(results: str, study: str) -> dict[str, dict[str, Any]]:
     return {row["trial_id"]: row for row in table.to_pylist() if row["status"] == "finished"}
 
 
-def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, dict[str, Any]]) -> None:
+def run_trial(
+    config: dict[str, Any],
+    settings: LaunchSettings,
+    trials: dict[str, dict[str, Any]],
+    base: dict[str, Any] | None = None,
+) -> None:
     """Tune function trainable (the driver of one trial).
 
-    Tune's grid holds only trial ids (``config["trial_id"]``): the flat configs
-    travel once, through ``tune.with_parameters`` (``trials``: id -> flat config),
-    which keeps Tune's state and progress output small for thousand-trial sweeps."""
+    A grid's Tune config holds only a trial id (``config["trial_id"]``): the flat
+    configs travel once, through ``tune.with_parameters`` (``trials``: id -> flat
+    config), which keeps Tune's state and progress output small for
+    thousand-trial sweeps. A searcher's Tune config holds the sampled values,
+    applied to the ``base`` flat config."""
     import ray.train
     from ray import tune
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    cfg = RunConfig.from_flat(trials[config["trial_id"]])
+    if "trial_id" in config:
+        cfg = RunConfig.from_flat(trials[config["trial_id"]])
+    else:
+        cfg = RunConfig.from_flat(base).with_overrides(config)
     trial_id, flat = cfg.trial_id, cfg.to_flat()
     done = finished_trials(settings.results, settings.study).get(trial_id)
     if done is not None:  # finished in an earlier launch: report, never train twice
@@ -162,8 +172,9 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     final = train(cfg, workdir, report=report)
     if rank == 0:
         final_metrics = {k: v for k, v in final.items() if k != "history"}
-        tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final_metrics["test_acc"]},
-                             step=final_metrics["epochs_completed"])
+        if final_metrics["test_acc"] is not None:
+            tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final_metrics["test_acc"]},
+                                 step=final_metrics["epochs_completed"])
     else:
         final_metrics = {}
     # A last report carries the full-test-split accuracy to the driver.
