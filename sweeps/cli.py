@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Regenerate the papers' figures and the claims table from Parquet.",
         epilog=f"example: {EXAMPLES['report']}",
     )
-    report.add_argument("study")
-    report.add_argument("--results", default="results", help="results folder or URI (default ./results)")
+    from analysis import report as report_module
+
+    report_module.add_arguments(report)
     return parser
 
 
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return job.run(args)
     if args.command == "report":
-        from analysis.report import build_report
+        from analysis import report as report_module
 
-        print(build_report(args.results, args.study))
-        return 0
+        try:
+            return report_module.run(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 2
 
 

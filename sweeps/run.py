@@ -185,7 +185,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
+        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, code_version=tracking.code_version(),
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
@@ -195,6 +195,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     if args.study == "hparam" and args.resume:
         raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
     start_ray(args.address)
+    _check_store_reach(mlflow_uri)
     by_id = {c.trial_id: c.to_flat() for c in configs}
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, settings=settings, trials=by_id), {"CPU": DRIVER_CPU}
@@ -237,6 +238,19 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         log.info("best %s %.4f with %s -> %s", hparam.METRIC, best.metrics[hparam.METRIC],
                  {k: best.config[k] for k in hparam.SEARCHED}, path)
     return 1 if errors else 0
+
+
+def _check_store_reach(mlflow_uri: str) -> None:
+    """A SQLite store is a file on one machine: on a multi-node cluster each node
+    would write its own copy at that path. Such a sweep needs an MLflow server."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if mlflow_uri.startswith("sqlite:") and len(nodes) > 1:
+        raise ValueError(
+            f"--mlflow-uri {mlflow_uri!r} is a SQLite file, but this Ray cluster has {len(nodes)} nodes; "
+            "pass the MLflow server the cluster runs, e.g. --mlflow-uri http://HEAD_IP:5000"
+        )
 
 
 def hparam_tuner(args, base, settings, tune_dir: str, name: str):
@@ -316,7 +330,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     status = 0
     if args.stage in ("train", "all"):
-        status = train_stage(args, configs, results, storage, mlflow_uri)
+        try:
+            status = train_stage(args, configs, results, storage, mlflow_uri)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 

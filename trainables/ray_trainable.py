@@ -52,6 +52,7 @@ class LaunchSettings:
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
     max_failures: int = 2
+    code_version: str = "unknown"  # computed by the launcher: workers' code copies carry no .git
 
     def snapshot_uri(self, trial_id: str) -> str:
         return f"{self.storage.rstrip('/')}/{self.study}/snapshots/{trial_id}"
@@ -93,10 +94,11 @@ def run_trial(
         tune.report({k: done[k] for k in ("eval_acc", "test_acc", "epochs_completed") if done.get(k) is not None})
         return
 
-    version = tracking.code_version()
+    version = settings.code_version
     tags = tracking.trial_tags(flat, code_version=version)
     run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, trial_id, params=flat, tags=tags)
     tracking.log_provenance(settings.mlflow_uri, run_id, config=flat)
+    tracking.set_tags(settings.mlflow_uri, run_id, {"code_version": version})
     outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
                "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
     tables.write_trial(settings.results, settings.study, flat, outcome)

@@ -1,0 +1,376 @@
+"""The demo study on a real two-node Ray cluster, submitted the way a cluster user does.
+
+Everything is a real process on this machine, started with the same commands
+cluster/README.md gives users:
+
+    ray start --head ...          head node: GCS, dashboard + jobs API on 127.0.0.1
+    ray start --address HEAD ...  a second node with its own CPU and a custom resource
+    mlflow server ...             SQLite backend + artifact proxy in a temp folder
+    ray job submit --working-dir <repo> -- python sweeps/run.py demo --address auto ...
+
+A temp folder stands in for the NFS share (``--storage``) and another for the
+results folder. The test waits for the job, then reads the results back the
+way a user would: through the MLflow server's REST API and from Parquet.
+
+Isolation on a machine other Ray instances share: every process gets its own
+temp dirs and free ports, its own auth token (``RAY_AUTH_TOKEN_PATH``, never
+``~/.ray/auth_token``), and teardown kills only what this test started (the
+``ray start --block`` process groups, then any process still carrying this
+test's marker in its environment). ``ray stop`` is never run: it would stop
+every Ray instance of the user.
+
+Run it alone with ``pytest tests/test_cluster_e2e.py -m ray``; set
+``VITSWEEP_E2E_KEEP=1`` to keep the temp folder (Ray logs, MLflow database).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis import tracking
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
+STUDY = "demo"
+EPOCHS = 1
+TRIALS = 4  # demo: PE {none, ape} x protocol {baseline, cutmix}
+WORKER_RESOURCE = "worker_node"
+JOB_DEADLINE_S = 330.0  # the job alone; measured ~100 s on a busy 2-core machine
+START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
+TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
+MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
+# Kept out of the uploaded working dir on top of .gitignore (which Ray also honours):
+# a CI checkout's .git, and anything big a developer may have lying around.
+UPLOAD_EXCLUDES = ["/.git", "/.venv", "/results", "/data", "/storage", "/bench/out", "*.egg-info",
+                   "__pycache__", ".pytest_cache", "mlruns", "*.db"]
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(TIMEOUT_S)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"({path}: {e.strerror})"
+
+
+@dataclass
+class Cluster:
+    """A running head + worker node, an MLflow server and the folders the job writes to."""
+
+    tmp: Path
+    env: dict[str, str]  # for `ray` CLI calls: venv first on PATH, token auth, this cluster's token
+    token: str
+    dashboard: str  # http://127.0.0.1:PORT (Ray jobs API)
+    mlflow_uri: str
+    results: Path
+    storage: Path  # stands in for the NFS share every node mounts
+    head_node_id: str
+    worker_node_id: str
+
+    def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """A `ray` CLI command against this cluster, as a user types it."""
+        return subprocess.run([str(BIN / "ray"), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
+
+    def api(self, path: str) -> dict:
+        """GET on the Ray dashboard with this cluster's token (what `ray job status` sends)."""
+        return _get_json(f"{self.dashboard}{path}", self.token)
+
+
+def _get_json(url: str, token: str | None = None, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _alive_nodes(dashboard: str, token: str) -> list[dict]:
+    """The cluster's alive nodes from the state API, [] while the dashboard is not up yet."""
+    try:
+        reply = _get_json(f"{dashboard}/api/v0/nodes?limit=100&detail=1", token)
+    except (OSError, ValueError):  # connection refused / reset, HTTP 5xx while starting
+        return []
+    return [n for n in reply["data"]["result"]["result"] if n["state"] == "ALIVE"]
+
+
+def _start_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`ray start --block ...` in its own session: teardown signals its whole process group."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(BIN / "ray"), "start", "--block", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=ROOT)
+
+
+def _wait_for_nodes(dashboard: str, token: str, count: int, starters: list[tuple[subprocess.Popen, Path]]) -> list:
+    deadline = time.monotonic() + START_DEADLINE_S
+    while True:
+        nodes = _alive_nodes(dashboard, token)
+        if len(nodes) >= count:
+            return nodes
+        for process, log in starters:
+            if process.poll() is not None:
+                raise RuntimeError(f"`ray start` exited with code {process.returncode}; {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {log}:\n{_tail(log)}" for _, log in starters)
+            raise RuntimeError(f"{len(nodes)} of {count} Ray nodes alive after {START_DEADLINE_S:g} s\n{logs}")
+        time.sleep(1)
+
+
+def _kill_group(process: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM a `ray start --block` group (it stops its GCS / raylet / workers), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(grace_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Pids of processes whose environment carries ``MARKER=marker``: what this test started,
+    directly or through Ray (workers, the job driver), and nothing else on the machine."""
+    needle = f"{MARKER}={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:  # gone, or another user's process
+            continue
+    return pids
+
+
+def _kill_marked(marker: str) -> list[int]:
+    """SIGKILL stragglers (workers Ray put in their own process groups, a job driver)."""
+    pids = _marked_pids(marker)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Short path: Ray's Unix sockets live under the temp dir (108-byte limit).
+    tmp = Path(tempfile.mkdtemp(prefix="vse-", dir="/tmp"))
+    marker = tmp.name
+    token = secrets.token_hex(32)
+    token_file = tmp / "auth_token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}  # no RAY_ADDRESS etc.
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # the job's `python` is the venv's
+        # Token auth as cluster/*.yaml sets it, with this cluster's own token file: the
+        # user's ~/.ray/auth_token (and other Ray instances using it) stay untouched.
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        MARKER: marker,
+    })
+    head_port, dash_port = _free_port(), _free_port()
+    dashboard = f"http://127.0.0.1:{dash_port}"
+    # Every port a node would otherwise take from a fixed default (6379, 8265, 10001,
+    # 52365) is a free one, so other Ray instances on the machine cannot collide.
+    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", "0",
+              "--object-store-memory", str(200 * 1024**2), "--disable-usage-stats"]
+    head_args = ["--head", "--port", str(head_port), "--temp-dir", str(tmp / "h"),
+                 "--ray-client-server-port", str(_free_port()),
+                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
+                 "--dashboard-agent-listen-port", str(_free_port()), *common]
+    worker_args = ["--address", f"127.0.0.1:{head_port}", "--temp-dir", str(tmp / "w"),
+                   "--resources", json.dumps({WORKER_RESOURCE: 1}),
+                   "--dashboard-agent-listen-port", str(_free_port()), *common]
+    starters: list[tuple[subprocess.Popen, Path]] = []
+    mlflow_server = None
+    try:
+        starters.append((_start_node(head_args, env, tmp / "head.log"), tmp / "head.log"))
+        (head,) = _wait_for_nodes(dashboard, token, 1, starters)
+        starters.append((_start_node(worker_args, env, tmp / "worker.log"), tmp / "worker.log"))
+        nodes = _wait_for_nodes(dashboard, token, 2, starters)
+        (worker,) = [n for n in nodes if n["node_id"] != head["node_id"]]
+        mlflow_uri, mlflow_server = tracking.start_local_server(
+            f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", tmp / "mlflow" / "artifacts", host="127.0.0.1",
+            log_path=tmp / "mlflow.log",
+        )
+        yield Cluster(tmp=tmp, env=env, token=token, dashboard=dashboard, mlflow_uri=mlflow_uri,
+                      results=tmp / "results", storage=tmp / "nfs", head_node_id=head["node_id"],
+                      worker_node_id=worker["node_id"])
+    finally:
+        if mlflow_server is not None:
+            tracking.stop_local_server(mlflow_server)
+        for process, _ in reversed(starters):  # worker first, as `ray down` does
+            _kill_group(process)
+        left = _kill_marked(marker)
+        if left:
+            time.sleep(1)
+        still = _marked_pids(marker)
+        if os.environ.get("VITSWEEP_E2E_KEEP") == "1":
+            print(f"\nkept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        assert not still, f"processes of the test cluster outlived teardown: {still}"
+
+
+def _submit(cluster: Cluster) -> str:
+    """`ray job submit --no-wait` of the demo study; returns the submission id."""
+    submission_id = f"vitsweep-e2e-{secrets.token_hex(4)}"
+    entrypoint = [
+        "python", "sweeps/run.py", STUDY, "--address", "auto", "--stage", "train",
+        "--results", str(cluster.results), "--storage", str(cluster.storage),
+        "--mlflow-uri", cluster.mlflow_uri,
+        "--set", f"epochs={EPOCHS}", "--set", "max_train_images=512",
+    ]
+    done = cluster.ray(
+        "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id, "--no-wait",
+        "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+        "--", *entrypoint,
+    )
+    assert done.returncode == 0, f"ray job submit failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return submission_id
+
+
+def _wait_for_job(cluster: Cluster, submission_id: str) -> str:
+    """Poll the jobs API until the job ends; returns its final status."""
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while True:
+        status = cluster.api(f"/api/jobs/{submission_id}")["status"]
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return status
+        if time.monotonic() > deadline:
+            cluster.ray("job", "stop", "--address", cluster.dashboard, submission_id)
+            return f"still {status} after {JOB_DEADLINE_S:g} s (stopped)"
+        time.sleep(3)
+
+
+def _job_logs(cluster: Cluster, submission_id: str, lines: int = 150) -> str:
+    done = cluster.ray("job", "logs", "--address", cluster.dashboard, submission_id)
+    text = "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
+    return f"--- last {lines} lines of `ray job logs {submission_id}`:\n{text}"
+
+
+@pytest.fixture(scope="module")
+def job(cluster):
+    """The demo sweep submitted as a Ray job and finished: (cluster, submission id, wall seconds)."""
+    t0 = time.monotonic()
+    submission_id = _submit(cluster)
+    status = _wait_for_job(cluster, submission_id)
+    wall = time.monotonic() - t0
+    if status != "SUCCEEDED":
+        info = cluster.api(f"/api/jobs/{submission_id}")
+        pytest.fail(f"job {submission_id}: {status} after {wall:.0f} s ({info.get('message')})\n"
+                    f"{_job_logs(cluster, submission_id)}\n--- mlflow.log:\n{_tail(cluster.tmp / 'mlflow.log', 20)}")
+    print(f"\njob {submission_id} succeeded in {wall:.0f} s")
+    return cluster, submission_id
+
+
+def test_the_ray_cli_reports_the_job_succeeded(job):
+    cluster, submission_id = job
+    done = cluster.ray("job", "status", "--address", cluster.dashboard, submission_id)
+    assert done.returncode == 0 and "SUCCEEDED" in done.stdout + done.stderr, (
+        f"`ray job status` with the cluster's token: {done.stdout}\n{done.stderr}")
+    logs = _job_logs(cluster, submission_id, lines=10_000)
+    # The launcher joined the running cluster instead of starting a Ray of its own.
+    assert re.search(r"Connecting to existing Ray cluster at address: 127\.0\.0\.1:\d+", logs), logs[-3000:]
+    assert "train stage: 4 trials" in logs and ", 0 failed" in logs, logs[-3000:]
+
+
+def test_the_token_is_required(job):
+    cluster, _ = job
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _get_json(f"{cluster.dashboard}/api/jobs/")
+    assert info.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _get_json(f"{cluster.dashboard}/api/jobs/", token="0" * 64)
+    assert info.value.code == 403
+
+
+def test_every_trial_is_a_finished_run_on_the_mlflow_server(job):
+    cluster, _ = job
+    api = f"{cluster.mlflow_uri}/api/2.0/mlflow"
+    experiment = _get_json(f"{api}/experiments/get-by-name?experiment_name={STUDY}")["experiment"]
+    runs = _get_json(f"{api}/runs/search", body={"experiment_ids": [experiment["experiment_id"]],
+                                                 "max_results": 100})["runs"]
+    assert len(runs) == TRIALS, [r["info"]["run_name"] for r in runs]
+    trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
+    assert sorted(r["info"]["run_name"] for r in runs) == sorted(trials["trial_id"])
+    for run in runs:
+        info, data = run["info"], run["data"]
+        assert info["status"] == "FINISHED", info
+        metrics = {m["key"]: m for m in data.get("metrics", [])}
+        params = {p["key"]: p["value"] for p in data.get("params", [])}
+        tags = {t["key"]: t["value"] for t in data.get("tags", [])}
+        assert {"train_loss", "train_acc", "eval_loss", "eval_acc", "test_acc"} <= set(metrics), sorted(metrics)
+        assert metrics["eval_acc"]["step"] == EPOCHS and 0 <= metrics["eval_acc"]["value"] <= 1
+        assert params["epochs"] == str(EPOCHS) and params["pe"] in ("none", "ape") and "lr" in params
+        assert tags["study"] == STUDY and tags[tracking.TRIAL_ID_TAG] == info["run_name"]
+        # Artifacts went through the server's proxy (the trials never see its folder).
+        listing = _get_json(f"{api}/artifacts/list?run_id={info['run_id']}")
+        assert {"config.json", "provenance"} <= {f["path"] for f in listing.get("files", [])}, listing
+    assert list((cluster.tmp / "mlflow" / "artifacts").rglob("config.json")), "no artifact reached the server"
+
+
+def test_parquet_tables_hold_every_trial_and_epoch(job):
+    cluster, _ = job
+    trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
+    assert len(trials) == TRIALS and set(trials["status"]) == {"finished"}, trials[["trial_id", "status"]]
+    assert set(trials["pe"]) == {"none", "ape"} and set(trials["protocol"]) == {"baseline", "cutmix"}
+    assert (trials["epochs_completed"] == EPOCHS).all() and trials["test_acc"].between(0, 1).all()
+    epochs = pq.read_table(cluster.results / STUDY / "epochs").to_pandas()
+    assert len(epochs) == TRIALS * EPOCHS and set(epochs["epoch"]) == set(range(1, EPOCHS + 1))
+    assert sorted(epochs["trial_id"].unique()) == sorted(trials["trial_id"])
+    assert (epochs["images_per_s"] > 0).all()
+    # Checkpoints and snapshots went to the shared storage, not to a node's local disk.
+    for row in trials.itertuples():
+        assert str(row.checkpoint_path).startswith(str(cluster.storage)), row.checkpoint_path
+        assert (Path(row.checkpoint_path) / "state.pt").exists()
+        assert str(row.snapshot_dir).startswith(str(cluster.storage)) and any(Path(row.snapshot_dir).iterdir())
+
+
+def test_trials_trained_on_both_nodes(job):
+    """Ray Train workers (one per trial) appear in the state API with the node they ran on."""
+    cluster, _ = job
+    reply = cluster.api("/api/v0/actors?limit=1000&detail=1&filter_keys=class_name"
+                        "&filter_predicates=%3D&filter_values=RayTrainWorker")
+    workers = reply["data"]["result"]["result"]
+    nodes = [w["node_id"] for w in workers]
+    assert len(workers) >= TRIALS, workers
+    assert set(nodes) == {cluster.head_node_id, cluster.worker_node_id}, (
+        f"Train workers per node: head {nodes.count(cluster.head_node_id)}, "
+        f"worker {nodes.count(cluster.worker_node_id)}")

@@ -1,0 +1,115 @@
+"""The plain-PyTorch loop: it learns, checkpoints, snapshots and resumes exactly."""
+
+import math
+
+import pytest
+import torch
+
+from trainables.config import RunConfig
+from trainables.train import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_FILE,
+    SNAPSHOT_DIR,
+    load_model,
+    lr_factor,
+    random_permutation,
+    snapshot_epochs,
+    train,
+)
+
+
+def tiny(**overrides):
+    fields = {"max_train_images": 512, "batch_size": 64, "epochs": 3, "warmup_epochs": 1, "lr": 2e-3}
+    return RunConfig.for_dataset("shapes", preset="tiny", **{**fields, **overrides})
+
+
+def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
+    cfg = tiny(max_train_images=4000, epochs=5)  # 310 steps
+    final = train(cfg, tmp_path, log=lambda *_: None)
+    assert final["epochs_completed"] == 5
+    assert final["test_acc"] > 0.3, final  # chance is 0.1
+    losses = [h["train_loss"] for h in final["history"]]
+    assert losses[-1] < losses[0] - 0.3
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
+    cfg = tiny(pe="rope2d", rpt=True, cutmix=True, autoaugment=True)
+    reference = train(cfg, tmp_path / "a", log=lambda *_: None)
+
+    def crash_after_epoch_2(metrics, checkpoint_dir):
+        assert checkpoint_dir is not None  # checkpoint_every = 1
+        if metrics["epoch"] == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, tmp_path / "b", report=crash_after_epoch_2, log=lambda *_: None)
+    state = torch.load(tmp_path / "b" / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
+    assert state["epoch"] == 2
+
+    seen = []
+    resumed = train(cfg, tmp_path / "b", report=lambda m, _: seen.append(m["epoch"]), log=lambda *_: None)
+    assert seen == [3]  # continues where it stopped, not from scratch
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
+    for key in ("train_loss", "eval_loss", "eval_acc"):
+        assert resumed[key] == pytest.approx(reference[key], abs=1e-5), key
+
+
+def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
+    cfg = tiny(epochs=5)
+    train(cfg, tmp_path, log=lambda *_: None)
+    names = sorted(p.name for p in (tmp_path / SNAPSHOT_DIR).iterdir())
+    assert names == [f"epoch_{e:04d}.pt" for e in (0, 1, 2, 4, 5)]
+    blob = torch.load(tmp_path / SNAPSHOT_DIR / "epoch_0004.pt", weights_only=False)
+    assert all(v.dtype == torch.float16 for v in blob["model"].values() if v.is_floating_point())
+    model, loaded_cfg, epoch = load_model(tmp_path / SNAPSHOT_DIR / "epoch_0004.pt")
+    assert (loaded_cfg, epoch) == (cfg, 4)
+    untrained, _, _ = load_model(tmp_path / SNAPSHOT_DIR / "epoch_0000.pt")
+    x = torch.randn(2, 3, 32, 32)
+    assert not torch.allclose(model(x).logits, untrained(x).logits)
+
+
+def test_snapshot_epochs():
+    assert snapshot_epochs(1) == [0, 1]
+    assert snapshot_epochs(8) == [0, 1, 2, 4, 8]
+    assert snapshot_epochs(100) == [0, 1, 2, 4, 8, 16, 32, 64, 100]
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    f = [lr_factor(s, warmup_steps=10, total_steps=100, schedule="cosine") for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert f[55] == pytest.approx(0.5, abs=0.02) and lr_factor(100, warmup_steps=10, total_steps=100, schedule="cosine") == 0
+    assert lr_factor(50, warmup_steps=10, total_steps=100, schedule="constant") == 1.0
+
+
+def test_rpt_permutations_per_batch_and_per_image():
+    g = torch.Generator().manual_seed(0)
+    shared = random_permutation(4, 64, per_image=False, generator=g)
+    assert shared.shape == (64,) and sorted(shared.tolist()) == list(range(64))
+    each = random_permutation(4, 64, per_image=True, generator=g)
+    assert each.shape == (4, 64) and all(sorted(r.tolist()) == list(range(64)) for r in each)
+    assert not torch.equal(each[0], each[1])
+
+
+def test_holdout_runs_never_report_test_accuracy(tmp_path):
+    final = train(tiny(epochs=1, eval_split="holdout"), tmp_path, log=lambda *_: None)
+    assert final["test_acc"] is None and 0 <= final["eval_acc"] <= 1
+
+
+def test_adam_is_l2_coupled_and_adamw_decoupled():
+    from trainables.train import build_optimizer
+    from trainables.vit import ViT
+
+    cfg = tiny()
+    model = ViT(cfg.model)
+    for name, kind in (("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)):
+        opt = build_optimizer(model, RunConfig.from_flat({**cfg.to_flat(), "optimizer": name}))
+        assert type(opt) is kind
+        decayed, plain = opt.param_groups
+        assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
+        assert not any(p is model.cls_token for p in decayed["params"])
+        assert not math.isnan(sum(p.numel() for p in plain["params"]))
