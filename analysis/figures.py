@@ -26,6 +26,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from analysis.claims import (
     MODERN,
@@ -154,6 +155,7 @@ def _ssdc_depth(data: StudyData, intervention: str, title: str, text: str) -> li
             _line(ax, g["layer"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})", **_model_style(pe, rpt))
         ax.axhline(0, color="k", lw=0.6)
         ax.set(title=ds, xlabel="layer l (input of block l)", ylabel="SSDC")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     return [Plot(title, fig, _caption(text, pinned))]
 

@@ -206,8 +206,9 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     log.info("analysis of %s: %d checkpoint(s) to measure", study, len(rows))
     if not rows:
         return []
-    if not ray.is_initialized():
-        ray.init(address=address) if address else ray.init()
+    from trainables.ray_trainable import init_ray
+
+    init_ray(address)
     actors, cpu_each, gpu_each = pool_size(max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
         Measurer,

@@ -144,15 +144,6 @@ def _check_uri(uri: str) -> None:
         raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
 
 
-def start_ray(address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    # The dashboard stays on: Ray Train's controller queries the state API it serves.
-    ray.init(address=address) if address else ray.init()
-
-
 def max_concurrent(args: argparse.Namespace) -> int | None:
     """Trials that fit at once in the cluster as it is now, so none waits forever
     for Train workers that the other trials' workers block."""
@@ -179,7 +170,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
     from analysis import tracking
-    from trainables.ray_trainable import DRIVER_CPU, LaunchSettings, finished_trials, run_trial
+    from trainables.ray_trainable import DRIVER_CPU, LaunchSettings, finished_trials, init_ray, run_trial
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     settings = LaunchSettings(
@@ -189,12 +180,13 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
-    log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
+    if args.study != "hparam":  # a search samples its trials; there is no list to check off
+        log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
     if not todo:
         return 0
     if args.study == "hparam" and args.resume:
         raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
-    start_ray(args.address)
+    init_ray(args.address)
     _check_store_reach(mlflow_uri)
     by_id = {c.trial_id: c.to_flat() for c in configs}
     trainable = tune.with_resources(

@@ -24,9 +24,11 @@ def ray_local():
     """A real local Ray instance with its own temp dir (never another session's)."""
     import ray
 
+    from trainables.ray_trainable import init_ray
+
     # Unix socket paths must stay short: a short dir under /tmp, not pytest's tmp_path.
     temp_dir = tempfile.mkdtemp(prefix="vsr-", dir="/tmp")
-    ray.init(num_cpus=2, _temp_dir=temp_dir, include_dashboard=True, configure_logging=False)
+    init_ray(num_cpus=2, _temp_dir=temp_dir, configure_logging=False)
     yield ray
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)

@@ -24,6 +24,7 @@ latest checkpoint: Train V2 restores its checkpoint list from storage.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -56,6 +57,33 @@ class LaunchSettings:
 
     def snapshot_uri(self, trial_id: str) -> str:
         return f"{self.storage.rstrip('/')}/{self.study}/snapshots/{trial_id}"
+
+
+def init_ray(address: str | None = None, **kwargs: Any) -> None:
+    """Connect to ``address`` ("auto" or host:port), or start a fresh local Ray.
+
+    Locally, a second Ray instance on the same machine (another user's sweep, a
+    test) breaks Ray Train's placement-group cleaner: it finds its cluster's
+    state API by scanning for running instances and gives up when there are
+    two, leaking the CPUs of every early-stopped trial until the sweep
+    deadlocks. So the local instance gets a dashboard port chosen here, and
+    every process of the job is told where it is (``RAY_API_SERVER_ADDRESS``)."""
+    import socket
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, **kwargs)
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+    ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+             runtime_env={"env_vars": env}, **kwargs)
+    os.environ.update(env)  # this driver's own state-API calls
 
 
 def finished_trials(results: str, study: str) -> dict[str, dict[str, Any]]:

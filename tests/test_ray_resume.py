@@ -1,0 +1,107 @@
+"""A sweep killed mid-way (a real SIGKILL to a real launcher process) and resumed;
+and the hparam study end to end. Each launcher starts its own local Ray."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis import tables, tracking
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ["demo", "--set", "epochs=3", "--set", "max_train_images=1024", "--max-concurrent", "2"]
+
+
+def launcher(*argv, ray_tmp: str):
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "sweeps/run.py", *argv], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def kill_ray_under(ray_tmp: str) -> None:
+    """Kill whatever a killed launcher's Ray left behind, found by its own temp dir (never `ray stop`)."""
+    subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
+
+
+def finished(results: Path) -> dict:
+    table = tables.read_table(str(results), "demo", "trials")
+    return {} if table is None else {r["trial_id"]: r for r in table.to_pylist() if r["status"] == "finished"}
+
+
+def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
+    results = tmp_path / "results"
+    first_tmp, second_tmp = (tempfile.mkdtemp(prefix="vsk-", dir="/tmp") for _ in range(2))
+    try:
+        proc = launcher(*SWEEP, "--results", str(results), ray_tmp=first_tmp)
+        deadline = time.time() + 420
+        while not finished(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
+        assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-3000:]}"
+        done_before = finished(results)
+        assert 1 <= len(done_before) < 4
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kill_ray_under(first_tmp)
+        stamps = {t: (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns for t in done_before}
+
+        resumed = launcher(*SWEEP, "--results", str(results), "--resume", ray_tmp=second_tmp)
+        out, _ = resumed.communicate(timeout=600)
+        assert resumed.returncode == 0, out[-4000:]
+    finally:
+        kill_ray_under(first_tmp)
+        kill_ray_under(second_tmp)
+
+    trials = pq.read_table(results / "demo" / "trials").to_pandas()
+    assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    for t, stamp in stamps.items():  # finished trials were not run again
+        assert (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns == stamp
+    epochs = pq.read_table(results / "demo" / "epochs").to_pandas()
+    assert not epochs.duplicated(["trial_id", "epoch"]).any()
+    assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3]] * 4
+
+    uri = tracking.default_tracking_uri(str(results))
+    runs = tracking.search_trial_runs(uri, "demo")
+    assert sorted(runs["trial_id"]) == sorted(trials["trial_id"])  # exactly one run per trial
+    assert set(runs["status"]) == {"FINISHED"}
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for run_id in runs["run_id"]:  # concurrent trials on the SQLite default lost no metric
+        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2, 3]
+
+
+def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path):
+    results = tmp_path / "results"
+    ray_tmp = tempfile.mkdtemp(prefix="vsh-", dir="/tmp")
+    try:
+        proc = launcher("hparam", "--datasets", "shapes", "--preset", "tiny", "--epochs", "3", "--samples", "3",
+                        "--set", "max_train_images=512", "--set", "batch_size=64", "--results", str(results),
+                        ray_tmp=ray_tmp)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-4000:]
+    finally:
+        kill_ray_under(ray_tmp)
+    best = results / "hparam" / "best_config.json"
+    import json
+
+    doc = json.loads(best.read_text())
+    assert set(doc["best_config"]) == {"lr", "weight_decay", "warmup_epochs"}
+    assert doc["score"]["split"] == "holdout" and doc["trials"] == 3
+    trials = pq.read_table(results / "hparam" / "trials").to_pandas()
+    assert len(trials) == 3 and set(trials["eval_split"]) == {"holdout"}
+    assert trials["test_acc"].isna().all()  # scored on holdout, the test split never looked at
+    runs = tracking.search_trial_runs(tracking.default_tracking_uri(str(results)), "hparam")
+    assert len(runs) == 3 and set(runs["status"]) <= {"FINISHED"}
+
+    out = subprocess.run([sys.executable, "sweeps/run.py", "study_l", "--dry-run", "--json", "--defaults-from",
+                          str(best)], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    configs = json.loads(out)
+    assert all(c["lr"] == pytest.approx(doc["best_config"]["lr"]) for c in configs)
+    assert all(c["weight_decay"] == pytest.approx(doc["best_config"]["weight_decay"]) for c in configs)
