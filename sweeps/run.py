@@ -170,13 +170,15 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
     from analysis import tracking
-    from trainables.ray_trainable import DRIVER_CPU, LaunchSettings, finished_trials, init_ray, run_trial
+    from trainables.ray_trainable import DRIVER_RESOURCES, LaunchSettings, finished_trials, init_ray, run_trial
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, code_version=tracking.code_version(),
+        gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
+        # `ray job submit` ships the code without .git: the submitter can pass the commit.
+        code_version=os.environ.get("VITSWEEP_CODE_VERSION") or tracking.code_version(),
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
@@ -190,7 +192,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     _check_store_reach(mlflow_uri)
     by_id = {c.trial_id: c.to_flat() for c in configs}
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials=by_id), {"CPU": DRIVER_CPU}
+        tune.with_parameters(run_trial, settings=settings, trials=by_id), DRIVER_RESOURCES
     )
     tune_dir = f"{storage.rstrip('/')}/{args.study}"
     name = "tune"
@@ -250,10 +252,10 @@ def hparam_tuner(args, base, settings, tune_dir: str, name: str):
     from ray import tune
 
     from sweeps import hparam
-    from trainables.ray_trainable import DRIVER_CPU, run_trial
+    from trainables.ray_trainable import DRIVER_RESOURCES, run_trial
 
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials={}, base=base.to_flat()), {"CPU": DRIVER_CPU}
+        tune.with_parameters(run_trial, settings=settings, trials={}, base=base.to_flat()), DRIVER_RESOURCES
     )
     return tune.Tuner(
         trainable,
@@ -330,7 +332,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 
-        analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address)
+        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address)
+        if any(s["status"] != "ok" for s in statuses):
+            status = status or 1
     if args.stage in ("report", "all"):
         from analysis.report import build_report
 

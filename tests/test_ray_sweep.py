@@ -47,6 +47,14 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     assert run.data.tags["study"] == "demo"
 
 
+def test_trials_ran_concurrently(demo_results):
+    """Two 1-CPU trials fit a 2-CPU Ray at once: some pair of runs must overlap in time
+    (a driver holding even a sliver of a CPU would serialise them)."""
+    runs = tracking.search_trial_runs(tracking.default_tracking_uri(str(demo_results)), "demo")
+    spans = sorted(zip(runs["start_time"], runs["end_time"]))
+    assert any(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:])), spans
+
+
 def test_analysis_rows_cover_the_vocabulary(demo_results):
     m = pq.read_table(demo_results / "demo" / "measurements").to_pandas()
     assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {2}

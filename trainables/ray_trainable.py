@@ -3,9 +3,12 @@
 Ray 2.5x/2.6x runs Train V2, where ``Tuner(TorchTrainer)`` is gone; the
 recommended pattern is a Tune *function* trainable that launches a
 ``TorchTrainer`` and forwards its reports to Tune with ``TuneReportCallback``.
-The function is only a driver: it asks for a sliver of a CPU (``DRIVER_CPU``)
-so that drivers never hold the cores their own Train workers need (with 1 CPU
-per driver, two drivers fill a 2-core machine and their workers never start).
+The function is only a driver: it asks for no CPU at all
+(``DRIVER_RESOURCES``: a token of memory, since Tune refuses an empty
+request), so drivers never hold the cores their own Train workers need. With
+1 CPU per driver two drivers fill a 2-core machine and their workers never
+start; with 0.01 CPU a worker asking for a whole CPU no longer fits beside a
+driver, and trials silently run one at a time.
 
 Per trial:
     driver (Tune trial)                       Train worker(s), rank 0 writes
@@ -37,7 +40,7 @@ from pyarrow import fs as pafs
 from analysis import tables, tracking
 from trainables.config import RunConfig
 
-DRIVER_CPU = 0.01
+DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
 
 
 @dataclass(frozen=True)
@@ -154,12 +157,16 @@ def run_trial(
         tables.write_trial(settings.results, settings.study, flat, outcome)
         tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED")
         raise
+    # Train V2's result carries the metrics of the latest checkpoint, which the
+    # loop writes at its last epoch.
     final = result.metrics or {}
     outcome.update(
         status="finished",
         checkpoint_path=result.checkpoint.path if result.checkpoint else None,
         wall_time_s=time.perf_counter() - t0,
-        **{k: final.get(k) for k in ("epochs_completed", "train_loss", "train_acc", "eval_loss", "eval_acc", "test_acc")},
+        epochs_completed=final.get("epoch"),
+        test_acc=final.get("eval_acc") if cfg.eval_split == "test" else None,
+        **{k: final.get(k) for k in ("train_loss", "train_acc", "eval_loss", "eval_acc")},
     )
     tables.write_trial(settings.results, settings.study, flat, outcome)
     tracking.set_tags(settings.mlflow_uri, run_id, {"checkpoint_path": str(outcome["checkpoint_path"]),
@@ -200,15 +207,9 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=checkpoint)
 
     final = train(cfg, workdir, report=report)
-    if rank == 0:
-        final_metrics = {k: v for k, v in final.items() if k != "history"}
-        if final_metrics["test_acc"] is not None:
-            tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final_metrics["test_acc"]},
-                                 step=final_metrics["epochs_completed"])
-    else:
-        final_metrics = {}
-    # A last report carries the full-test-split accuracy to the driver.
-    ray.train.report({**final_metrics, "final": True})
+    if rank == 0 and final["test_acc"] is not None:
+        tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
+                             step=final["epochs_completed"])
     shutil.rmtree(workdir, ignore_errors=True)
 
 
