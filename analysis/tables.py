@@ -70,7 +70,7 @@ def write_trial(results: str, study: str, config: Mapping[str, Any], outcome: Ma
 
     ``config`` is ``RunConfig.to_flat()``; ``outcome`` holds the fixed columns of
     ``schema.TRIAL_FIELDS`` (missing ones are null)."""
-    columns = {f.name: pa.array([outcome.get(f.name)], type=f.type) for f in TRIAL_FIELDS}
+    columns = {f.name: pa.array([outcome.get(f.name, config.get(f.name))], type=f.type) for f in TRIAL_FIELDS}
     for key, value in config.items():
         if key not in columns:
             columns[key] = pa.array([value], type=_scalar_type(value))

@@ -89,6 +89,9 @@ def test_dry_run_json_prints_only_json_on_stdout():
     ],
 )
 def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path, capsys):
+    import ray
+
+    ray_was_up = ray.is_initialized()  # the session's shared Ray may already run
     parser = launcher.argparse.ArgumentParser()
     launcher.add_arguments(parser)
     args = parser.parse_args([*argv] + ([] if "--results" in argv else ["--results", str(tmp_path)]))
@@ -98,6 +101,5 @@ def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path
     import re
 
     assert re.search(message, err), err
-    import ray
-
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == ray_was_up  # failed before starting Ray
+    assert not (tmp_path / "demo").exists()  # and before writing anything
