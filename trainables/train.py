@@ -234,7 +234,10 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
         loader.sampler.set_epoch(epoch)
         mix_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 2))
         perm_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 3))
-        loss_sum, correct, count = 0.0, 0.0, 0
+        # Sums stay on the device: a per-step .item() would stall the GPU every step.
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        correct = torch.zeros((), device=device, dtype=torch.float64)
+        count = 0
         t0 = time.perf_counter()
         for images, labels in loader:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -252,12 +255,12 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
             loss.backward()
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.item() * labels.numel()
+            loss_sum += loss.detach() * labels.numel()
             # Accuracy against the dominant label (the CutMix base image's label).
-            correct += (logits.argmax(1) == targets.argmax(1)).sum().item()
+            correct += (logits.argmax(1) == targets.argmax(1)).sum()
             count += labels.numel()
+        loss_sum, correct, count = _all_reduce([loss_sum.item(), correct.item(), count], device)
         train_time = time.perf_counter() - t0
-        loss_sum, correct, count = _all_reduce([loss_sum, correct, count], device)
         eval_loss, eval_acc = evaluate(model, eval_loader, data.mean, data.std, device)
         metrics = {
             "epoch": epoch,
