@@ -47,8 +47,10 @@ def search_space(epochs: int) -> dict:
 def scheduler(epochs: int):
     from ray.tune.schedulers import ASHAScheduler
 
-    # Rungs at epochs grace, 3 grace, 9 grace, ... up to the full budget.
-    return ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=max(1, epochs // 9), reduction_factor=3)
+    # Rungs at epochs grace, 3 grace, 9 grace, ... below the full budget. max_t lies one
+    # past the last epoch: ASHA stops a trial that reaches max_t, and a trial that
+    # completes its epochs should finish (final metrics, checkpoint), not be cut off.
+    return ASHAScheduler(time_attr="epoch", max_t=epochs + 1, grace_period=max(1, epochs // 9), reduction_factor=3)
 
 
 def searcher(seed: int = 0):

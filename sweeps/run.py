@@ -222,7 +222,13 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     grid = tuner.fit()
     errors = [r for r in grid if r.error]
     log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
-    close_unfinished(results, args.study, mlflow_uri, experiment_id)
+    base = configs[0]
+    stopped = {
+        r.config["trial_id"] if "trial_id" in r.config else base.with_overrides(r.config).trial_id
+        for r in grid
+        if r.error is None
+    }
+    close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
     if args.study == "hparam":
         from sweeps import hparam
 
@@ -272,21 +278,24 @@ def hparam_tuner(args, base, settings, tune_dir: str, name: str):
     )
 
 
-def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str) -> None:
-    """After Tune returns, no trial is running: mark what was cut short (ASHA stops,
-    a killed driver) as such in Parquet and MLflow, so nothing is left RUNNING."""
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> None:
+    """After Tune returns no trial runs, so nothing may stay "running". ``stopped``:
+    trials Tune ended without an error before they finished, i.e. a scheduler (ASHA)
+    stopped them; their driver may have recorded the stop as a failure. They become
+    "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any other unfinished
+    trial (a killed driver) becomes "failed"."""
     from analysis import tables, tracking
 
-    early = study == "hparam"  # there a trial still running when Tune returns was stopped by ASHA
     table = tables.read_table(results, study, "trials")
     for row in table.to_pylist() if table is not None else []:
-        if row["status"] != "running":
+        early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
+        if not early and row["status"] != "running":
             continue
         tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
         run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
         if run_id is not None:
             if early:
-                tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true"})
+                tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
             tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
     tracking.end_orphaned_runs(mlflow_uri, experiment_id)
 

@@ -82,3 +82,22 @@ def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_
     assert before == after
     uri = tracking.default_tracking_uri(str(demo_results))
     assert analyze(results=str(demo_results), study="demo", mlflow_uri=uri) == []
+
+
+def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp_path):
+    """Every ```python block of the README's Parquet section runs from a folder whose
+    ./results is the demo's output."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Querying the Parquet tables", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 3  # pandas, pyarrow, DuckDB
+    (tmp_path / "results").symlink_to(demo_results)
+    for code in blocks:
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+        assert out.returncode == 0, f"{code}\n{out.stderr[-2000:]}"
+        assert out.stdout.strip(), code
