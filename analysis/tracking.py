@@ -913,13 +913,16 @@ def provenance() -> dict:
     return info
 
 
-def log_provenance(uri: str, run_id: str, config: Mapping[str, Any] | None = None) -> dict:
+def log_provenance(uri: str, run_id: str, config: Mapping[str, Any] | None = None,
+                   info: Mapping[str, Any] | None = None) -> dict:
     """Log ``provenance()`` as provenance/environment.json, the package list as
     provenance/requirements.txt, ``git diff HEAD`` as provenance/git_diff.patch when the
     checkout is dirty, ``config`` (the resolved flat run config) as config.json, and tags
     code_version, mlflow.source.git.commit (shown by the UI), vitsweep.host.
+    ``info``: a ``provenance()`` taken once for a whole sweep (it costs seconds: it
+    imports torch and lists every package); taken here when None.
     Returns the provenance dict."""
-    info = provenance()
+    info = dict(info) if info is not None else provenance()
     log_artifact_dict(uri, run_id, "provenance/environment.json", info)
     log_artifact_text(uri, run_id, "provenance/requirements.txt", requirements_txt(info["packages"]))
     git = info["git"]

@@ -179,6 +179,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
         # `ray job submit` ships the code without .git: the submitter can pass the commit.
         code_version=os.environ.get("VITSWEEP_CODE_VERSION") or tracking.code_version(),
+        provenance=tracking.provenance(),
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
@@ -210,6 +211,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                 max_concurrent_trials=max_concurrent(args),
                 trial_name_creator=_trial_name,
                 trial_dirname_creator=_trial_name,
+                reuse_actors=True,  # a driver process (imports, MLflow client) serves many trials
             ),
             run_config=tune.RunConfig(
                 name=name,

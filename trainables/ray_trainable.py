@@ -57,6 +57,7 @@ class LaunchSettings:
     gpus_per_trial: float = 0.0
     max_failures: int = 2
     code_version: str = "unknown"  # computed by the launcher: workers' code copies carry no .git
+    provenance: dict | None = None  # tracking.provenance(), taken once by the launcher
 
     def snapshot_uri(self, trial_id: str) -> str:
         return f"{self.storage.rstrip('/')}/{self.study}/snapshots/{trial_id}"
@@ -128,7 +129,7 @@ def run_trial(
     version = settings.code_version
     tags = tracking.trial_tags(flat, code_version=version)
     run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, trial_id, params=flat, tags=tags)
-    tracking.log_provenance(settings.mlflow_uri, run_id, config=flat)
+    tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
     tracking.set_tags(settings.mlflow_uri, run_id, {"code_version": version})
     outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
                "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
