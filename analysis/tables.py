@@ -119,6 +119,16 @@ def measured(results: str, study: str) -> set[tuple[str, int]]:
     return done
 
 
+def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None:
+    """The ``trials`` row of one trial, or None: one small read, whatever the sweep's size."""
+    fs, root = filesystem(table_path(results, study, "trials"))
+    path = f"{root}/{trial_id}.parquet"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    rows = pq.read_table(path, filesystem=fs).to_pylist()
+    return rows[0] if rows else None
+
+
 def read_table(results: str, study: str, table: str) -> pa.Table | None:
     """A whole table, or None when nothing has been written yet."""
     fs, root = filesystem(table_path(results, study, table))

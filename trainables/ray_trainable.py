@@ -121,8 +121,8 @@ def run_trial(
     else:
         cfg = RunConfig.from_flat(base).with_overrides(config)
     trial_id, flat = cfg.trial_id, cfg.to_flat()
-    done = finished_trials(settings.results, settings.study).get(trial_id)
-    if done is not None:  # finished in an earlier launch: report, never train twice
+    done = tables.read_trial(settings.results, settings.study, trial_id)
+    if done is not None and done["status"] == "finished":  # in an earlier launch: never train twice
         tune.report({k: done[k] for k in ("eval_acc", "test_acc", "epochs_completed") if done.get(k) is not None})
         return
 
