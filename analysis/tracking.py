@@ -1010,7 +1010,8 @@ def start_local_server(
 
 
 def stop_local_server(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """SIGTERM the server's process group, SIGKILL it if still alive after ``timeout_s``."""
+    """SIGTERM the server's process group, SIGKILL it if still alive after ``timeout_s``.
+    Works for any process started in its own session (``start_new_session=True``)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)

@@ -149,20 +149,6 @@ def _wait_for_nodes(dashboard: str, token: str, count: int, starters: list[tuple
         time.sleep(1)
 
 
-def _kill_group(process: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM a `ray start --block` group (it stops its GCS / raylet / workers), then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(grace_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _marked_pids(marker: str) -> list[int]:
     """Pids of processes whose environment carries ``MARKER=marker``: what this test started,
     directly or through Ray (workers, the job driver), and nothing else on the machine."""
@@ -244,7 +230,8 @@ def cluster():
         if mlflow_server is not None:
             tracking.stop_local_server(mlflow_server)
         for process, _ in reversed(starters):  # worker first, as `ray down` does
-            _kill_group(process)
+            # SIGTERM a `ray start --block` group (it stops its GCS / raylet / workers), then SIGKILL.
+            tracking.stop_local_server(process, timeout_s=20.0)
         left = _kill_marked(marker)
         if left:
             time.sleep(1)
