@@ -173,13 +173,14 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from trainables.ray_trainable import DRIVER_RESOURCES, LaunchSettings, finished_trials, init_ray, run_trial
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
+    # `ray job submit` ships the code without .git: the submitter can pass the commit.
+    code_version = os.environ.get("VITSWEEP_CODE_VERSION") or tracking.code_version()
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
-        # `ray job submit` ships the code without .git: the submitter can pass the commit.
-        code_version=os.environ.get("VITSWEEP_CODE_VERSION") or tracking.code_version(),
-        provenance=tracking.provenance(),
+        code_version=code_version,
+        provenance={**tracking.provenance(), "code_version": code_version},
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
@@ -191,9 +192,11 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
     init_ray(args.address)
     _check_store_reach(mlflow_uri)
+    # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
     by_id = {c.trial_id: c.to_flat() for c in configs}
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials=by_id), DRIVER_RESOURCES
+        tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat()),
+        DRIVER_RESOURCES,
     )
     tune_dir = f"{storage.rstrip('/')}/{args.study}"
     name = "tune"
@@ -202,7 +205,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         log.info("resuming the Tune experiment at %s", restore_path)
         tuner = tune.Tuner.restore(restore_path, trainable=trainable, resume_errored=True, restart_errored=False)
     elif args.study == "hparam":
-        tuner = hparam_tuner(args, configs[0], settings, tune_dir, name)
+        tuner = hparam_tuner(args, configs[0], trainable, tune_dir, name)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -255,16 +258,12 @@ def _check_store_reach(mlflow_uri: str) -> None:
         )
 
 
-def hparam_tuner(args, base, settings, tune_dir: str, name: str):
+def hparam_tuner(args, base, trainable, tune_dir: str, name: str):
     """Optuna (TPE) proposals + ASHA early stopping around one base condition."""
     from ray import tune
 
     from sweeps import hparam
-    from trainables.ray_trainable import DRIVER_RESOURCES, run_trial
 
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials={}, base=base.to_flat()), DRIVER_RESOURCES
-    )
     return tune.Tuner(
         trainable,
         param_space=hparam.search_space(base.epochs),

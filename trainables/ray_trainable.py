@@ -129,8 +129,8 @@ def run_trial(
     version = settings.code_version
     tags = tracking.trial_tags(flat, code_version=version)
     run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, trial_id, params=flat, tags=tags)
+    # Sets the code_version tag from the launcher's provenance (which carries `version`).
     tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
-    tracking.set_tags(settings.mlflow_uri, run_id, {"code_version": version})
     outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
                "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
     tables.write_trial(settings.results, settings.study, flat, outcome)
