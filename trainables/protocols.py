@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.datasets import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop
+from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop
 
 LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0

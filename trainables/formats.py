@@ -1,0 +1,348 @@
+"""The data set formats: for each, a root check and a loader into `trainables.images` containers.
+
+Each loader returns a `_Loaded` (classes, train and test splits, size, channel
+statistics); `trainables.datasets.DATASETS` wires them into the registry with
+the `OBTAIN` text quoted in every root error.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+import torchvision.transforms.v2.functional as TF
+from torchvision.datasets.folder import find_classes
+
+from trainables import shapes
+from trainables.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    IN_MEMORY_MAX_IMAGES,
+    IN_MEMORY_MAX_SIZE,
+    DataRootError,
+    ImageFiles,
+    TensorImages,
+    channel_stats,
+    decode_all,
+    first_image_size,
+    list_images,
+    patch_size_for,
+)
+
+# ImageNet-100 as in CMC (Tian, Krishnan & Isola 2019, "Contrastive Multiview
+# Coding"), github.com/HobbitLong/CMC/blob/master/imagenet100.txt, in that file's order.
+IMAGENET100_WNIDS = (
+    "n02869837", "n01749939", "n02488291", "n02107142", "n13037406", "n02091831", "n04517823", "n04589890",
+    "n03062245", "n01773797", "n01735189", "n07831146", "n07753275", "n03085013", "n04485082", "n02105505",
+    "n01983481", "n02788148", "n03530642", "n04435653", "n02086910", "n02859443", "n13040303", "n03594734",
+    "n02085620", "n02099849", "n01558993", "n04493381", "n02109047", "n04111531", "n02877765", "n04429376",
+    "n02009229", "n01978455", "n02106550", "n01820546", "n01692333", "n07714571", "n02974003", "n02114855",
+    "n03785016", "n03764736", "n03775546", "n02087046", "n07836838", "n04099969", "n04592741", "n03891251",
+    "n02701002", "n03379051", "n02259212", "n07715103", "n03947888", "n04026417", "n02326432", "n03637318",
+    "n01980166", "n02113799", "n02086240", "n03903868", "n02483362", "n04127249", "n02089973", "n03017168",
+    "n02093428", "n02804414", "n02396427", "n04418357", "n02172182", "n01729322", "n02113978", "n03787032",
+    "n02089867", "n02119022", "n03777754", "n04238763", "n02231487", "n03032252", "n02138441", "n02104029",
+    "n03837869", "n03494278", "n04136333", "n03794056", "n03492542", "n02018207", "n04067472", "n03930630",
+    "n03584829", "n02123045", "n04229816", "n02100583", "n03642806", "n04336792", "n03259280", "n02116738",
+    "n02108089", "n03424325", "n01855672", "n02090622",
+)
+
+
+# -- registry --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    classes: tuple[str, ...]
+    train: TensorImages | ImageFiles
+    test: TensorImages | ImageFiles
+    img_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+
+# -- shapes ----------------------------------------------------------------------------------
+
+
+def load_shapes(root: Path | None, *, img_size: int | None, download: bool) -> _Loaded:
+    size = img_size or 32
+    # Data seed 0: the images are fixed like any downloaded set's; `seed` varies the holdout only.
+    train_images, train_labels = shapes.make_shapes(shapes.TRAIN_SIZE, img_size=size,
+                                                    seed=shapes.split_seed(0, "train"))
+    test_images, test_labels = shapes.make_shapes(shapes.TEST_SIZE, img_size=size, seed=shapes.split_seed(0, "test"))
+    mean, std = channel_stats(train_images)
+    return _Loaded(shapes.CLASSES, TensorImages(train_images, train_labels), TensorImages(test_images, test_labels),
+                   size, mean, std)
+
+
+# -- CIFAR -----------------------------------------------------------------------------------
+
+_CIFAR = {
+    "cifar10": dict(
+        torchvision_class=torchvision.datasets.CIFAR10,
+        folder="cifar-10-batches-py",
+        train=[f"data_batch_{i}" for i in range(1, 6)],
+        test=["test_batch"],
+        meta="batches.meta",
+        label_key="labels",
+        names_key="label_names",
+        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    ),
+    "cifar100": dict(
+        torchvision_class=torchvision.datasets.CIFAR100,
+        folder="cifar-100-python",
+        train=["train"],
+        test=["test"],
+        meta="meta",
+        label_key="fine_labels",
+        names_key="fine_label_names",
+        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+    ),
+}
+
+# How to obtain each set's files: quoted in every root error (and in the registry).
+OBTAIN = {
+    "shapes": "Nothing to obtain: generated in memory.",
+    "cifar10": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
+    f"{_CIFAR['cifar10']['url']} elsewhere and unpack it into the root (tar xzf).",
+    "cifar100": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
+    f"{_CIFAR['cifar100']['url']} elsewhere and unpack it into the root (tar xzf).",
+    "tinyimagenet": "Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
+    "(the root may be tiny-imagenet-200/ itself or its parent).",
+    "imagenet100": "Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
+    "then build the root with trainables.datasets.link_imagenet100(IMAGENET_ROOT, ROOT).",
+    "folder": "Put one folder per class of image files under train/ and test/ (or val/) in the root.",
+}
+
+# Published per-channel statistics on the [0, 1] scale: (mean, std).
+STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "tinyimagenet": ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821)),
+}
+
+
+
+def _cifar_files(name: str) -> list[str]:
+    spec = _CIFAR[name]
+    return [spec["meta"], *spec["train"], *spec["test"]]
+
+
+def check_cifar(name: str) -> Callable[[Path], Path]:
+    def check(root: Path) -> Path:
+        if root.exists() and not root.is_dir():
+            raise DataRootError(f"{name} root {root} is a file; expected a folder. {OBTAIN[name]}")
+        return root
+
+    return check
+
+
+def load_cifar(name: str) -> Callable[..., _Loaded]:
+    """torchvision downloads and verifies (md5) the official archive when files are missing; the
+    pickled batches are then read here, straight into uint8 (N, 3, 32, 32) tensors. Reading them
+    ourselves (a few lines) skips torchvision's NHWC numpy copy and its md5 check of files that are
+    already present, which also lets tests use small files in the official format."""
+    spec = _CIFAR[name]
+
+    def load(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+        folder = root / spec["folder"]
+        missing = [f for f in _cifar_files(name) if not (folder / f).is_file()]
+        if missing:
+            if not download:
+                raise DataRootError(_cifar_missing(name, folder, missing, "download=False"))
+            try:
+                spec["torchvision_class"](str(root), train=True, download=True)
+            except (OSError, RuntimeError) as err:  # URLError is an OSError: no network
+                raise DataRootError(_cifar_missing(name, folder, missing, f"the download failed ({err})")) from err
+        with open(folder / spec["meta"], "rb") as fh:
+            classes = tuple(_unpickle(fh, folder / spec["meta"])[spec["names_key"]])
+        train = _read_cifar(folder, spec["train"], spec["label_key"], len(classes))
+        test = _read_cifar(folder, spec["test"], spec["label_key"], len(classes))
+        size = img_size or 32
+        if size != 32:
+            train = TensorImages(TF.resize(train.images, [size, size], antialias=True), train.labels)
+            test = TensorImages(TF.resize(test.images, [size, size], antialias=True), test.labels)
+        return _Loaded(classes, train, test, size, *STATS[name])
+
+    return load
+
+
+def _cifar_missing(name: str, folder: Path, missing: list[str], why: str) -> str:
+    return (f"{name}: files {missing} are missing in {folder} and {why}. "
+            f"Expected {_cifar_files(name)} there. {OBTAIN[name]}")
+
+
+def _unpickle(fh, path: Path) -> dict:
+    try:
+        entry = pickle.load(fh, encoding="latin1")
+    except Exception as err:  # truncated or foreign file: any unpickling error
+        raise DataRootError(f"{path} is not a CIFAR python pickle ({type(err).__name__}: {err})") from err
+    if not isinstance(entry, dict):
+        raise DataRootError(f"{path} is not a CIFAR python pickle (holds a {type(entry).__name__}, not a dict)")
+    return entry
+
+
+def _read_cifar(folder: Path, files: list[str], label_key: str, num_classes: int) -> TensorImages:
+    images, labels = [], []
+    for name in files:
+        path = folder / name
+        with open(path, "rb") as fh:
+            entry = _unpickle(fh, path)
+        try:
+            data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)  # rows are R, G, B planes
+            lab = np.asarray(entry[label_key], dtype=np.int64)
+        except (KeyError, ValueError) as err:
+            raise DataRootError(f"{path} lacks CIFAR fields 'data' (N, 3072) and {label_key!r}: {err}") from err
+        if len(lab) != len(data) or (len(lab) and not 0 <= lab.min() <= lab.max() < num_classes):
+            raise DataRootError(f"{path}: {len(data)} images but {len(lab)} labels, "
+                                f"or labels outside 0..{num_classes - 1}")
+        images.append(torch.from_numpy(data))
+        labels.append(torch.from_numpy(lab))
+    return TensorImages(torch.cat(images), torch.cat(labels))
+
+
+# -- Tiny-ImageNet ---------------------------------------------------------------------------
+
+
+def check_tinyimagenet(root: Path) -> Path:
+    folder = root / "tiny-imagenet-200" if (root / "tiny-imagenet-200").is_dir() else root
+    expected = [folder / "train", folder / "val" / "images", folder / "val" / "val_annotations.txt"]
+    missing = [str(p) for p in expected if not p.exists()]
+    if missing:
+        raise DataRootError(
+            f"tinyimagenet: no Tiny-ImageNet under {root} (looked in {folder}); missing {missing}. Expected the "
+            f"official layout tiny-imagenet-200/{{train/<wnid>/images/*.JPEG, val/images/*.JPEG, "
+            f"val/val_annotations.txt}}. {OBTAIN['tinyimagenet']}"
+        )
+    return folder
+
+
+def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> _Loaded:
+    obtain = OBTAIN["tinyimagenet"]
+    classes, class_to_idx = find_classes(folder / "train")  # sorted wnids
+    train = list_images(folder / "train", class_to_idx, obtain)
+    test = []
+    annotations = folder / "val" / "val_annotations.txt"
+    for line_no, line in enumerate(annotations.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) < 2 or parts[1] not in class_to_idx:
+            raise DataRootError(f"{annotations}:{line_no}: expected '<file>\\t<wnid of a train class>\\t...', "
+                                f"got {line!r}")
+        test.append((str(folder / "val" / "images" / parts[0]), class_to_idx[parts[1]]))
+    size = img_size or 64
+    return _Loaded(tuple(classes), _in_memory(train, size), _in_memory(test, size), size,
+                   *STATS["tinyimagenet"])
+
+
+def _in_memory(samples: list[tuple[str, int]], img_size: int) -> TensorImages:
+    labels = torch.tensor([label for _, label in samples], dtype=torch.long)
+    return TensorImages(decode_all([path for path, _ in samples], img_size), labels)
+
+
+# -- ImageNet-100 ----------------------------------------------------------------------------
+
+
+def link_imagenet100(imagenet_root: str | os.PathLike, out_root: str | os.PathLike,
+                     wnids: Sequence[str] = IMAGENET100_WNIDS) -> Path:
+    """Build the ImageNet-100 root from an ImageNet root, with one symlink per class folder.
+
+    imagenet_root must hold ILSVRC-2012 in ImageFolder layout, `train/<wnid>/*.JPEG`
+    and `val/<wnid>/*.JPEG` (the official val images sorted into class folders, e.g.
+    with the widely used `valprep.sh`). Shell equivalent:
+
+        for s in train val; do mkdir -p OUT/$s
+          for w in $(cat imagenet100.txt); do ln -s IMAGENET/$s/$w OUT/$s/$w; done; done
+    """
+    src, out = Path(imagenet_root).expanduser().resolve(), Path(out_root).expanduser()
+    missing = [f"{s}/{w}" for s in ("train", "val") for w in wnids if not (src / s / w).is_dir()]
+    if missing:
+        raise DataRootError(f"{len(missing)} class folders missing under {src}, e.g. {missing[:3]}; "
+                            f"expected ImageNet in ImageFolder layout train/<wnid>/, val/<wnid>/")
+    for s in ("train", "val"):
+        (out / s).mkdir(parents=True, exist_ok=True)
+        for w in wnids:
+            if not (out / s / w).exists():
+                (out / s / w).symlink_to(src / s / w, target_is_directory=True)
+    return out
+
+
+def check_imagenet100(root: Path) -> Path:
+    obtain = OBTAIN["imagenet100"]
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise DataRootError(f"imagenet100: no folder {root / split}; expected train/<wnid>/ and val/<wnid>/ "
+                                f"under {root}. {obtain}")
+    train_classes, _ = find_classes(root / "train")
+    val_classes, _ = find_classes(root / "val")
+    if train_classes != val_classes:
+        raise DataRootError(f"imagenet100: class folders differ between {root / 'train'} and {root / 'val'} "
+                            f"(only in train: {sorted(set(train_classes) - set(val_classes))[:5]}, only in val: "
+                            f"{sorted(set(val_classes) - set(train_classes))[:5]})")
+    return root
+
+
+def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+    obtain = OBTAIN["imagenet100"]
+    classes, class_to_idx = find_classes(root / "train")
+    if set(classes) != set(IMAGENET100_WNIDS):
+        warnings.warn(f"imagenet100 at {root} has {len(classes)} classes that are not the CMC ImageNet-100 list "
+                      f"(IMAGENET100_WNIDS); results will not compare with Study P's", stacklevel=3)
+    size = img_size or 224
+    train = ImageFiles(list_images(root / "train", class_to_idx, obtain), size, evaluation=False)
+    test = ImageFiles(list_images(root / "val", class_to_idx, obtain), size, evaluation=True)
+    return _Loaded(tuple(classes), train, test, size, IMAGENET_MEAN, IMAGENET_STD)
+
+
+# -- any ImageFolder -------------------------------------------------------------------------
+
+
+def _folder_test_dir(root: Path) -> Path | None:
+    # A real test/ wins over val/: with both present, val/ is usually a tuning split.
+    return next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
+
+
+def check_folder(root: Path) -> Path:
+    obtain = OBTAIN["folder"]
+    if not (root / "train").is_dir() or _folder_test_dir(root) is None:
+        raise DataRootError(f"folder: expected {root / 'train'} and {root / 'test'} (or {root / 'val'}) with one "
+                            f"sub-folder of images per class. {obtain}")
+    train_classes, _ = find_classes(root / "train")
+    test_classes, _ = find_classes(_folder_test_dir(root))
+    if train_classes != test_classes:
+        raise DataRootError(f"folder: class folders differ between {root / 'train'} and {_folder_test_dir(root)}: "
+                            f"{train_classes[:5]}... vs {test_classes[:5]}...")
+    return root
+
+
+def folder_in_memory(img_size: int, count: int | None = None) -> bool:
+    return img_size <= IN_MEMORY_MAX_SIZE and (count is None or count <= IN_MEMORY_MAX_IMAGES)
+
+
+def load_folder(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+    obtain = OBTAIN["folder"]
+    classes, class_to_idx = find_classes(root / "train")
+    train = list_images(root / "train", class_to_idx, obtain)
+    test = list_images(_folder_test_dir(root), class_to_idx, obtain)
+    size = img_size or first_image_size(root / "train")
+    patch_size_for(size)  # raises early for a size without the studies' grid
+    if folder_in_memory(size, len(train) + len(test)):
+        train_set, test_set = _in_memory(train, size), _in_memory(test, size)
+        mean, std = channel_stats(train_set.images)
+    else:
+        # Statistics of 1M lazily decoded images would cost a pass over the data: ImageNet's stand in.
+        train_set = ImageFiles(train, size, evaluation=False)
+        test_set = ImageFiles(test, size, evaluation=True)
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+    return _Loaded(tuple(classes), train_set, test_set, size, mean, std)
+
+

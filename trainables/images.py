@@ -1,0 +1,190 @@
+"""Image containers, geometry and decoding shared by every data set format.
+
+`TensorImages` is an in-memory split (uint8 (N, 3, H, W) + int64 labels);
+`ImageFiles` a lazy one decoded per item. The geometry helpers give the
+studies' patch grids and the evaluation resize; `trainables.formats` reads each
+format into these containers, `trainables.datasets` is the registry.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.io import ImageReadMode, decode_image, read_file
+
+# torchvision 0.29 deprecates torchvision.io's image codecs for TorchCodec's (not a dependency
+# yet); the warning would fire once per decoded file under `-W default`.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
+
+DEFAULT_DATA_ROOT = os.environ.get("VITSWEEP_DATA_ROOT", "data")
+LARGE_IMAGE_SIZE = 128  # from this size on: random resized crops from the full image (ImageNet practice)
+IN_MEMORY_MAX_SIZE = 64  # `folder` sets up to this size ...
+IN_MEMORY_MAX_IMAGES = 200_000  # ... and this many images are decoded into memory (<= 2.5 GB)
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataRootError(FileNotFoundError, ValueError):
+    """A data root is missing or malformed. The message names the path, what was
+    expected there and how to obtain it. Both a `FileNotFoundError` (it is about
+    files) and a `ValueError` (a bad configuration value, caught as such by
+    config validation)."""
+
+
+
+# -- geometry --------------------------------------------------------------------------------
+
+
+def patch_size_for(img_size: int) -> int:
+    """The studies' patch size: an 8x8 grid up to 64 px (Study L), patch 16 from 128 px (Study P)."""
+    if img_size >= LARGE_IMAGE_SIZE:
+        if img_size % 16:
+            raise ValueError(f"img_size={img_size} must be a multiple of 16 (patch 16, Study P); e.g. 224")
+        return 16
+    if img_size % 8 or img_size < 8:
+        raise ValueError(f"img_size={img_size} must be a multiple of 8 (an 8x8 patch grid, Study L); e.g. 32 or 64")
+    return img_size // 8
+
+
+def eval_resize_size(img_size: int) -> int:
+    """Shorter side before the centre crop at evaluation: 256 for 224 (ImageNet practice), else no margin."""
+    return round(img_size * 256 / 224) if img_size >= LARGE_IMAGE_SIZE else img_size
+
+
+def resize_center_crop(images: torch.Tensor, size: int, *, resize_to: int | None = None) -> torch.Tensor:
+    """Resize the shorter side to `resize_to` (default `size`), then centre-crop to (size, size).
+
+    images: uint8 (3, h, w) or (B, 3, h, w). Returns the input itself when it already has that size.
+    """
+    resize_to = resize_to or size
+    h, w = images.shape[-2:]
+    if h == w == size:
+        return images
+    if min(h, w) != resize_to:
+        images = TF.resize(images, [resize_to], antialias=True)
+    return TF.center_crop(images, [size, size])
+
+
+# -- splits ----------------------------------------------------------------------------------
+
+
+class TensorImages(Dataset):
+    """An in-memory split. images: uint8 (N, 3, H, W); labels: int64 (N,)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be uint8 (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels must be ({images.shape[0]},), got {tuple(labels.shape)}")
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+    def subset(self, indices: torch.Tensor, *, evaluation: bool = False) -> TensorImages:
+        """A new split of the rows `indices` (a copy, so the parent can be freed). `evaluation` is
+        accepted for symmetry with `ImageFiles`: stored images are final, eval or not."""
+        return TensorImages(self.images[indices], self.labels[indices])
+
+
+class ImageFiles(Dataset):
+    """A lazy split: (path, label) samples decoded per item with `torchvision.io.decode_image` (RGB).
+
+    `evaluation=False` (a train split): below `LARGE_IMAGE_SIZE` every image is
+    resized and centre-cropped to `img_size`; from it on the image keeps its
+    native size for the protocol's random resized crop. `evaluation=True`:
+    resize the shorter side to `eval_resize_size(img_size)` (256 for 224), then
+    centre-crop to `img_size`.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], img_size: int, *, evaluation: bool):
+        self.samples, self.img_size, self.evaluation = list(samples), img_size, evaluation
+        self.labels = torch.tensor([label for _, label in self.samples], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        image = decode(path)
+        if self.evaluation:
+            image = resize_center_crop(image, self.img_size, resize_to=eval_resize_size(self.img_size))
+        elif self.img_size < LARGE_IMAGE_SIZE:
+            image = resize_center_crop(image, self.img_size)
+        return image, label
+
+    def subset(self, indices: torch.Tensor, *, evaluation: bool = False) -> ImageFiles:
+        return ImageFiles([self.samples[i] for i in indices.tolist()], self.img_size, evaluation=evaluation)
+
+
+
+
+def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 (N, 3, H, W) images on the [0, 1] scale."""
+    total = torch.zeros(3, dtype=torch.float64)
+    squares = torch.zeros(3, dtype=torch.float64)
+    for chunk in images.split(4096):
+        x = chunk.transpose(0, 1).reshape(3, -1).double()  # float64: sums of ~1e8 squares stay exact enough
+        total += x.sum(1)
+        squares += (x * x).sum(1)
+    count = images.numel() / 3
+    mean = total / count
+    std = (squares / count - mean**2).clamp(min=0).sqrt()
+    return tuple((mean / 255).tolist()), tuple((std / 255).tolist())
+
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+
+def decode(path: str) -> torch.Tensor:
+    """uint8 (3, h, w) RGB; greyscale and palette images are converted."""
+    try:
+        return decode_image(read_file(path), mode=ImageReadMode.RGB)
+    except RuntimeError as err:
+        raise DataRootError(f"cannot decode image {path}: {err}") from err
+
+
+def decode_all(paths: Sequence[str], img_size: int) -> torch.Tensor:
+    """Decode `paths` into uint8 (N, 3, S, S), resizing and centre-cropping any image of another size.
+
+    A small thread pool: torchvision's decoders release the GIL, so this scales with cores."""
+    out = torch.empty(len(paths), 3, img_size, img_size, dtype=torch.uint8)
+
+    def work(start: int) -> None:
+        for i in range(start, min(start + 512, len(paths))):
+            out[i] = resize_center_crop(decode(paths[i]), img_size)
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        list(pool.map(work, range(0, len(paths), 512)))
+    return out
+
+
+def first_image_size(folder: Path) -> int:
+    classes, class_to_idx = find_classes(folder)
+    first = Path(folder) / classes[0]
+    for dirpath, _, files in sorted(os.walk(first)):
+        for name in sorted(files):
+            if name.lower().endswith(IMG_EXTENSIONS):
+                h, w = decode(os.path.join(dirpath, name)).shape[-2:]
+                return min(h, w)
+    raise DataRootError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {first}")
+
+
+def list_images(folder: Path, class_to_idx: dict[str, int], obtain: str) -> list[tuple[str, int]]:
+    try:
+        return make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS)
+    except FileNotFoundError as err:  # a class folder without images
+        raise DataRootError(f"{err}. Expected image files in every class folder under {folder}. {obtain}") from err
+
