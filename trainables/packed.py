@@ -1,0 +1,326 @@
+"""Packed trials: K same-shaped ViTs trained as one model, each member still its own trial.
+
+Why: a `study_l` step at batch 128 is a few hundred small kernels, bound by launch latency on a GPU.
+Stacking K members' parameters and mapping the one `ViT` over them with `torch.func.vmap` turns
+K x few hundred small kernels into few hundred K-times-larger ones (the PyTorch model-ensembling
+recipe; HFTA, MLSys 2021, fuses whole training runs the same way).
+
+How (K members, B batch per member, S image side, C classes, N patches):
+
+    models = [init_member(cfg) for cfg in cfgs]           # each from its own seed, as the unpacked run
+    params, buffers = stack_module_state(models)          # {name: (K, *shape)} leaves, requires_grad
+    logits = vmap(functional_call(meta copy of the ViT))  # (K, B, 3, S, S) -> (K, B, C)
+    loss = losses(logits, targets).sum()                  # (K,) -> (); one ordinary backward()
+    optimizer over the stacked leaves                     # AdamW / Adam are element-wise: one = K
+
+Each member is trained as if alone: the packed loss is the sum of member losses and no op mixes the
+K slices, so member k's gradient is exactly the gradient of its own loss; the optimiser update is
+element-wise, so a stacked AdamW equals K AdamWs. What differs per member is supplied by the loop per
+member: data order, augmentation draws, CutMix, RPT permutations (`perm`), and label smoothing
+(`losses` reads it from each member's RunConfig). What must be equal is the pack key (`pack_key`):
+every run-config field except `PACK_FREE_FIELDS`.
+
+Care under vmap:
+  * attention: fused `scaled_dot_product_attention` has no batching rule (vmap falls back to a
+    per-member loop with a performance warning), so the packed forward asks the ViT for the explicit
+    softmax path (`return_attention=True`; the maps are intermediates only, kept for backward anyway);
+  * RPT: members differ (no RPT, one permutation per batch (N,), one per image (B, N)), so every
+    member's permutation is expanded to (B, N) and gathered; a gather reproduces `patches[:, perm]`
+    exactly, and no RPT in any member passes no permutation at all;
+  * randomness: vmap runs with randomness="error"; dropout and drop path would need per-member draws,
+    so configs with them are refused (`pack_blocker`) and stay K = 1;
+  * RoPE: tables are buffers (stacked, identical per member); RoPE-Mixed's learned `freqs` are
+    ordinary stacked parameters; nothing runs in place on a parameter.
+
+Optimiser decay groups come from the loop's own `build_optimizer` applied to the unstacked template
+model (`PackedViT.optimizer(build_optimizer, cfg)`): stacked biases have ndim 2, so a rule on `p.ndim`
+applied to the stacked leaves would decay them.
+
+API for the training loop (one loop for K = 1 and K > 1 is the intended use; the loop keeps per-member
+lists indexed like `pack.configs`):
+
+    pack = PackedViT(cfgs, device)                        # or PackedViT(cfgs, device, models=[...])
+    optimizer = pack.optimizer(build_optimizer, cfgs[0])
+    scheduler = LambdaLR(optimizer, ...)                  # one schedule: epochs/warm-up are in the key
+    pack.train()
+    logits = pack(images, perm)                           # images (K, B, 3, S, S); perm: K entries
+    per_member = pack.losses(logits, targets)             # targets (K, B, C) soft -> (K,)
+    optimizer.zero_grad(); per_member.sum().backward(); optimizer.step(); scheduler.step()
+    pack.eval(); logits = pack(eval_images)               # shared (B, 3, S, S) -> (K, B, C)
+    pack.member_state_dict(k) / pack.load_member_state_dict(k, sd)        # as ViT.state_dict()
+    pack.member_optimizer_state(optimizer, k) / load_member_optimizer_state(optimizer, k, sd)
+                                                          # as the unpacked optimizer.state_dict()
+    pack.member_model(k)                                  # a plain ViT (snapshots, evaluation)
+    pack.drop(optimizer, [j])                             # a diverged member leaves; K shrinks
+
+Per-trial checkpoints are the unpacked formats, so a trial resumes packed or unpacked.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from trainables.config import RunConfig
+from trainables.vit import ViT
+
+# Fields members of one pack may differ in: what the loop supplies per member (seed -> init, data
+# order and draws; protocol switches -> augmentation, CutMix, smoothing; RPT -> perm). Names a
+# RunConfig lacks (an older checkout without `cutmix_prob`) are simply absent from the key.
+PACK_FREE_FIELDS = ("seed", "autoaugment", "cutmix", "cutmix_prob", "label_smoothing", "rpt", "rpt_per_image")
+_DERIVED_FIELDS = ("protocol",)  # a name for the three switches, not a field of its own
+_STOCHASTIC_FIELDS = ("drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate")
+
+OptimizerFactory = Callable[[nn.Module, RunConfig], torch.optim.Optimizer]
+
+
+def pack_key(cfg: RunConfig) -> tuple[tuple[str, Any], ...]:
+    """Trials with equal keys may train in one pack: every flat field but `PACK_FREE_FIELDS`."""
+    flat = cfg.to_flat()
+    for name in PACK_FREE_FIELDS + _DERIVED_FIELDS:
+        flat.pop(name, None)
+    return tuple(sorted(flat.items()))
+
+
+def pack_blocker(cfg: RunConfig) -> str | None:
+    """Why `cfg` must train alone (K = 1), or None when it may be packed."""
+    on = [f"{name}={getattr(cfg.model, name)}" for name in _STOCHASTIC_FIELDS if getattr(cfg.model, name) > 0]
+    if on:
+        return (
+            f"{', '.join(on)} (preset {cfg.preset!r}): dropout and drop path would need per-member "
+            "random draws under vmap, so such trials train alone"
+        )
+    return None
+
+
+def init_member(cfg: RunConfig) -> ViT:
+    """The weights the unpacked run starts from: `train()` seeds torch with cfg.seed, then builds the
+    ViT before drawing anything else from the global generator (tests/test_packed.py checks this
+    against `train()`'s epoch-0 snapshot)."""
+    torch.manual_seed(cfg.seed)
+    return ViT(cfg.model)
+
+
+def _full_perm(perm: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
+    """A member's RPT permutation as (B, N): None -> identity, (N,) -> the same for every image."""
+    if perm is None:
+        return torch.arange(n, device=device).expand(batch, n)
+    perm = perm.to(device)
+    return perm.expand(batch, n) if perm.ndim == 1 else perm
+
+
+class PackedViT:
+    """K same-shaped ViTs (one per RunConfig) as stacked parameters; see the module docstring."""
+
+    def __init__(
+        self, configs: Sequence[RunConfig], device: str | torch.device = "cpu", *, models: Sequence[ViT] | None = None
+    ):
+        if not configs:
+            raise ValueError("a pack needs at least one member config")
+        keys = {pack_key(c) for c in configs}
+        if len(keys) > 1:
+            diff = sorted({k for k, v in pack_key(configs[0]) if any(dict(pack_key(c))[k] != v for c in configs)})
+            raise ValueError(f"pack members differ in {diff}; they may differ only in {list(PACK_FREE_FIELDS)}")
+        for c in configs:
+            reason = pack_blocker(c)
+            if reason and len(configs) > 1:
+                raise ValueError(f"trial {c.trial_id} cannot be packed: {reason}")
+        ids = [c.trial_id for c in configs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"a pack holds each trial once; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
+        self.device = torch.device(device)
+        self.configs = list(configs)
+        models = [init_member(c) for c in configs] if models is None else list(models)
+        if len(models) != len(configs):
+            raise ValueError(f"{len(models)} models for {len(configs)} member configs")
+        models = [m.to(self.device) for m in models]
+        # The template keeps the real module: state_dict keys (persistent buffers only), the decay
+        # groups, and non-persistent buffers (RoPE / sin-cos tables) for `member_model`.
+        self.template = copy.deepcopy(models[0])
+        self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
+        self.base = copy.deepcopy(models[0]).to("meta")  # structure only: functional_call swaps tensors in
+        self._n_patches = configs[0].model.num_patches
+
+    # -- shape of the pack ---------------------------------------------------------------------------
+    @property
+    def k(self) -> int:
+        return len(self.configs)
+
+    @property
+    def trial_ids(self) -> list[str]:
+        return [c.trial_id for c in self.configs]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.params.values())
+
+    def train(self, mode: bool = True) -> PackedViT:
+        self.base.train(mode)
+        return self
+
+    def eval(self) -> PackedViT:
+        return self.train(False)
+
+    # -- step ----------------------------------------------------------------------------------------
+    def __call__(self, images: torch.Tensor, perm: Sequence[torch.Tensor | None] | torch.Tensor | None = None):
+        return self.forward(images, perm)
+
+    def forward(
+        self, images: torch.Tensor, perm: Sequence[torch.Tensor | None] | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """images (K, B, 3, S, S), one batch per member, or (B, 3, S, S) shared (evaluation)
+        -> logits (K, B, C).
+
+        perm: None (no member permutes), a (K, B, N) tensor, or K entries each None, (N,) or (B, N),
+        exactly what each member's unpacked run would pass as the ViT's `perm`."""
+        shared = images.ndim == 4
+        if not shared and images.shape[0] != self.k:
+            raise ValueError(f"images have {images.shape[0]} member batches for a pack of K={self.k}")
+        batch = images.shape[-4]
+        if perm is not None and not torch.is_tensor(perm):
+            if len(perm) != self.k:
+                raise ValueError(f"perm has {len(perm)} entries for a pack of K={self.k}")
+            if all(p is None for p in perm):
+                perm = None
+            else:
+                perm = torch.stack([_full_perm(p, batch, self._n_patches, images.device) for p in perm])
+
+        def member(params, buffers, x, p):
+            # return_attention=True selects the explicit softmax attention: fused SDPA has no
+            # batching rule. Only the logits leave the function.
+            out = functional_call(self.base, (params, buffers), (x,), {"perm": p, "return_attention": True})
+            return out.logits
+
+        in_dims = (0, 0, None if shared else 0, None if perm is None else 0)
+        return vmap(member, in_dims=in_dims, randomness="error")(self.params, self.buffers, images, perm)
+
+    def losses(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """logits (K, B, C), soft targets (K, B, C) -> (K,) mean cross-entropy per member, each with its
+        own label smoothing: F.cross_entropy's rule for probability targets, t (1 - eps) + eps / C."""
+        eps = torch.tensor([c.protocol.smoothing for c in self.configs], device=logits.device)[:, None, None]
+        smoothed = targets * (1 - eps) + eps / logits.shape[-1]
+        return -(smoothed * logits.float().log_softmax(-1)).sum(-1).mean(-1)
+
+    # -- optimiser -------------------------------------------------------------------------------------
+    def optimizer(self, build: OptimizerFactory, cfg: RunConfig | None = None) -> torch.optim.Optimizer:
+        """`build(model, cfg)` (the loop's `build_optimizer`) applied to the unstacked template, its
+        parameters then swapped for the stacked leaves group by group: the decay rule stays in one
+        place, and the parameter order equals the unpacked optimiser's (so its state_dict maps 1:1)."""
+        optimizer = build(self.template, cfg or self.configs[0])
+        if optimizer.state:
+            raise ValueError("build() returned an optimiser that already holds state")
+        name_of = {id(p): name for name, p in self.template.named_parameters()}
+        for group in optimizer.param_groups:
+            group["params"] = [self.params[name_of[id(p)]] for p in group["params"]]
+        return optimizer
+
+    # -- per member: checkpoints, snapshots, failures --------------------------------------------------
+    def member_state_dict(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's weights with the keys and shapes of `ViT.state_dict()` (persistent buffers only)."""
+        stacked = {**self.params, **self.buffers}
+        return {name: stacked[name][k].detach().clone() for name in self.template.state_dict()}
+
+    @torch.no_grad()
+    def load_member_state_dict(self, k: int, state: dict[str, torch.Tensor]) -> None:
+        expected = set(self.template.state_dict())
+        if set(state) != expected:
+            raise ValueError(f"state of member {k} has keys {sorted(set(state) ^ expected)} that do not match the ViT")
+        stacked = {**self.params, **self.buffers}
+        for name, value in state.items():
+            stacked[name][k].copy_(value)
+
+    def member_model(self, k: int) -> ViT:
+        """A plain ViT holding member k's weights (in the mode the pack is in)."""
+        model = copy.deepcopy(self.template)
+        model.load_state_dict(self.member_state_dict(k))
+        return model.train(self.base.training)
+
+    @staticmethod
+    def _stacked_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def member_optimizer_state(self, optimizer: torch.optim.Optimizer, k: int) -> dict[str, Any]:
+        """Member k's slice of the optimiser, in the format of the unpacked optimiser's state_dict()
+        (per-parameter tensors shaped like the parameter are sliced; scalars such as `step` are shared)."""
+        state = optimizer.state_dict()
+        params = self._stacked_params(optimizer)
+        state["state"] = {
+            i: {key: _slice(v, params[i], k) for key, v in slot.items()} for i, slot in state["state"].items()
+        }
+        return state
+
+    @torch.no_grad()
+    def load_member_optimizer_state(self, optimizer: torch.optim.Optimizer, k: int, state: dict[str, Any]) -> None:
+        """Write an unpacked optimiser state_dict (a trial's checkpoint) into member k's slice, and its
+        group settings (lr, initial_lr, ...) into the groups, as `Optimizer.load_state_dict` does.
+        Members of one pack resume from the same epoch, so shared scalars (`step`) must agree.
+        Order as in train(): build optimiser and scheduler, load optimiser state, then scheduler state."""
+        params = self._stacked_params(optimizer)
+        if len(state["param_groups"]) != len(optimizer.param_groups) or sum(
+            len(g["params"]) for g in state["param_groups"]
+        ) != len(params):
+            raise ValueError(f"the optimiser state of member {k} does not match this pack's parameter groups")
+        for group, saved in zip(optimizer.param_groups, state["param_groups"]):
+            # lr (set by the scheduler), initial_lr, betas...: one schedule for the whole pack.
+            group.update({key: value for key, value in saved.items() if key != "params"})
+        for i, slot in state["state"].items():
+            p = params[int(i)]
+            mine = optimizer.state[p]
+            for key, value in slot.items():
+                if torch.is_tensor(value) and tuple(value.shape) == tuple(p.shape[1:]):
+                    if key not in mine:
+                        mine[key] = torch.zeros_like(p, dtype=value.dtype)
+                    mine[key][k].copy_(value)
+                elif key in mine and not _equal(mine[key], value):
+                    raise ValueError(
+                        f"optimiser {key!r} of member {k} is {value}, the pack's is {mine[key]}: "
+                        "members of one pack must resume from the same step"
+                    )
+                else:
+                    mine[key] = value.clone() if torch.is_tensor(value) else value
+
+    @torch.no_grad()
+    def drop(self, optimizer: torch.optim.Optimizer | None, members: Iterable[int]) -> list[int]:
+        """Remove `members` (indices into the current pack) in place; returns the kept old indices,
+        so the loop can re-index its per-member lists. The optimiser keeps its identity (a scheduler
+        holding it goes on) and its state for the kept members."""
+        gone = set(members)
+        keep = [i for i in range(self.k) if i not in gone]
+        if not keep:
+            raise ValueError("cannot drop every member of a pack; end the pack instead")
+        index = torch.tensor(keep, device=self.device)
+        fresh = {}
+        for name, p in self.params.items():
+            fresh[name] = p[index].detach().clone().requires_grad_(p.requires_grad)
+        if optimizer is not None:
+            old_to_new = {id(p): fresh[name] for name, p in self.params.items()}
+            for group in optimizer.param_groups:
+                for j, p in enumerate(group["params"]):
+                    new = old_to_new[id(p)]
+                    if p in optimizer.state:
+                        slot = optimizer.state.pop(p)
+                        optimizer.state[new] = {
+                            key: v[index].clone() if torch.is_tensor(v) and v.shape == p.shape else v
+                            for key, v in slot.items()
+                        }
+                    group["params"][j] = new
+        self.params = fresh
+        self.buffers = {name: b[index].clone() for name, b in self.buffers.items()}
+        self.configs = [self.configs[i] for i in keep]
+        return keep
+
+
+def _slice(value: Any, param: torch.Tensor, k: int) -> Any:
+    if torch.is_tensor(value) and value.shape == param.shape:
+        return value[k].clone()
+    return value.clone() if torch.is_tensor(value) else value
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.equal(torch.as_tensor(a).cpu(), torch.as_tensor(b).cpu())
+    return a == b
