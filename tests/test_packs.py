@@ -1,0 +1,81 @@
+"""Pack key and grouping in the launcher: which trials of a study train together (--pack, --dry-run)."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from sweeps import run as launcher
+from sweeps.packs import form_packs, pack_of, pack_size
+
+
+def _args(*argv):
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    return parser.parse_args([*argv, "--dry-run"])
+
+
+def packs(*argv):
+    args = _args(*argv)
+    return launcher.build_packs(args, launcher.build_trials(args))
+
+
+def sizes_by_dataset(found):
+    out = {}
+    for p in found:
+        assert len({c.dataset for c in p.members}) == 1
+        out.setdefault(p.members[0].dataset, []).append(len(p.members))
+    return out
+
+
+def test_study_l_packs_of_eight():
+    found = packs("study_l", "--seeds", "5", "--pack", "8")
+    assert len(found) == 9
+    assert sizes_by_dataset(found) == {"cifar10": [8, 2], "tinyimagenet": [8, 2], "cifar100": [8] * 5}
+    members = [t for p in found for t in p.trial_ids]
+    assert len(members) == len(set(members)) == 60  # every trial in exactly one pack
+    for p in found:  # within a pack only the free fields differ
+        assert len({c.lr for c in p.members}) == 1 and len({c.model for c in p.members}) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, count",
+    [
+        (["study_l", "--seeds", "5", "--pack", "1"], 60),
+        (["study_l", "--seeds", "5"], 60),  # no GPU per trial: default K = 1
+        (["study_l", "--seeds", "5", "--gpus-per-trial", "0.5"], 9),  # GPUs: default K = 8
+        (["study_l", "--seeds", "5", "--pack", "8", "--workers-per-trial", "2"], 60),  # DDP trains alone
+        (["study_p", "--pack", "8"], 28),  # dropout and drop path
+        (["study_l", "--seeds", "5", "--preset", "vit_s", "--pack", "8"], 60),
+        (["hparam", "--pack", "8"], 1),
+        (["factorial", "--datasets", "cifar100", "--seeds", "1", "--pack", "8"], 7),  # one per PE x order
+    ],
+)
+def test_pack_counts(argv, count):
+    assert len(packs(*argv)) == count
+
+
+def test_trials_resuming_from_different_epochs_never_share_a_pack():
+    configs = launcher.build_trials(_args("study_l", "--seeds", "5", "--datasets", "cifar10"))
+    assert len(form_packs(configs, 8)) == 2
+    resumed = form_packs(configs, 8, resume_epochs={configs[0].trial_id: 3, configs[1].trial_id: 3})
+    assert sorted(len(p.members) for p in resumed) == [2, 8]
+    assert {configs[0].trial_id, configs[1].trial_id} in [set(p.trial_ids) for p in resumed]
+
+
+def test_a_single_trial_pack_keeps_its_trial_id_and_bad_sizes_fail():
+    found = packs("demo")
+    assert [p.pack_id for p in found] == [p.members[0].trial_id for p in found]
+    with pytest.raises(ValueError, match="--pack must be >= 1"):
+        pack_size(0, 0.0)
+
+
+def test_dry_run_prints_packs_and_json_gives_every_trial_its_pack(capsys):
+    argv = ("study_l", "--seeds", "5", "--pack", "8")
+    assert launcher.run(_args(*argv)) == 0
+    table = capsys.readouterr().out
+    assert "60 trials in 9 packs" in table and " pack" in table.splitlines()[0]
+    assert launcher.run(_args(*argv, "--json")) == 0
+    trials = json.loads(capsys.readouterr().out)
+    assert len(trials) == 60 and Counter(Counter(t["pack"] for t in trials).values()) == {8: 7, 2: 2}
+    assert pack_of(packs("study_l", "--seeds", "5", "--pack", "8")) == {t["trial_id"]: t["pack"] for t in trials}
