@@ -104,6 +104,17 @@ def test_a_pack_trains_each_member_as_the_plain_loop_does():
     assert len({round(v, 4) for v in packed_losses[0].tolist()}) == 3
 
 
+def test_a_pack_of_one_is_the_plain_loop_bit_for_bit():
+    cfg = MEMBERS[1]
+    batches = fixed_batches(cfg, 4)
+    _, _, losses = train_alone(cfg, batches)
+    pack = PackedViT([cfg]).train()
+    assert not pack.stacked and isinstance(pack.module, torch.nn.Module)
+    optimizer = pack.optimizer(build_optimizer)
+    scheduler = schedule(optimizer)
+    assert [packed_step(pack, optimizer, scheduler, [b]).item() for b in batches] == losses
+
+
 def test_decay_groups_come_from_build_optimizer_on_the_unstacked_model():
     pack = PackedViT(MEMBERS[:2])
     optimizer = pack.optimizer(build_optimizer)

@@ -36,8 +36,11 @@ Optimiser decay groups come from the loop's own `build_optimizer` applied to the
 model (`PackedViT.optimizer(build_optimizer, cfg)`): stacked biases have ndim 2, so a rule on `p.ndim`
 applied to the stacked leaves would decay them.
 
-API for the training loop (one loop for K = 1 and K > 1 is the intended use; the loop keeps per-member
-lists indexed like `pack.configs`):
+K = 1 is the plain module itself (`pack.module`; `pack.stacked` is False): fused attention, DDP and
+torch.compile through `pack.wrap`, and bit for bit the numbers of the unpacked loop; the same calls
+below only add the leading K = 1 axis. So one loop serves K = 1 (and DDP) and K > 1.
+
+API for the training loop (the loop keeps per-member lists indexed like `pack.configs`):
 
     pack = PackedViT(cfgs, device)                        # or PackedViT(cfgs, device, models=[...])
     optimizer = pack.optimizer(build_optimizer, cfgs[0])
@@ -63,6 +66,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -139,12 +143,21 @@ class PackedViT:
         if len(models) != len(configs):
             raise ValueError(f"{len(models)} models for {len(configs)} member configs")
         models = [m.to(self.device) for m in models]
+        self._n_patches = configs[0].model.num_patches
+        if len(models) == 1:
+            # K = 1 is the plain module itself: fused attention, DDP and torch.compile as before
+            # packing, and the very numbers of an unpacked run; only the (K, ...) shapes are added.
+            self.module: ViT | None = models[0]
+            self.forward_module: Callable[..., Any] = self.module
+            self.template = self.module
+            self.params, self.buffers = dict(self.module.named_parameters()), {}
+            return
+        self.module = None
         # The template keeps the real module: state_dict keys (persistent buffers only), the decay
         # groups, and non-persistent buffers (RoPE / sin-cos tables) for `member_model`.
         self.template = copy.deepcopy(models[0])
         self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
         self.base = copy.deepcopy(models[0]).to("meta")  # structure only: functional_call swaps tensors in
-        self._n_patches = configs[0].model.num_patches
 
     # -- shape of the pack ---------------------------------------------------------------------------
     @property
@@ -155,12 +168,28 @@ class PackedViT:
     def trial_ids(self) -> list[str]:
         return [c.trial_id for c in self.configs]
 
+    @property
+    def stacked(self) -> bool:
+        """True when the members' parameters are stacked (K > 1 at creation), False for the plain module."""
+        return self.module is None
+
+    @property
+    def training(self) -> bool:
+        return (self.base if self.stacked else self.module).training
+
     def parameters(self) -> list[torch.Tensor]:
         return list(self.params.values())
 
     def train(self, mode: bool = True) -> PackedViT:
-        self.base.train(mode)
+        (self.base if self.stacked else self.module).train(mode)
         return self
+
+    def wrap(self, wrapper: Callable[[nn.Module], Callable[..., Any]]) -> None:
+        """K = 1 only: run the forward through `wrapper(module)` (DDP, torch.compile); checkpoints still
+        come from the unwrapped module."""
+        if self.stacked:
+            raise ValueError(f"a pack of K={self.k} runs the vmapped forward; DDP and compile wrap K = 1 only")
+        self.forward_module = wrapper(self.module)
 
     def eval(self) -> PackedViT:
         return self.train(False)
@@ -178,6 +207,9 @@ class PackedViT:
         perm: None (no member permutes), a (K, B, N) tensor, or K entries each None, (N,) or (B, N),
         exactly what each member's unpacked run would pass as the ViT's `perm`."""
         shared = images.ndim == 4
+        if not self.stacked:
+            p = perm[0] if perm is not None else None
+            return self.forward_module(images if shared else images[0], perm=p).logits[None]
         if not shared and images.shape[0] != self.k:
             raise ValueError(f"images have {images.shape[0]} member batches for a pack of K={self.k}")
         batch = images.shape[-4]
@@ -201,6 +233,9 @@ class PackedViT:
     def losses(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """logits (K, B, C), soft targets (K, B, C) -> (K,) mean cross-entropy per member, each with its
         own label smoothing: F.cross_entropy's rule for probability targets, t (1 - eps) + eps / C."""
+        if not self.stacked:  # exactly the unpacked run's loss
+            smoothing = self.configs[0].protocol.smoothing
+            return F.cross_entropy(logits[0].float(), targets[0], label_smoothing=smoothing)[None]
         eps = torch.tensor([c.protocol.smoothing for c in self.configs], device=logits.device)[:, None, None]
         smoothed = targets * (1 - eps) + eps / logits.shape[-1]
         return -(smoothed * logits.float().log_softmax(-1)).sum(-1).mean(-1)
@@ -211,6 +246,8 @@ class PackedViT:
         parameters then swapped for the stacked leaves group by group: the decay rule stays in one
         place, and the parameter order equals the unpacked optimiser's (so its state_dict maps 1:1)."""
         optimizer = build(self.template, cfg or self.configs[0])
+        if not self.stacked:
+            return optimizer
         if optimizer.state:
             raise ValueError("build() returned an optimiser that already holds state")
         name_of = {id(p): name for name, p in self.template.named_parameters()}
@@ -221,6 +258,8 @@ class PackedViT:
     # -- per member: checkpoints, snapshots, failures --------------------------------------------------
     def member_state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's weights with the keys and shapes of `ViT.state_dict()` (persistent buffers only)."""
+        if not self.stacked:
+            return {name: value.detach().clone() for name, value in self.module.state_dict().items()}
         stacked = {**self.params, **self.buffers}
         return {name: stacked[name][k].detach().clone() for name in self.template.state_dict()}
 
@@ -229,6 +268,9 @@ class PackedViT:
         expected = set(self.template.state_dict())
         if set(state) != expected:
             raise ValueError(f"state of member {k} has keys {sorted(set(state) ^ expected)} that do not match the ViT")
+        if not self.stacked:
+            self.module.load_state_dict(state)
+            return
         stacked = {**self.params, **self.buffers}
         for name, value in state.items():
             stacked[name][k].copy_(value)
@@ -237,7 +279,7 @@ class PackedViT:
         """A plain ViT holding member k's weights (in the mode the pack is in)."""
         model = copy.deepcopy(self.template)
         model.load_state_dict(self.member_state_dict(k))
-        return model.train(self.base.training)
+        return model.train(self.training)
 
     @staticmethod
     def _stacked_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -246,6 +288,8 @@ class PackedViT:
     def member_optimizer_state(self, optimizer: torch.optim.Optimizer, k: int) -> dict[str, Any]:
         """Member k's slice of the optimiser, in the format of the unpacked optimiser's state_dict()
         (per-parameter tensors shaped like the parameter are sliced; scalars such as `step` are shared)."""
+        if not self.stacked:
+            return copy.deepcopy(optimizer.state_dict())
         state = optimizer.state_dict()
         params = self._stacked_params(optimizer)
         state["state"] = {
@@ -259,6 +303,9 @@ class PackedViT:
         group settings (lr, initial_lr, ...) into the groups, as `Optimizer.load_state_dict` does.
         Members of one pack resume from the same epoch, so shared scalars (`step`) must agree.
         Order as in train(): build optimiser and scheduler, load optimiser state, then scheduler state."""
+        if not self.stacked:
+            optimizer.load_state_dict(state)
+            return
         params = self._stacked_params(optimizer)
         if len(state["param_groups"]) != len(optimizer.param_groups) or sum(
             len(g["params"]) for g in state["param_groups"]
@@ -290,7 +337,9 @@ class PackedViT:
         holding it goes on) and its state for the kept members."""
         gone = set(members)
         keep = [i for i in range(self.k) if i not in gone]
-        if not keep:
+        if not gone:
+            return keep
+        if not keep or not self.stacked:
             raise ValueError("cannot drop every member of a pack; end the pack instead")
         index = torch.tensor(keep, device=self.device)
         fresh = {}
