@@ -22,6 +22,12 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
 
 Under ``torch.distributed`` (Ray Train's DDP workers) the model is wrapped in
 DDP and each rank reads its shard; only rank 0 writes and reports.
+
+``train_pack(cfgs, workdirs)`` is the same loop for K trials at once
+(``trainables.packed``: stacked parameters under vmap; ``train`` is a pack of
+one, the plain module). Each member has its own data order, draws, loss,
+checkpoint and snapshots, exactly as alone; a member whose loss turns
+non-finite leaves the pack at the end of that epoch, the others go on.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +57,11 @@ from trainables.protocols import (
     soft_targets,
     train_transform,
 )
+from trainables.packed import PackedViT
 from trainables.vit import ViT
 
 Report = Callable[[dict[str, Any], "str | None"], None]
+MemberReport = Callable[[str, dict[str, Any], "str | None"], None]  # (trial id, metrics, checkpoint dir)
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
@@ -114,22 +122,6 @@ def random_permutation(batch: int, n: int, *, per_image: bool, generator: torch.
     return torch.randperm(n, generator=generator)
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader, mean, std, device: torch.device) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 over a loader of (uint8 images, labels)."""
-    model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
-    for images, labels in loader:
-        x = normalize(images.to(device, non_blocking=True), mean, std)
-        y = labels.to(device, non_blocking=True)
-        logits = model(x).logits.float()
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
-        count += y.numel()
-    totals = _all_reduce([loss_sum, correct, count], device)
-    return totals[0] / max(totals[2], 1), totals[1] / max(totals[2], 1)
-
-
 def _all_reduce(values: list[float], device: torch.device) -> list[float]:
     if not (dist.is_available() and dist.is_initialized()):
         return values
@@ -149,14 +141,10 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _save_snapshot(model: torch.nn.Module, cfg: RunConfig, epoch: int, workdir: Path) -> None:
+def _save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: int, workdir: Path) -> None:
     # fp16 halves storage (a thousand trials x ~8 snapshots); analysis casts back.
-    state = {k: v.half() if v.is_floating_point() else v for k, v in _unwrap(model).state_dict().items()}
+    state = {k: v.half() if v.is_floating_point() else v for k, v in model_state.items()}
     _atomic_save({"model": state, "config": cfg.to_flat(), "epoch": epoch}, workdir / SNAPSHOT_DIR / f"epoch_{epoch:04d}.pt")
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[ViT, RunConfig, int]:
@@ -170,14 +158,38 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:
     """Train one model; returns the final metrics, incl. ``test_acc`` on the full test
-    split (None when the run evaluates on ``holdout``).
+    split (None when the run evaluates on ``holdout``) and ``error`` (None, or why the
+    run stopped: a non-finite training loss).
 
     ``workdir`` holds the resumable checkpoint and the snapshots; if it already
-    holds a checkpoint the run continues from it."""
-    workdir = Path(workdir)
+    holds a checkpoint the run continues from it. A pack of one: `train_pack`."""
+    member_report = None if report is None else (lambda trial_id, metrics, checkpoint_dir: report(metrics, checkpoint_dir))
+    return train_pack([cfg], [workdir], report=member_report, log=log)[0]
+
+
+def train_pack(
+    cfgs: Sequence[RunConfig],
+    workdirs: Sequence[str | os.PathLike],
+    *,
+    report: MemberReport | None = None,
+    log=print,
+) -> list[dict[str, Any]]:
+    """Train K trials together in one process (`trainables.packed`; K = 1 is the plain module, DDP-able).
+
+    Each member keeps everything a trial has alone: its init (its seed), data order and augmentation
+    draws, CutMix, RPT permutations and label smoothing, and its own ``workdir`` (checkpoint in the
+    unpacked format, snapshots), so it resumes packed or unpacked. Members must share the pack key
+    and resume from the same epoch. Once per epoch (no per-step host sync) a member whose training
+    loss is non-finite is dropped with its reason; the others go on. ``report(trial_id, metrics,
+    checkpoint_dir)`` is called per member per epoch. Returns one final dict per member, in order."""
+    if len(cfgs) != len(workdirs) or not cfgs:
+        raise ValueError(f"train_pack needs one workdir per member config, got {len(cfgs)} configs, {len(workdirs)} workdirs")
+    cfg = cfgs[0]  # everything in the pack key is the same for every member
+    workdirs = [Path(w) for w in workdirs]
     device = resolve_device(cfg.device)
     rank, world = _rank(), (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
-    torch.manual_seed(cfg.seed)  # model initialisation
+    if world > 1 and len(cfgs) > 1:
+        raise ValueError(f"a pack of {len(cfgs)} trials cannot run under DDP ({world} workers); DDP trials train alone")
     random.seed(cfg.seed)
 
     # The holdout split is fixed per data set (seed 0) so every trial tunes on the same images.
@@ -185,14 +197,14 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     train_split = data.train
     if 0 < cfg.max_train_images < len(train_split):
         train_split = train_split.subset(torch.arange(cfg.max_train_images))
-    train_tf = train_transform(cfg.protocol, data.name, data.img_size)
     eval_tf = eval_transform(data.name, data.img_size)
     eval_loader = _loader(data.test if cfg.eval_split == "test" else data.holdout, eval_tf, cfg, world, rank)
 
-    model = ViT(cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg)
-    loader = _loader(train_split, train_tf, cfg, world, rank, train=True)
-    steps_per_epoch = len(loader)
+    pack = PackedViT(cfgs, device)  # each member initialised from its own seed (init_member)
+    optimizer = pack.optimizer(build_optimizer, cfg)
+    loaders = [_loader(train_split, train_transform(c.protocol, data.name, data.img_size), c, world, rank, train=True)
+               for c in cfgs]
+    steps_per_epoch = len(loaders[0])
     if steps_per_epoch == 0:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than the {len(train_split)} training images of {cfg.dataset!r}"
@@ -207,105 +219,189 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
         ),
     )
 
-    start_epoch, history = 1, []
-    ckpt_path = workdir / CHECKPOINT_DIR / CHECKPOINT_FILE
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-        start_epoch, history = state["epoch"] + 1, state["history"]
-        log(f"[{cfg.trial_id}] resumed from epoch {state['epoch']}")
-    elif rank == 0:
-        _save_snapshot(model, cfg, 0, workdir)
+    ckpt_paths = [w / CHECKPOINT_DIR / CHECKPOINT_FILE for w in workdirs]
+    start_epoch, histories = _restore(pack, optimizer, scheduler, ckpt_paths, device, log)
+    if start_epoch == 1 and rank == 0:
+        for k in range(pack.k):
+            _save_snapshot(pack.member_state_dict(k), cfgs[k], 0, workdirs[k])
 
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        pack.wrap(lambda m: torch.nn.parallel.DistributedDataParallel(
+            m, device_ids=[device.index] if device.type == "cuda" else None))
     use_amp = cfg.amp and device.type == "cuda"
-    smoothing = cfg.protocol.smoothing
     snapshots = set(snapshot_epochs(cfg.epochs))
     n_patches = cfg.model.num_patches
     t_run = time.perf_counter()
+    members = list(range(len(cfgs)))  # original index of each member still in the pack
+    finals: list[dict[str, Any]] = [{"error": None} for _ in cfgs]
 
     for epoch in range(start_epoch, cfg.epochs + 1):
-        model.train()
-        loader.sampler.set_epoch(epoch)
-        mix_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 2))
-        perm_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 3))
+        pack.train()
+        _inject_divergence(pack, epoch)
+        for i in members:
+            loaders[i].sampler.set_epoch(epoch)
+        mix_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
+        perm_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
         # Sums stay on the device: a per-step .item() would stall the GPU every step.
-        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        correct = torch.zeros((), device=device, dtype=torch.float64)
+        loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
+        correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
         count = 0
         t0 = time.perf_counter()
-        for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            targets = soft_targets(labels, data.num_classes)
-            if cfg.cutmix:
-                images, targets = cutmix_batch(images, targets, generator=mix_gen)
-            x = normalize(images, data.mean, data.std)
-            perm = None
-            if cfg.rpt:
-                perm = random_permutation(x.shape[0], n_patches, per_image=cfg.rpt_per_image, generator=perm_gen).to(device)
+        for batches in zip(*(loaders[i] for i in members)):
+            xs, targets, perms = [], [], []
+            for k, (images, labels) in enumerate(batches):
+                member = cfgs[members[k]]
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                target = soft_targets(labels, data.num_classes)
+                if member.cutmix:
+                    images, target = cutmix_batch(images, target, generator=mix_gens[k])
+                xs.append(normalize(images, data.mean, data.std))
+                targets.append(target)
+                perms.append(random_permutation(labels.numel(), n_patches, per_image=member.rpt_per_image,
+                                                generator=perm_gens[k]).to(device) if member.rpt else None)
+            target = torch.stack(targets)  # (K, B, C)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                logits = model(x, perm=perm).logits
-            loss = F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
+                logits = pack(torch.stack(xs), perms)  # (K, B, C)
+            losses = pack.losses(logits, target)  # (K,); summed, so each member's gradient is its own
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            losses.sum().backward()
             optimizer.step()
             scheduler.step()
-            loss_sum += loss.detach() * labels.numel()
+            batch = target.shape[1]
+            loss_sum += losses.detach() * batch
             # Accuracy against the dominant label (the CutMix base image's label).
-            correct += (logits.argmax(1) == targets.argmax(1)).sum()
-            count += labels.numel()
-        loss_sum, correct, count = _all_reduce([loss_sum.item(), correct.item(), count], device)
+            correct += (logits.argmax(-1) == target.argmax(-1)).sum(-1)
+            count += batch
+        totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
+        loss_sums, corrects, count = totals[: pack.k], totals[pack.k : 2 * pack.k], totals[-1]
         train_time = time.perf_counter() - t0
-        eval_loss, eval_acc = evaluate(model, eval_loader, data.mean, data.std, device)
-        metrics = {
-            "epoch": epoch,
-            "train_loss": loss_sum / max(count, 1),
-            "train_acc": correct / max(count, 1),
-            "eval_loss": eval_loss,
-            "eval_acc": eval_acc,
-            "lr": scheduler.get_last_lr()[0],
-            "images_per_s": count / max(train_time, 1e-9),
-            "wall_time_s": time.perf_counter() - t_run,
-        }
-        history.append(metrics)
-        checkpoint_dir = None
-        if rank == 0:
-            if epoch in snapshots:
-                _save_snapshot(model, cfg, epoch, workdir)
-            if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
-                _atomic_save(
-                    {
-                        "model": _unwrap(model).state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "epoch": epoch,
-                        "torch_rng": torch.get_rng_state(),
-                        "python_rng": random.getstate(),
-                        "history": history,
-                        "config": cfg.to_flat(),
-                    },
-                    ckpt_path,
+        diverged = [k for k in range(pack.k) if not math.isfinite(loss_sums[k])]
+        for k in diverged:
+            i = members[k]
+            finals[i] = {**(dict(histories[i][-1]) if histories[i] else {}), "error": (
+                f"training loss is {loss_sums[k] / max(count, 1)} at epoch {epoch}: diverged"), "failed_epoch": epoch}
+            log(f"[{cfgs[i].trial_id}] {finals[i]['error']}; dropped from the pack")
+        if len(diverged) == pack.k:
+            members = []
+            break
+        if diverged:
+            keep = pack.drop(optimizer, diverged)
+            loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
+            members = [members[k] for k in keep]
+        evals = _evaluate_pack(pack, eval_loader, data.mean, data.std, device)
+        reports = []
+        # Every member's checkpoint is written before any report, so a crash in a report (or a killed
+        # driver) leaves all members resumable from the same epoch, i.e. still one pack.
+        for k, i in enumerate(members):
+            metrics = {
+                "epoch": epoch,
+                "train_loss": loss_sums[k] / max(count, 1),
+                "train_acc": corrects[k] / max(count, 1),
+                "eval_loss": evals[k][0],
+                "eval_acc": evals[k][1],
+                "lr": scheduler.get_last_lr()[0],
+                "images_per_s": count / max(train_time, 1e-9),  # per member: a pack of K trains K x this
+                "wall_time_s": time.perf_counter() - t_run,
+            }
+            histories[i].append(metrics)
+            checkpoint_dir = None
+            if rank == 0:
+                if epoch in snapshots:
+                    _save_snapshot(pack.member_state_dict(k), cfgs[i], epoch, workdirs[i])
+                if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
+                    _atomic_save(
+                        {
+                            "model": pack.member_state_dict(k),
+                            "optimizer": pack.member_optimizer_state(optimizer, k),
+                            "scheduler": scheduler.state_dict(),
+                            "epoch": epoch,
+                            "torch_rng": torch.get_rng_state(),
+                            "python_rng": random.getstate(),
+                            "history": histories[i],
+                            "config": cfgs[i].to_flat(),
+                        },
+                        ckpt_paths[i],
+                    )
+                    checkpoint_dir = str(ckpt_paths[i].parent)
+                log(
+                    f"[{cfgs[i].trial_id}] epoch {epoch}/{cfg.epochs} loss {metrics['train_loss']:.3f} "
+                    f"acc {metrics['train_acc']:.3f} {cfg.eval_split} {metrics['eval_acc']:.3f} "
+                    f"lr {metrics['lr']:.2e} {metrics['images_per_s']:.0f} img/s"
                 )
-                checkpoint_dir = str(ckpt_path.parent)
-            log(
-                f"[{cfg.trial_id}] epoch {epoch}/{cfg.epochs} loss {metrics['train_loss']:.3f} "
-                f"acc {metrics['train_acc']:.3f} {cfg.eval_split} {eval_acc:.3f} "
-                f"lr {metrics['lr']:.2e} {metrics['images_per_s']:.0f} img/s"
-            )
+            reports.append((cfgs[i].trial_id, metrics, checkpoint_dir))
         if report is not None:
-            report(metrics, checkpoint_dir)
+            for trial_id, metrics, checkpoint_dir in reports:
+                report(trial_id, metrics, checkpoint_dir)
 
-    final = dict(history[-1]) if history else {}
-    # Runs that tune on the holdout split never look at the test split.
-    final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" else None
-    final["epochs_completed"] = len(history)
-    final["history"] = history
-    return final
+    for i in range(len(cfgs)):
+        final = dict(histories[i][-1]) if histories[i] else {}
+        final.update(finals[i])
+        # Runs that tune on the holdout split never look at the test split.
+        final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" and final["error"] is None else None
+        final["epochs_completed"] = len(histories[i])
+        final["history"] = histories[i]
+        finals[i] = final
+    return finals
+
+
+def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, log) -> tuple[int, list[list[dict]]]:
+    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories)."""
+    found = [p.exists() for p in paths]
+    if not any(found):
+        return 1, [[] for _ in paths]
+    if not all(found):
+        missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
+        raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must resume "
+                         "from the same epoch (the launcher packs trials by resume epoch)")
+    states = [torch.load(p, map_location=device, weights_only=False) for p in paths]
+    epochs = {s["epoch"] for s in states}
+    if len(epochs) > 1:
+        raise ValueError(f"pack members resume from different epochs {sorted(epochs)}; they must share one")
+    for k, state in enumerate(states):
+        pack.load_member_state_dict(k, state["model"])
+        pack.load_member_optimizer_state(optimizer, k, state["optimizer"])
+        log(f"[{pack.configs[k].trial_id}] resumed from epoch {state['epoch']}")
+    scheduler.load_state_dict(states[0]["scheduler"])
+    torch.set_rng_state(states[0]["torch_rng"])
+    random.setstate(states[0]["python_rng"])
+    return states[0]["epoch"] + 1, [list(s["history"]) for s in states]
+
+
+@torch.no_grad()
+def _evaluate_pack(pack: PackedViT, loader: DataLoader, mean, std, device: torch.device) -> list[tuple[float, float]]:
+    """(mean cross-entropy, top-1) per member over a loader of (uint8 images, labels); one batch serves all."""
+    pack.eval()
+    loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
+    correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
+    count = 0
+    for images, labels in loader:
+        x = normalize(images.to(device, non_blocking=True), mean, std)
+        y = labels.to(device, non_blocking=True)
+        logits = pack(x).float()  # (K, B, C)
+        # One call per member keeps each member's sum exactly what its unpacked evaluation adds up.
+        loss_sum += torch.stack([F.cross_entropy(member, y, reduction="sum") for member in logits])
+        correct += (logits.argmax(-1) == y).sum(-1)
+        count += y.numel()
+    totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
+    n = max(totals[-1], 1)
+    return [(totals[k] / n, totals[pack.k + k] / n) for k in range(pack.k)]
+
+
+# Test-only fault injection (not a RunConfig field): "TRIAL_ID:EPOCH" makes that member's weights
+# non-finite at the start of that epoch, so its loss diverges and it must leave its pack alone.
+DIVERGE_ENV = "VITSWEEP_TEST_DIVERGE"
+
+
+def _inject_divergence(pack: PackedViT, epoch: int) -> None:
+    spec = os.environ.get(DIVERGE_ENV)
+    if not spec:
+        return
+    trial_id, _, at = spec.rpartition(":")
+    if int(at) == epoch and trial_id in pack.trial_ids:
+        k = pack.trial_ids.index(trial_id)
+        state = pack.member_state_dict(k)
+        state["head.weight"] = torch.full_like(state["head.weight"], float("inf"))
+        pack.load_member_state_dict(k, state)
 
 
 def _loader(split, transform, cfg: RunConfig, world: int, rank: int, *, train: bool = False) -> DataLoader:
