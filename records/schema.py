@@ -51,6 +51,8 @@ TRIAL_FIELDS = pa.schema(
         ("snapshot_dir", pa.string()),
         ("wall_time_s", pa.float64()),
         ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
+        ("pack", pa.string()),  # id of the pack it trained in (sweeps/packs.py); null when trained alone
+        ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
     ]
 )
 

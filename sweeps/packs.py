@@ -99,3 +99,17 @@ def form_packs(
 def pack_of(packs: Sequence[Pack]) -> dict[str, str]:
     """trial id -> its pack's id."""
     return {trial_id: p.pack_id for p in packs for trial_id in p.trial_ids}
+
+
+def resume_epochs(results: str, study: str) -> dict[str, int]:
+    """trial id -> epochs it has completed (rows of its `epochs` table): where its checkpoint stands,
+    since members of one pack share `checkpoint_every`. Trials never started are absent (epoch 0)."""
+    from records import tables
+
+    table = tables.read_table(results, study, "epochs")
+    if table is None:
+        return {}
+    done: dict[str, int] = {}
+    for trial_id, epoch in zip(table.column("trial_id").to_pylist(), table.column("epoch").to_pylist()):
+        done[trial_id] = max(done.get(trial_id, 0), int(epoch))
+    return done

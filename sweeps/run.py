@@ -105,12 +105,12 @@ def build_trials(args: argparse.Namespace):
     return configs
 
 
-def build_packs(args: argparse.Namespace, configs):
+def build_packs(args: argparse.Namespace, configs, resume_epochs=None):
     """The study's trials grouped into packs (``--pack``); raises ValueError on a bad size."""
     from sweeps.packs import form_packs, pack_size
 
     k = pack_size(getattr(args, "pack", None), args.gpus_per_trial)
-    return form_packs(configs, k, workers_per_trial=args.workers_per_trial)
+    return form_packs(configs, k, workers_per_trial=args.workers_per_trial, resume_epochs=resume_epochs)
 
 
 def print_table(configs, stream=None, packs=None) -> None:
@@ -216,14 +216,23 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     _check_store_reach(mlflow_uri)
     # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
     by_id = {c.trial_id: c.to_flat() for c in configs}
+    # Packs form from the trials still to run, by resume epoch, so a resumed sweep re-forms them.
+    from sweeps.packs import resume_epochs
+
+    packs = build_packs(args, todo, resume_epochs(results, args.study)) if args.study != "hparam" else []
+    packed = any(len(p.members) > 1 for p in packs)
+    members = {p.pack_id: p.trial_ids for p in packs}
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat()),
+        tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat(), packs=members),
         DRIVER_RESOURCES,
     )
     tune_dir = f"{storage.rstrip('/')}/{args.study}"
-    name = "tune"
+    # A packed sweep always starts a fresh Tuner: the old grid of packs is not what should run now.
+    name = f"tune-packs-{time.strftime('%Y%m%d-%H%M%S')}" if packed else "tune"
     restore_path = f"{tune_dir}/{name}"
-    if args.resume and tune.Tuner.can_restore(restore_path):
+    if packed:
+        log.info("%d trials to run in %d packs", len(todo), len(packs))
+    if args.resume and not packed and tune.Tuner.can_restore(restore_path):
         log.info("resuming the Tune experiment at %s", restore_path)
         tuner = tune.Tuner.restore(restore_path, trainable=trainable, resume_errored=True, restart_errored=False)
     elif args.study == "hparam":
@@ -231,7 +240,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial_id": tune.grid_search([c.trial_id for c in todo])},
+            param_space={"pack_id": tune.grid_search(list(members))} if packed
+            else {"trial_id": tune.grid_search([c.trial_id for c in todo])},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=max_concurrent(args),
                 trial_name_creator=_trial_name,
@@ -250,10 +260,13 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     errors = [r for r in grid if r.error]
     log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
     base = configs[0]
+    # Packs close their members themselves (finished, or failed with the reason), so only trials
+    # that ran alone can have been stopped early.
     stopped = {
-        r.config["trial_id"] if "trial_id" in r.config else base.with_overrides(r.config).trial_id
+        r.config["trial_id"] if "trial_id" in r.config else
+        members[r.config["pack_id"]][0] if "pack_id" in r.config else base.with_overrides(r.config).trial_id
         for r in grid
-        if r.error is None
+        if r.error is None and ("pack_id" not in r.config or len(members[r.config["pack_id"]]) == 1)
     }
     close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
     if args.study == "hparam":
@@ -324,7 +337,7 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
 
 
 def _trial_name(trial) -> str:
-    return trial.config["trial_id"]
+    return trial.config.get("pack_id") or trial.config["trial_id"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,10 +366,6 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print_table(configs, packs=packs)
             return 0
-        if args.stage in ("train", "all") and any(len(p.members) > 1 for p in packs):
-            # Until the trial driver trains packs (trainables/packed.py), every trial runs alone.
-            log.warning("%d trials form %d packs, but packed training is not wired into the Ray driver yet: "
-                        "each trial runs as its own Train run", len(configs), len(packs))
         results, storage, mlflow_uri = resolve_locations(args)
         if args.stage in ("train", "all"):
             check_data(configs)

@@ -33,7 +33,7 @@ def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack")
     workdirs = [root / c.trial_id for c in MEMBERS]
     reports = []
-    finals = train_pack(MEMBERS, workdirs, report=lambda t, m, d: reports.append((t, m["epoch"], d)), **QUIET)
+    finals = train_pack(MEMBERS, workdirs, report=lambda ms: reports.extend((t, m["epoch"], d) for t, m, d in ms), **QUIET)
     return workdirs, finals, reports
 
 
@@ -79,7 +79,7 @@ def test_a_pack_killed_mid_epoch_resumes_to_the_uninterrupted_result(packed, tmp
     monkeypatch.setattr(loop, "random_permutation", real)
 
     seen = []
-    resumed = train_pack(MEMBERS, workdirs, report=lambda t, m, d: seen.append((t, m["epoch"])), **QUIET)
+    resumed = train_pack(MEMBERS, workdirs, report=lambda ms: seen.extend((t, m["epoch"]) for t, m, _ in ms), **QUIET)
     assert sorted(seen) == sorted((c.trial_id, 2) for c in MEMBERS)  # each member finishes exactly once
     for ours, theirs in zip(resumed, reference):
         assert [h["epoch"] for h in ours["history"]] == [1, 2]

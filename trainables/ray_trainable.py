@@ -103,6 +103,7 @@ def run_trial(
     settings: LaunchSettings,
     trials: dict[str, dict[str, Any]],
     base: dict[str, Any] | None = None,
+    packs: dict[str, list[str]] | None = None,
 ) -> None:
     """Tune function trainable (the driver of one trial).
 
@@ -110,12 +111,21 @@ def run_trial(
     configs travel once, through ``tune.with_parameters`` (``trials``: id -> flat
     config), which keeps Tune's state and progress output small for
     thousand-trial sweeps. A searcher's Tune config holds the sampled values,
-    applied to the ``base`` flat config."""
+    applied to the ``base`` flat config. A grid of packs holds ``config["pack_id"]``
+    (``packs``: pack id -> member trial ids); a pack of several trials runs in
+    ``trainables.ray_pack``."""
     import ray.train
     from ray import tune
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    if "pack_id" in config:  # a grid of packs (sweeps/packs.py); a pack of one is the trial itself
+        members = (packs or {}).get(config["pack_id"], [config["pack_id"]])
+        if len(members) > 1:
+            from trainables.ray_pack import run_pack
+
+            return run_pack(config["pack_id"], members, settings, trials)
+        config = {"trial_id": members[0]}
     if "trial_id" in config:
         cfg = RunConfig.from_flat(trials[config["trial_id"]])
     else:
@@ -208,6 +218,8 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=checkpoint)
 
     final = train(cfg, workdir, report=report)
+    if final.get("error"):  # a non-finite loss: the trial fails with its reason
+        raise RuntimeError(f"trial {cfg.trial_id}: {final['error']}")
     if rank == 0 and final["test_acc"] is not None:
         tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
                              step=final["epochs_completed"])

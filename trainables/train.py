@@ -61,7 +61,8 @@ from trainables.packed import PackedViT
 from trainables.vit import ViT
 
 Report = Callable[[dict[str, Any], "str | None"], None]
-MemberReport = Callable[[str, dict[str, Any], "str | None"], None]  # (trial id, metrics, checkpoint dir)
+# Once per epoch, every member still in the pack: [(trial id, metrics, checkpoint dir or None), ...]
+PackReport = Callable[[list[tuple[str, dict[str, Any], "str | None"]]], None]
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
@@ -163,15 +164,15 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
 
     ``workdir`` holds the resumable checkpoint and the snapshots; if it already
     holds a checkpoint the run continues from it. A pack of one: `train_pack`."""
-    member_report = None if report is None else (lambda trial_id, metrics, checkpoint_dir: report(metrics, checkpoint_dir))
-    return train_pack([cfg], [workdir], report=member_report, log=log)[0]
+    pack_report = None if report is None else (lambda members: report(*members[0][1:]))
+    return train_pack([cfg], [workdir], report=pack_report, log=log)[0]
 
 
 def train_pack(
     cfgs: Sequence[RunConfig],
     workdirs: Sequence[str | os.PathLike],
     *,
-    report: MemberReport | None = None,
+    report: PackReport | None = None,
     log=print,
 ) -> list[dict[str, Any]]:
     """Train K trials together in one process (`trainables.packed`; K = 1 is the plain module, DDP-able).
@@ -180,8 +181,10 @@ def train_pack(
     draws, CutMix, RPT permutations and label smoothing, and its own ``workdir`` (checkpoint in the
     unpacked format, snapshots), so it resumes packed or unpacked. Members must share the pack key
     and resume from the same epoch. Once per epoch (no per-step host sync) a member whose training
-    loss is non-finite is dropped with its reason; the others go on. ``report(trial_id, metrics,
-    checkpoint_dir)`` is called per member per epoch. Returns one final dict per member, in order."""
+    loss is non-finite is dropped with its reason; the others go on. ``report([(trial_id, metrics,
+    checkpoint_dir), ...])`` is called once per epoch with every member still in the pack (so a Ray
+    layer reports once per epoch). Returns one final dict per member, in order; a dropped member's
+    has ``error`` set (why and at which epoch) and ``failed_epoch``."""
     if len(cfgs) != len(workdirs) or not cfgs:
         raise ValueError(f"train_pack needs one workdir per member config, got {len(cfgs)} configs, {len(workdirs)} workdirs")
     cfg = cfgs[0]  # everything in the pack key is the same for every member
@@ -330,8 +333,7 @@ def train_pack(
                 )
             reports.append((cfgs[i].trial_id, metrics, checkpoint_dir))
         if report is not None:
-            for trial_id, metrics, checkpoint_dir in reports:
-                report(trial_id, metrics, checkpoint_dir)
+            report(reports)
 
     for i in range(len(cfgs)):
         final = dict(histories[i][-1]) if histories[i] else {}
