@@ -104,3 +104,22 @@ def test_members_must_share_their_resume_epoch(packed, tmp_path):
     shutil.copy(packed[0][0] / CHECKPOINT_DIR / CHECKPOINT_FILE, workdirs[0] / CHECKPOINT_DIR / CHECKPOINT_FILE)
     with pytest.raises(ValueError, match="no checkpoint while the others do"):
         train_pack(MEMBERS[:2], workdirs, **QUIET)
+
+
+def test_a_pack_out_of_gpu_memory_retries_in_halves(monkeypatch, tmp_path):
+    tried = []
+
+    def fake_train_pack(cfgs, workdirs, **kwargs):  # "GPU" that fits one member at a time
+        tried.append(len(cfgs))
+        if len(cfgs) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return [{"trial_id": cfgs[0].trial_id}]
+
+    monkeypatch.setattr(loop, "train_pack", fake_train_pack)
+    messages = []
+    finals = loop.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
+    assert tried == [3, 1, 2, 1, 1] and [f["trial_id"] for f in finals] == [c.trial_id for c in MEMBERS]
+    assert "--pack" in messages[0]
+    monkeypatch.setattr(loop, "train_pack", lambda *a, **k: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("x")))
+    with pytest.raises(RuntimeError, match="even alone at batch_size=64"):
+        loop.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)

@@ -99,7 +99,7 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
     import torch
 
     from trainables.ray_trainable import LaunchSettings, _upload_snapshots
-    from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train_pack
+    from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train_pack_fitting
 
     settings = LaunchSettings(**loop_config["settings"])
     run_ids = loop_config["run_ids"]
@@ -133,7 +133,7 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
             keyed.update({f"{trial_id}/{k}": v for k, v in metrics.items() if k != "epoch"})
         ray.train.report(keyed)
 
-    finals = train_pack(cfgs, [workdirs[c.trial_id] for c in cfgs], report=report)
+    finals = train_pack_fitting(cfgs, [workdirs[c.trial_id] for c in cfgs], report=report)
     for cfg, final in zip(cfgs, finals):
         error = final.get("error")
         outcome = _outcome(

@@ -346,6 +346,30 @@ def train_pack(
     return finals
 
 
+def train_pack_fitting(
+    cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *, report: PackReport | None = None, log=print
+) -> list[dict[str, Any]]:
+    """`train_pack`, retried in halves when the pack runs out of GPU memory: each half resumes from
+    the members' own checkpoints, so work done before the error is kept. A member that does not fit
+    alone fails with a message naming the batch size; a split pack's message names --pack."""
+    try:
+        return train_pack(cfgs, workdirs, report=report, log=log)
+    except torch.cuda.OutOfMemoryError as exc:
+        if len(cfgs) == 1:
+            raise RuntimeError(
+                f"trial {cfgs[0].trial_id} runs out of GPU memory even alone at batch_size={cfgs[0].batch_size}: "
+                f"{exc}"
+            ) from exc
+        half = len(cfgs) // 2
+        log(f"a pack of {len(cfgs)} ran out of GPU memory; training it as packs of {half} and "
+            f"{len(cfgs) - half} (a smaller --pack avoids this retry)")
+        torch.cuda.empty_cache()
+        finals = []
+        for part in (slice(0, half), slice(half, None)):
+            finals += train_pack_fitting(cfgs[part], workdirs[part], report=report, log=log)
+        return finals
+
+
 def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, log) -> tuple[int, list[list[dict]]]:
     """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories)."""
     found = [p.exists() for p in paths]
