@@ -1,7 +1,5 @@
 """The plain-PyTorch loop: it learns, checkpoints, snapshots and resumes exactly."""
 
-import math
-
 import pytest
 import torch
 
@@ -22,7 +20,6 @@ def tiny(**overrides):
     fields = {"max_train_images": 512, "batch_size": 64, "epochs": 3, "warmup_epochs": 1, "lr": 2e-3}
     return RunConfig.for_dataset("shapes", preset="tiny", **{**fields, **overrides})
 
-
 def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     cfg = tiny(max_train_images=4000, epochs=5)  # 310 steps
     final = train(cfg, tmp_path, log=lambda *_: None)
@@ -31,10 +28,8 @@ def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     losses = [h["train_loss"] for h in final["history"]]
     assert losses[-1] < losses[0] - 0.3
 
-
 class Killed(Exception):
     pass
-
 
 def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
     cfg = tiny(pe="rope2d", rpt=True, cutmix=True, autoaugment=True)
@@ -57,7 +52,6 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
     for key in ("train_loss", "eval_loss", "eval_acc"):
         assert resumed[key] == pytest.approx(reference[key], abs=1e-5), key
 
-
 def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
     cfg = tiny(epochs=5)
     train(cfg, tmp_path, log=lambda *_: None)
@@ -71,12 +65,10 @@ def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     assert not torch.allclose(model(x).logits, untrained(x).logits)
 
-
 def test_snapshot_epochs():
     assert snapshot_epochs(1) == [0, 1]
     assert snapshot_epochs(8) == [0, 1, 2, 4, 8]
     assert snapshot_epochs(100) == [0, 1, 2, 4, 8, 16, 32, 64, 100]
-
 
 def test_learning_rate_warms_up_then_decays_to_zero():
     f = [lr_factor(s, warmup_steps=10, total_steps=100, schedule="cosine") for s in range(100)]
@@ -84,7 +76,6 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
     assert f[55] == pytest.approx(0.5, abs=0.02) and lr_factor(100, warmup_steps=10, total_steps=100, schedule="cosine") == 0
     assert lr_factor(50, warmup_steps=10, total_steps=100, schedule="constant") == 1.0
-
 
 def test_rpt_permutations_per_batch_and_per_image():
     g = torch.Generator().manual_seed(0)
@@ -94,22 +85,46 @@ def test_rpt_permutations_per_batch_and_per_image():
     assert each.shape == (4, 64) and all(sorted(r.tolist()) == list(range(64)) for r in each)
     assert not torch.equal(each[0], each[1])
 
-
 def test_holdout_runs_never_report_test_accuracy(tmp_path):
     final = train(tiny(epochs=1, eval_split="holdout"), tmp_path, log=lambda *_: None)
     assert final["test_acc"] is None and 0 <= final["eval_acc"] <= 1
 
-
-def test_adam_is_l2_coupled_and_adamw_decoupled():
+@pytest.mark.parametrize("optimizer,kind", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+@pytest.mark.parametrize("exempt", ["timm", "none"])
+def test_decay_rule_per_decay_exempt_for_each_optimizer(optimizer, kind, exempt):
     from trainables.train import build_optimizer
     from trainables.vit import ViT
 
-    cfg = tiny()
+    cfg = tiny(optimizer=optimizer, decay_exempt=exempt)
     model = ViT(cfg.model)
-    for name, kind in (("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)):
-        opt = build_optimizer(model, RunConfig.from_flat({**cfg.to_flat(), "optimizer": name}))
-        assert type(opt) is kind
-        decayed, plain = opt.param_groups
-        assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
-        assert not any(p is model.cls_token for p in decayed["params"])
-        assert not math.isnan(sum(p.numel() for p in plain["params"]))
+    opt = build_optimizer(model, cfg)
+    assert type(opt) is kind
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    assert decayed_names | {names[id(p)] for p in plain["params"]} == set(names.values())
+    if exempt == "none":  # the literal torch.optim.Adam(model.parameters(), weight_decay=wd)
+        assert decayed_names == set(names.values()) and plain["params"] == []
+    else:  # timm: matrices decay; biases, norms, CLS token and the APE table do not
+        assert {"cls_token", "pe.table", "head.bias", "norm.weight"}.isdisjoint(decayed_names)
+        assert "head.weight" in decayed_names and "patch_embed.proj.weight" in decayed_names
+        assert all(p.ndim >= 2 for p in decayed["params"])
+    # One step from zero gradients shows where the decay acts: coupled L2 (adam) moves every decayed
+    # parameter by ~lr (Adam normalises the decay term away), decoupled (adamw) by lr * wd * |p|.
+    table = model.pe.table
+    before = table.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    moved = (table.detach() - before).abs().max().item()
+    if exempt == "timm":
+        assert moved == 0.0
+    elif optimizer == "adam":
+        assert moved == pytest.approx(cfg.lr, rel=1e-2)
+    else:
+        assert moved == pytest.approx(cfg.lr * cfg.weight_decay * before.abs().max().item(), rel=1e-2)
+
+def test_decay_exempt_rejects_unknown_rules():
+    with pytest.raises(ValueError, match=r"decay_exempt must be one of \['timm', 'none'\], got 'all'"):
+        tiny(decay_exempt="all")

@@ -29,6 +29,10 @@ from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 
 OPTIMIZERS = ("adamw", "adam")  # adam = Adam with coupled L2 weight decay, as in Study P
+# Which parameters escape weight decay: "timm" exempts biases, norms, the CLS token and the
+# learned PE parameters (the AdamW/timm/DeiT convention); "none" decays every parameter, as the
+# literal ``torch.optim.Adam(model.parameters(), weight_decay=...)`` of Study P's table does.
+DECAY_EXEMPT = ("timm", "none")
 SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
@@ -56,6 +60,7 @@ class RunConfig:
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05
+    decay_exempt: str = "timm"  # see DECAY_EXEMPT; applied by trainables.train.build_optimizer
     batch_size: int = 128
     epochs: int = 100
     warmup_epochs: int = 10
@@ -71,6 +76,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("decay_exempt", self.decay_exempt, DECAY_EXEMPT)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("eval_split", self.eval_split, EVAL_SPLITS)
         _check_choice("device", self.device, DEVICES)

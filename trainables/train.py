@@ -84,13 +84,19 @@ def _epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    # No weight decay on biases, norms, the CLS token and learned PE parameters
-    # (``ViT.no_weight_decay``), as in timm/DeiT; Adam gets coupled L2 decay as in Study P.
-    skip = model.no_weight_decay()
+    """The one place the weight-decay rule lives (``cfg.decay_exempt``).
+
+    ``timm``: no decay on biases, norms, the CLS token and learned PE parameters
+    (``ViT.no_weight_decay``), as in timm/DeiT. ``none``: every parameter decays, which
+    with ``adam`` is the literal ``torch.optim.Adam(model.parameters(), weight_decay=wd)``
+    of Study P's table. ``adam`` adds the decay to the gradient (coupled L2); ``adamw``
+    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``."""
+    skip = model.no_weight_decay() if cfg.decay_exempt == "timm" else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+            exempt = cfg.decay_exempt == "timm" and (p.ndim <= 1 or name in skip)
+            (no_decay if exempt else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr)
