@@ -20,6 +20,7 @@ def tiny(**overrides):
     fields = {"max_train_images": 512, "batch_size": 64, "epochs": 3, "warmup_epochs": 1, "lr": 2e-3}
     return RunConfig.for_dataset("shapes", preset="tiny", **{**fields, **overrides})
 
+
 def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     cfg = tiny(max_train_images=4000, epochs=5)  # 310 steps
     final = train(cfg, tmp_path, log=lambda *_: None)
@@ -28,8 +29,10 @@ def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     losses = [h["train_loss"] for h in final["history"]]
     assert losses[-1] < losses[0] - 0.3
 
+
 class Killed(Exception):
     pass
+
 
 def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
     cfg = tiny(pe="rope2d", rpt=True, cutmix=True, autoaugment=True)
@@ -52,6 +55,7 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
     for key in ("train_loss", "eval_loss", "eval_acc"):
         assert resumed[key] == pytest.approx(reference[key], abs=1e-5), key
 
+
 def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
     cfg = tiny(epochs=5)
     train(cfg, tmp_path, log=lambda *_: None)
@@ -65,10 +69,12 @@ def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     assert not torch.allclose(model(x).logits, untrained(x).logits)
 
+
 def test_snapshot_epochs():
     assert snapshot_epochs(1) == [0, 1]
     assert snapshot_epochs(8) == [0, 1, 2, 4, 8]
     assert snapshot_epochs(100) == [0, 1, 2, 4, 8, 16, 32, 64, 100]
+
 
 def test_learning_rate_warms_up_then_decays_to_zero():
     f = [lr_factor(s, warmup_steps=10, total_steps=100, schedule="cosine") for s in range(100)]
@@ -76,6 +82,7 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
     assert f[55] == pytest.approx(0.5, abs=0.02) and lr_factor(100, warmup_steps=10, total_steps=100, schedule="cosine") == 0
     assert lr_factor(50, warmup_steps=10, total_steps=100, schedule="constant") == 1.0
+
 
 def test_rpt_permutations_per_batch_and_per_image():
     g = torch.Generator().manual_seed(0)
@@ -85,9 +92,11 @@ def test_rpt_permutations_per_batch_and_per_image():
     assert each.shape == (4, 64) and all(sorted(r.tolist()) == list(range(64)) for r in each)
     assert not torch.equal(each[0], each[1])
 
+
 def test_holdout_runs_never_report_test_accuracy(tmp_path):
     final = train(tiny(epochs=1, eval_split="holdout"), tmp_path, log=lambda *_: None)
     assert final["test_acc"] is None and 0 <= final["eval_acc"] <= 1
+
 
 @pytest.mark.parametrize("optimizer,kind", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
 @pytest.mark.parametrize("exempt", ["timm", "none"])
@@ -124,6 +133,7 @@ def test_decay_rule_per_decay_exempt_for_each_optimizer(optimizer, kind, exempt)
         assert moved == pytest.approx(cfg.lr, rel=1e-2)
     else:
         assert moved == pytest.approx(cfg.lr * cfg.weight_decay * before.abs().max().item(), rel=1e-2)
+
 
 def test_decay_exempt_rejects_unknown_rules():
     with pytest.raises(ValueError, match=r"decay_exempt must be one of \['timm', 'none'\], got 'all'"):
