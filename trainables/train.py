@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from trainables.config import RunConfig
-from trainables.datasets import load_dataset
+from trainables.datasets import capped_subset, load_dataset
 from trainables.protocols import (
     Augmented,
     SeededSampler,
@@ -190,7 +190,7 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     data = load_dataset(cfg.dataset, cfg.data_root, seed=0, holdout_fraction=cfg.holdout_fraction)
     train_split = data.train
     if 0 < cfg.max_train_images < len(train_split):
-        train_split = train_split.subset(torch.arange(cfg.max_train_images))
+        train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
     train_tf = train_transform(cfg.protocol, data.name, data.img_size)
     eval_tf = eval_transform(data.name, data.img_size)
     eval_loader = _loader(data.test if cfg.eval_split == "test" else data.holdout, eval_tf, cfg, world, rank)
