@@ -37,6 +37,10 @@ SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
 
+# A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
+# flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
+CHANCE_MARGIN = 0.02
+
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
 # same trial instead of starting a new one.
@@ -168,6 +172,14 @@ class RunConfig:
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
+
+
+def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
+    """True when a final top-1 accuracy lies within ``CHANCE_MARGIN`` of chance (or below it);
+    None when the accuracy is unknown. ``did_not_learn(0.11, 10)`` -> True, ``(0.13, 10)`` -> False."""
+    if eval_acc is None or eval_acc != eval_acc:  # None or NaN
+        return None
+    return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainables.config import RunConfig
+from trainables.config import RunConfig, did_not_learn
 from trainables.datasets import capped_subset, load_dataset
 from trainables.protocols import (
     Augmented,
@@ -309,6 +309,7 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     final = dict(history[-1]) if history else {}
     # Runs that tune on the holdout split never look at the test split.
     final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" else None
+    final["did_not_learn"] = did_not_learn(final.get("eval_acc"), data.num_classes)
     final["epochs_completed"] = len(history)
     final["history"] = history
     return final
