@@ -26,6 +26,7 @@ def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     final = train(cfg, tmp_path, log=lambda *_: None)
     assert final["epochs_completed"] == 5
     assert final["test_acc"] > 0.3, final  # chance is 0.1
+    assert final["did_not_learn"] is False
     losses = [h["train_loss"] for h in final["history"]]
     assert losses[-1] < losses[0] - 0.3
 
@@ -91,6 +92,16 @@ def test_rpt_permutations_per_batch_and_per_image():
     each = random_permutation(4, 64, per_image=True, generator=g)
     assert each.shape == (4, 64) and all(sorted(r.tolist()) == list(range(64)) for r in each)
     assert not torch.equal(each[0], each[1])
+
+
+def test_an_untrained_model_is_flagged_did_not_learn(tmp_path):
+    from trainables.config import did_not_learn
+
+    # lr 1e-9: one epoch that changes nothing, so the model stays at chance on the 10 balanced classes.
+    final = train(tiny(epochs=1, warmup_epochs=0, lr=1e-9, max_train_images=128), tmp_path, log=lambda *_: None)
+    assert abs(final["eval_acc"] - 0.1) <= 0.02 and final["did_not_learn"] is True
+    assert did_not_learn(0.12, 10) and did_not_learn(0.03, 10) and not did_not_learn(0.125, 10)
+    assert did_not_learn(0.02, 200) and not did_not_learn(0.03, 200) and did_not_learn(None, 10) is None
 
 
 def test_holdout_runs_never_report_test_accuracy(tmp_path):
