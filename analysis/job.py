@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import tables, tracking
+from records import stores, tables, tracking
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -250,9 +250,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = args.results if "://" in args.results else os.path.abspath(args.results)
-    mlflow_uri = args.mlflow_uri or tracking.default_tracking_uri(results)
+    mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     try:
-        tracking.check_tracking_uri(mlflow_uri)
+        stores.check_tracking_uri(mlflow_uri)
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
                            checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
                            batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor)
