@@ -29,14 +29,13 @@ alpha scaling measures.
 Budgets: ``smoke`` (the default without CUDA) runs 4 steps of 8 images per arm and scores 64
 holdout images: it proves the script, it decides nothing. ``gpu`` runs 20 epochs of the 9,500
 training images per arm (batch 128, 74 steps an epoch, 1,480 steps, 2 warm-up epochs, bf16
-autocast), about 190,000 images per arm: at ~3,000 img/s for ViT-S on one H200, about 4 minutes
-for the three arms.
+autocast), about 190,000 images per arm: estimated (not yet measured) at ~3,000 img/s for ViT-S
+on one H200, about 4 minutes for the three arms.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import dataclass
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -177,7 +178,7 @@ class RunConfig:
 def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
     """True when a final top-1 accuracy lies within ``CHANCE_MARGIN`` of chance (or below it);
     None when the accuracy is unknown. ``did_not_learn(0.11, 10)`` -> True, ``(0.13, 10)`` -> False."""
-    if eval_acc is None or eval_acc != eval_acc:  # None or NaN
+    if eval_acc is None or math.isnan(eval_acc):
         return None
     return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
 
