@@ -35,7 +35,6 @@ from analysis import claims as numbers
 from analysis.claims import FACTORS, REFERENCE, SWITCHES, canonical_protocol, model_label
 from records.schema import MEASUREMENTS, TRIAL_FIELDS
 from records.tables import filesystem, read_table, table_path
-from trainables.config import did_not_learn
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +218,8 @@ def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
 def _did_not_learn(t: pd.DataFrame) -> pd.Series:
     """The trials table's flag; where it is absent (tables written before it existed), recomputed
     from the final eval_acc and num_classes as the training loop does."""
+    from trainables.config import did_not_learn  # here: trainables imports torch, `vitsweep --help` must not
+
     stored = t["did_not_learn"] if "did_not_learn" in t else pd.Series(None, index=t.index, dtype=object)
     if "eval_acc" in t and "num_classes" in t:
         again = [did_not_learn(a, int(c)) if pd.notna(a) and pd.notna(c) else None
