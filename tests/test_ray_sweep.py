@@ -5,6 +5,7 @@ import pytest
 from conftest import FAST_DEMO
 
 from records import stores, tables, tracking
+from sweeps import demo
 
 pytestmark = pytest.mark.ray
 
@@ -60,13 +61,15 @@ def test_analysis_rows_cover_the_vocabulary(demo_results):
     assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {2}
     assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(m["intervention"])
     assert not m[m["trial_id"].str.contains("-none-")]["intervention"].eq("pe_scale").any()
+    assert (m["n_images"] == demo.EVAL_SIZE).all()  # every row names its images: the demo's capped set
     mad = m[(m.metric == "mad") & (m.intervention == "clean")]
     assert mad["value"].between(0, 1).all() and (mad["head"] >= 0).all()
 
 
 def test_report_was_built(demo_results):
     html = (demo_results / "demo" / "report" / "index.html").read_text()
-    assert "<img" in html and "claims" in html.lower()
+    assert "<img" in html and "claims" in html.lower() and "could not be drawn" not in html
+    assert "<h3>PE scaling" in html and "did not learn (excluded)" in html
 
 
 def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):
@@ -101,3 +104,16 @@ def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp
         out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
         assert out.returncode == 0, f"{code}\n{out.stderr[-2000:]}"
         assert out.stdout.strip(), code
+
+
+def test_status_and_experiment_description_after_the_sweep(demo_results):
+    from sweeps import status
+
+    got = status.study_status(str(demo_results), "demo")
+    assert got["planned"] == 4 and got["counts"]["finished"] == 4 and got["counts"]["pending"] == 0
+    assert got["heartbeat"]["ended"] and not got["alive"]
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=stores.default_tracking_uri(str(demo_results)))
+    note = client.get_experiment_by_name("demo").tags["mlflow.note.content"]
+    assert "4 trials" in note and "demo" in note

@@ -140,6 +140,7 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
             settings, cfg, "failed" if error else "finished", loop_config["pack_id"], error=error,
             checkpoint_path=checkpoint_uri(settings, cfg.trial_id), wall_time_s=time.perf_counter() - t0,
             epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
+            did_not_learn=final.get("did_not_learn"),
             **{k: final.get(k) for k in _SUMMARY},
         )
         tables.write_trial(settings.results, settings.study, cfg.to_flat(), outcome)
