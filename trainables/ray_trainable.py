@@ -31,6 +31,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ from analysis import tables, tracking
 from trainables.config import RunConfig
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
+# Reported (instead of raised) by a worker whose data set is missing: a retry cannot
+# fix that, and Train V2 / Tune retry every raised error, so the trial ends failed
+# without retries (the launcher counts it as a failure).
+UNRETRIABLE = "vitsweep_unretriable_error"
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,11 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
     state API by scanning for running instances and gives up when there are
     two, leaking the CPUs of every early-stopped trial until the sweep
     deadlocks. So the local instance gets a dashboard port chosen here, and
-    every process of the job is told where it is (``RAY_API_SERVER_ADDRESS``)."""
+    every process of the job is told where it is (``RAY_API_SERVER_ADDRESS``).
+
+    The local instance listens on loopback only (``_single_node``) and its
+    token file is readable by the user alone (``_private_token_file``); a
+    cluster (``address``) keeps the binding its ``ray start`` gave it."""
     import socket
 
     import ray
@@ -85,9 +94,67 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
-    ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-             runtime_env={"env_vars": env}, **kwargs)
+    _private_token_file()
+    with _single_node():
+        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+                 runtime_env={"env_vars": env}, **kwargs)
     os.environ.update(env)  # this driver's own state-API calls
+
+
+SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def _single_node():
+    """Ray's own switch for a one-machine Ray (its default on macOS and Windows):
+    with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` the node IP is 127.0.0.1, and
+    GCS, raylet, every worker's gRPC server, the dashboard agent, the runtime-env
+    agent and the metrics endpoints bind to it instead of 0.0.0.0 / the machine's
+    address. (``_node_ip_address="127.0.0.1"`` does not do it: Ray replaces a
+    loopback node IP by the machine's address.) Ray reads the variable once, when
+    ``ray`` is imported, so the constant it sets is applied too, for a ``ray``
+    imported before this call; both are restored after the start, so a later
+    cluster connection in the same process is not affected."""
+    from ray._private import ray_constants
+
+    before_env, before_const = os.environ.get(SINGLE_NODE_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[SINGLE_NODE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_const
+        if before_env is None:
+            os.environ.pop(SINGLE_NODE_ENV, None)
+        else:
+            os.environ[SINGLE_NODE_ENV] = before_env
+
+
+def _private_token_file() -> None:
+    """A new local Ray enables token auth and writes its token to ``~/.ray/auth_token``
+    (or ``$RAY_AUTH_TOKEN_PATH``) with the default umask, i.e. readable by everyone
+    (0644). Create the file first with mode 0600 (Ray then fills it and keeps the
+    mode) and tighten an existing one."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return  # the token is not in a file, or there is none
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    try:
+        if path.exists():
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+            return
+        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(generate_new_authentication_token())
+    except FileExistsError:  # another launch created it meanwhile: Ray will read theirs
+        pass
+    except OSError as exc:  # e.g. a read-only home: Ray reports its own error if it cannot write either
+        import logging
+
+        logging.getLogger("vitsweep").warning("could not make Ray's token file %s private: %s", path, exc)
 
 
 def finished_trials(results: str, study: str) -> dict[str, dict[str, Any]]:
@@ -161,6 +228,12 @@ def run_trial(
     # Train V2's result carries the metrics of the latest checkpoint, which the
     # loop writes at its last epoch.
     final = result.metrics or {}
+    if final.get(UNRETRIABLE):
+        outcome.update(status="failed", wall_time_s=time.perf_counter() - t0)
+        tracking.set_tags(settings.mlflow_uri, run_id, {"vitsweep.error": str(final[UNRETRIABLE])[:5000]})
+        tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED")
+        tables.write_trial(settings.results, settings.study, flat, outcome)
+        return
     outcome.update(
         status="finished",
         checkpoint_path=result.checkpoint.path if result.checkpoint else None,
@@ -182,9 +255,16 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
 
     from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train
 
+    from trainables.datasets import DataRootError, prepare_root
+
     cfg = RunConfig.from_flat(loop_config["trial"])
     settings = LaunchSettings(**loop_config["settings"])
     run_id = loop_config["run_id"]
+    try:
+        prepare_root(cfg.dataset, cfg.data_root)  # this node's copy (the launcher checked its own)
+    except DataRootError as exc:
+        ray.train.report({UNRETRIABLE: f"{type(exc).__name__}: {exc}"})
+        return
     rank = ray.train.get_context().get_world_rank()
     workdir = Path(tempfile.mkdtemp(prefix=f"vitsweep-{cfg.trial_id}-"))
     history: list[dict[str, Any]] = []  # the epochs table: restored epochs + new ones
