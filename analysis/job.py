@@ -98,7 +98,7 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"trial_id": [], "epoch": [], "status": [], "rows": [], "seconds": []}
+        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": []}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -110,6 +110,7 @@ class Measurer:
                 n, status = 0, f"error: {type(exc).__name__}: {exc}"
             out["trial_id"].append(str(trial_id))
             out["epoch"].append(int(epoch))
+            out["path"].append(str(path))
             out["status"].append(status)
             out["rows"].append(n)
             out["seconds"].append(time.perf_counter() - t0)
@@ -121,7 +122,7 @@ class Measurer:
 
         local = _fetch(path)
         try:
-            model, cfg, _ = load_model(local, map_location="cpu")
+            model, cfg, _ = load_model(local, map_location="cpu", name=path)
         finally:
             if local != path:
                 os.unlink(local)
@@ -225,7 +226,9 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         if s["status"] != "ok":
             log.warning("checkpoint %s epoch %s skipped: %s", s["trial_id"], s["epoch"], s["status"])
     ok = sum(s["status"] == "ok" for s in statuses)
-    log.info("analysis of %s: %d measured, %d skipped", study, ok, len(statuses) - ok)
+    corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
+    log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
+             f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     return statuses
 
 
