@@ -1,9 +1,9 @@
-"""Every measurement of both studies for one checkpoint, as long-format rows (STUDIES.md, analysis/schema.py).
+"""Every measurement of both studies for one checkpoint, as long-format rows (STUDIES.md, records/schema.py).
 
 ``evaluate_checkpoint`` runs a model over a fixed evaluation subset under every
 condition and returns rows ``{intervention, level, layer, head, metric, value}``
 in the measurements vocabulary; the caller adds ``trial_id``, ``study`` and
-``checkpoint_epoch`` and hands them to ``analysis.tables``.
+``checkpoint_epoch`` and hands them to ``records.tables``.
 
 How the work is organised: a *pass* is one model forward per batch under one
 (image intervention, PE scale, RPI on/off) condition, asking the model only for

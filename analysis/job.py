@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import tables, tracking
+from records import stores, tables, tracking
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -249,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = args.results if "://" in args.results else os.path.abspath(args.results)
-    mlflow_uri = args.mlflow_uri or tracking.default_tracking_uri(results)
+    mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     try:
         for flag, value, low in (("--eval-size", args.eval_size, 1), ("--batch-size", args.batch_size, 1),
                                  ("--actors", args.actors, 1)):
@@ -257,11 +257,11 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
         if not (math.isfinite(args.gpus_per_actor) and args.gpus_per_actor >= 0):  # 0: CPU actors
             raise ValueError(f"--gpus-per-actor must be a number >= 0, got {args.gpus_per_actor:g}")
-        tracking.check_tracking_uri(mlflow_uri)
+        stores.check_tracking_uri(mlflow_uri)
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
                            checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
                            batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor)
-    except (ValueError, tracking.TrackingError) as exc:
+    except (ValueError, stores.TrackingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0 if all(s["status"] == "ok" for s in statuses) else 1

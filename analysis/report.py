@@ -3,7 +3,7 @@
     vitsweep report STUDY --results DIR          # or: python -m analysis.report STUDY --results DIR
     build_report("results", "study_l")           # -> results/study_l/report/index.html
 
-Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``analysis.schema``) and writes
+Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
 ``<results>/<study>/report/``: one PNG per figure and one self-contained ``index.html`` (figures
 inline as base64 PNGs). Any table may be missing or empty: a figure without its data is replaced
 by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
@@ -34,8 +34,8 @@ from pyarrow import fs as pafs
 from analysis import claims as numbers
 from analysis import figures
 from analysis.claims import FACTORS, REFERENCE, SWITCHES, canonical_protocol, model_label
-from analysis.schema import MEASUREMENTS, TRIAL_FIELDS
-from analysis.tables import filesystem, read_table, table_path
+from records.schema import MEASUREMENTS, TRIAL_FIELDS
+from records.tables import filesystem, read_table, table_path
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def best_config_path(results: str) -> str:
 
 def write_best(results: str, best: dict, *, score: float, condition: dict, n_trials: int) -> str:
     """Write the winner where ``--defaults-from`` reads it."""
-    from analysis.tables import filesystem
+    from records.tables import filesystem
 
     doc = {
         "best_config": {k: best[k] for k in SEARCHED},

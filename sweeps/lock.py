@@ -243,7 +243,7 @@ class LaunchLock:
             return {}
 
     def _fs(self):
-        from analysis.tables import filesystem
+        from records.tables import filesystem
 
         return filesystem(self.uri)
 

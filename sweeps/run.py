@@ -175,7 +175,7 @@ def check_data(configs) -> None:
 
 def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
     """(results, storage, mlflow_uri), validated."""
-    from analysis import tracking
+    from records import stores
 
     results = args.results if "://" in args.results else os.path.abspath(args.results)
     storage = args.storage or f"{results.rstrip('/')}/storage"
@@ -185,13 +185,13 @@ def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
         if "://" not in uri and os.path.exists(uri) and not os.path.isdir(uri):
             raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
         _check_uri(uri)
-    mlflow_uri = args.mlflow_uri or tracking.default_tracking_uri(results)
-    tracking.check_tracking_uri(mlflow_uri)
+    mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
+    stores.check_tracking_uri(mlflow_uri)
     return results, storage, mlflow_uri
 
 
 def _check_uri(uri: str) -> None:
-    from analysis.tables import filesystem
+    from records.tables import filesystem
 
     try:
         filesystem(uri)
@@ -224,20 +224,20 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
 def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
-    from analysis import tracking
+    from records import provenance, tracking
     from trainables.ray_trainable import (
         DRIVER_RESOURCES, UNRETRIABLE, LaunchSettings, finished_trials, init_ray, run_trial,
     )
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
-    code_version = os.environ.get("VITSWEEP_CODE_VERSION") or tracking.code_version()
+    code_version = os.environ.get("VITSWEEP_CODE_VERSION") or provenance.code_version()
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures,
         code_version=code_version,
-        provenance={**tracking.provenance(), "code_version": code_version},
+        provenance={**provenance.provenance(), "code_version": code_version},
     )
     done = finished_trials(results, args.study)
     todo = [c for c in configs if c.trial_id not in done]
@@ -346,7 +346,7 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
     stopped them; their driver may have recorded the stop as a failure. They become
     "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any other unfinished
     trial (a killed driver) becomes "failed"."""
-    from analysis import tables, tracking
+    from records import tables, tracking
 
     table = tables.read_table(results, study, "trials")
     for row in table.to_pylist() if table is not None else []:
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user can fix by changing the command: one ``error:`` line and exit code 2."""
-    from analysis.tracking import TrackingError
+    from records.stores import TrackingError
 
     return (ValueError, TrackingError)
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import tracking
+from records import server, tracking
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
@@ -219,7 +219,7 @@ def cluster():
         starters.append((_start_node(worker_args, env, tmp / "worker.log"), tmp / "worker.log"))
         nodes = _wait_for_nodes(dashboard, token, 2, starters)
         (worker,) = [n for n in nodes if n["node_id"] != head["node_id"]]
-        mlflow_uri, mlflow_server = tracking.start_local_server(
+        mlflow_uri, mlflow_server = server.start_local_server(
             f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", tmp / "mlflow" / "artifacts", host="127.0.0.1",
             log_path=tmp / "mlflow.log",
         )
@@ -228,10 +228,10 @@ def cluster():
                       worker_node_id=worker["node_id"])
     finally:
         if mlflow_server is not None:
-            tracking.stop_local_server(mlflow_server)
+            server.stop_local_server(mlflow_server)
         for process, _ in reversed(starters):  # worker first, as `ray down` does
             # SIGTERM a `ray start --block` group (it stops its GCS / raylet / workers), then SIGKILL.
-            tracking.stop_local_server(process, timeout_s=20.0)
+            server.stop_local_server(process, timeout_s=20.0)
         left = _kill_marked(marker)
         if left:
             time.sleep(1)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from analysis import metrics
 from analysis.evaluate import SCALABLE_PES, evaluate_checkpoint, evaluation_subset
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
-from analysis.schema import MEASUREMENTS
+from records.schema import MEASUREMENTS
 from trainables.datasets import TensorImages
 from trainables.protocols import normalize
 from trainables.vit import ViT, ViTConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import tables, tracking
+from records import stores, tables, tracking
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     assert not epochs.duplicated(["trial_id", "epoch"]).any()
     assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3]] * 4
 
-    uri = tracking.default_tracking_uri(str(results))
+    uri = stores.default_tracking_uri(str(results))
     runs = tracking.search_trial_runs(uri, "demo")
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"])  # exactly one run per trial
     assert set(runs["status"]) == {"FINISHED"}
@@ -131,7 +131,7 @@ def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path)
     trials = pq.read_table(results / "hparam" / "trials").to_pandas()
     assert len(trials) == 3 and set(trials["eval_split"]) == {"holdout"}
     assert trials["test_acc"].isna().all()  # scored on holdout, the test split never looked at
-    runs = tracking.search_trial_runs(tracking.default_tracking_uri(str(results)), "hparam")
+    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(results)), "hparam")
     assert len(runs) == 3 and set(runs["status"]) <= {"FINISHED"}
 
     out = subprocess.run([sys.executable, "sweeps/run.py", "study_l", "--dry-run", "--json", "--defaults-from",

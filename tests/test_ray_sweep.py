@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_DEMO
 
-from analysis import tables, tracking
+from records import stores, tables, tracking
 
 pytestmark = pytest.mark.ray
 
@@ -32,7 +32,7 @@ def test_checkpoints_and_snapshots_are_on_storage(demo_results):
 
 
 def test_each_trial_is_one_finished_mlflow_run(demo_results):
-    uri = tracking.default_tracking_uri(str(demo_results))
+    uri = stores.default_tracking_uri(str(demo_results))
     runs = tracking.search_trial_runs(uri, "demo")
     trials = tables.read_table(str(demo_results), "demo", "trials").to_pandas()
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"])
@@ -50,7 +50,7 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
 def test_trials_ran_concurrently(demo_results):
     """Two 1-CPU trials fit a 2-CPU Ray at once: some pair of runs must overlap in time
     (a driver holding even a sliver of a CPU would serialise them)."""
-    runs = tracking.search_trial_runs(tracking.default_tracking_uri(str(demo_results)), "demo")
+    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
     spans = sorted(zip(runs["start_time"], runs["end_time"]))
     assert any(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:])), spans
 
@@ -80,7 +80,7 @@ def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_
     assert launcher.run(args) == 0
     after = {p.name: p.stat().st_mtime_ns for p in (demo_results / "demo" / "trials").iterdir()}
     assert before == after
-    uri = tracking.default_tracking_uri(str(demo_results))
+    uri = stores.default_tracking_uri(str(demo_results))
     assert analyze(results=str(demo_results), study="demo", mlflow_uri=uri) == []
 
 

@@ -25,7 +25,7 @@ from scipy import stats
 from analysis import claims as numbers
 from analysis.figures import FIGURES
 from analysis.report import StudyData, build_report, main
-from analysis.tables import write_epochs, write_measurements, write_trial
+from records.tables import write_epochs, write_measurements, write_trial
 
 LAYERS, HEADS = 6, 4
 PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(numbers.SWITCHES, r)]
@@ -87,7 +87,7 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
 def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS, models=P_MODELS,
                 checkpoints=(0, 3, 10), tables=("trials", "epochs", "measurements"), dataset="cifar100",
                 img_size=32) -> None:
-    """Write a synthetic study with the real writer (analysis.tables); ``tables`` picks which to write."""
+    """Write a synthetic study with the real writer (records.tables); ``tables`` picks which to write."""
     for (pe, rpt, protocol), seed in itertools.product(_conditions(protocols, models), range(seeds)):
         rng = np.random.default_rng(zlib.crc32(f"{pe}{rpt}{protocol}{seed}".encode()))
         sw = numbers.protocol_switches(protocol)

@@ -1,4 +1,4 @@
-"""analysis/tracking.py against real MLflow stores: SQLite files and a real `mlflow server`.
+"""records/ (stores, client, tracking, provenance, server) against real MLflow stores: SQLite files and a real `mlflow server`.
 
 No mocks: every test writes through MLflow and reads back what MLflow stored.
 The module-scoped ``uri`` store is shared (one schema migration for the file);
@@ -24,13 +24,13 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from analysis import tracking
-from analysis.tracking import TrackingError
+from records import client, provenance, server, stores, tracking
+from records.stores import TrackingError
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory) -> str:
-    return tracking.default_tracking_uri(tmp_path_factory.mktemp("results"))
+    return stores.default_tracking_uri(tmp_path_factory.mktemp("results"))
 
 
 def _free_port() -> int:
@@ -49,16 +49,16 @@ def _run(uri: str, run_id: str):
 def test_default_tracking_uri_is_an_absolute_sqlite_file_under_results(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     expected = f"sqlite:///{(tmp_path / 'results').resolve().as_posix()}/mlflow.db"
-    assert tracking.default_tracking_uri("results") == expected
-    assert tracking.default_tracking_uri(tmp_path / "results") == expected
-    assert tracking.default_tracking_uri((tmp_path / "results").as_uri()) == expected
+    assert stores.default_tracking_uri("results") == expected
+    assert stores.default_tracking_uri(tmp_path / "results") == expected
+    assert stores.default_tracking_uri((tmp_path / "results").as_uri()) == expected
     assert expected.startswith("sqlite:////")  # four slashes: absolute, same for every Ray worker
 
 
 @pytest.mark.parametrize("results", ["s3://bucket/results", "gs://bucket/results", "abfs://c@a/r"])
 def test_default_tracking_uri_refuses_object_storage(results):
     with pytest.raises(ValueError, match="--mlflow-uri") as info:
-        tracking.default_tracking_uri(results)
+        stores.default_tracking_uri(results)
     assert results in str(info.value) and "SQLite" in str(info.value)
 
 
@@ -76,7 +76,7 @@ def test_default_tracking_uri_refuses_object_storage(results):
 )
 def test_check_tracking_uri_rejects_misspelt_or_unusable_uris(bad, words):
     with pytest.raises(ValueError) as info:
-        tracking.check_tracking_uri(bad)
+        stores.check_tracking_uri(bad)
     message = str(info.value)
     assert bad in message
     for word in words:
@@ -86,34 +86,34 @@ def test_check_tracking_uri_rejects_misspelt_or_unusable_uris(bad, words):
 def test_check_tracking_uri_database_errors_hide_the_password():
     # Either the driver is missing (ValueError) or nothing listens on port 1 (TrackingError).
     with pytest.raises((ValueError, TrackingError)) as info:
-        tracking.check_tracking_uri("postgresql://user:s3cret@127.0.0.1:1/mlflow", timeout_s=1)
+        stores.check_tracking_uri("postgresql://user:s3cret@127.0.0.1:1/mlflow", timeout_s=1)
     assert "postgresql://user:***@127.0.0.1:1/mlflow" in str(info.value)
     assert "s3cret" not in str(info.value)
 
 
 def test_check_tracking_uri_sqlite_folder(tmp_path):
     good = f"sqlite:///{tmp_path}/new/deeper/mlflow.db"
-    tracking.check_tracking_uri(good)
+    stores.check_tracking_uri(good)
     assert (tmp_path / "new" / "deeper").is_dir()  # created, ready for the database
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     uncreatable = f"sqlite:///{blocker}/sub/mlflow.db"
     with pytest.raises(ValueError, match="cannot create the folder") as info:
-        tracking.check_tracking_uri(uncreatable)
+        stores.check_tracking_uri(uncreatable)
     assert uncreatable in str(info.value)
 
     not_sqlite = tmp_path / "notes.db"
     not_sqlite.write_text("hello")
     with pytest.raises(ValueError, match="not a SQLite database"):
-        tracking.check_tracking_uri(f"sqlite:///{not_sqlite}")
+        stores.check_tracking_uri(f"sqlite:///{not_sqlite}")
 
 
 def test_check_tracking_uri_fails_fast_when_no_server_listens():
     down = f"http://127.0.0.1:{_free_port()}"
     start = time.monotonic()
     with pytest.raises(TrackingError, match="not reachable") as info:
-        tracking.check_tracking_uri(down)
+        stores.check_tracking_uri(down)
     assert down in str(info.value)
     assert time.monotonic() - start < 3  # refused at once, not MLflow's minutes of retries
 
@@ -126,7 +126,7 @@ def test_check_tracking_uri_times_out_on_a_hung_server():
         wedged = f"http://127.0.0.1:{hung.getsockname()[1]}"
         start = time.monotonic()
         with pytest.raises(TrackingError, match="not reachable within 1 s") as info:
-            tracking.check_tracking_uri(wedged, timeout_s=1.0)
+            stores.check_tracking_uri(wedged, timeout_s=1.0)
         elapsed = time.monotonic() - start
     assert wedged in str(info.value)
     assert 0.9 < elapsed < 5
@@ -304,7 +304,7 @@ def test_provenance_artifacts_and_tags(uri, tmp_path):
     assert environment["torch"]["version"] == torch.__version__
     assert f"mlflow=={mlflow.__version__}\n" in (local / "provenance/requirements.txt").read_text()
     assert (local / "figures/curve.png").read_bytes() == b"\x89PNG fake"
-    assert _run(uri, run_id).data.tags["code_version"] == info["code_version"] == tracking.code_version()
+    assert _run(uri, run_id).data.tags["code_version"] == info["code_version"] == provenance.code_version()
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -319,14 +319,14 @@ def test_code_version_reads_the_commit_and_dirty_flag(tmp_path):
     git("commit", "-qm", "first")
     commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    assert tracking.code_version(tmp_path) == commit[:12]
+    assert provenance.code_version(tmp_path) == commit[:12]
     (tmp_path / "untracked.txt").write_text("results do not make the code dirty")
-    assert tracking.code_version(tmp_path) == commit[:12]
+    assert provenance.code_version(tmp_path) == commit[:12]
     (tmp_path / "code.py").write_text("x = 2\n")
-    assert tracking.code_version(tmp_path) == commit[:12] + "-dirty"
+    assert provenance.code_version(tmp_path) == commit[:12] + "-dirty"
     outside = tmp_path.parent / f"{tmp_path.name}-nogit"
     outside.mkdir()
-    assert tracking.code_version(outside) in ("vitsweep-0.1.0", "unknown")
+    assert provenance.code_version(outside) in ("vitsweep-0.1.0", "unknown")
 
 
 # ----------------------------------------------------------------------- concurrency
@@ -337,7 +337,7 @@ WRITERS, STEPS, METRICS = 4, 30, 5
 def _writer(uri: str, trial_id: str, barrier) -> None:
     """One trial process: all start together on a fresh SQLite file, so the schema
     migration, the experiment creation and every metric write contend."""
-    from analysis import tracking
+    from records import tracking
 
     import mlflow.tracking  # noqa: F401  (import before the barrier: contend on writes, not imports)
 
@@ -349,7 +349,7 @@ def _writer(uri: str, trial_id: str, barrier) -> None:
 
 
 def test_concurrent_writers_on_one_fresh_sqlite_file_lose_no_metric(tmp_path):
-    uri = tracking.default_tracking_uri(tmp_path)
+    uri = stores.default_tracking_uri(tmp_path)
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(WRITERS)
     workers = [context.Process(target=_writer, args=(uri, f"w{i}", barrier)) for i in range(WRITERS)]
@@ -388,15 +388,15 @@ def test_writes_retry_a_locked_database_and_give_up_after_the_budget(uri, tmp_pa
     holder.execute("BEGIN EXCLUSIVE")
     release = threading.Timer(0.5, holder.execute, ["COMMIT"])
     release.start()
-    assert tracking._with_retries("locked write", uri, write) == "written"
+    assert client.with_retries("locked write", uri, write) == "written"
     release.join()
     assert len(attempts) > 2 and attempts[-1] - attempts[0] >= 0.4
 
-    monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 0.5)
+    monkeypatch.setattr(client, "RETRY_BUDGET_S", 0.5)
     holder.execute("BEGIN EXCLUSIVE")
     try:
         with pytest.raises(TrackingError, match="locked write.*database is locked") as info:
-            tracking._with_retries("locked write", uri, write)
+            client.with_retries("locked write", uri, write)
     finally:
         holder.execute("COMMIT")
     assert uri in str(info.value)
@@ -406,7 +406,7 @@ def test_writes_retry_a_locked_database_and_give_up_after_the_budget(uri, tmp_pa
         raise ValueError("a bug, not a lock")
 
     with pytest.raises(ValueError, match="a bug"):
-        tracking._with_retries("buggy write", uri, not_transient)
+        client.with_retries("buggy write", uri, not_transient)
     assert attempts.count("bad") == 1
 
 
@@ -433,17 +433,17 @@ def _group_rss_bytes(pgid: int) -> tuple[int, int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads RSS from /proc")
 def test_real_mlflow_server_roundtrip(tmp_path):
-    uri, server = tracking.start_local_server(
+    uri, process = server.start_local_server(
         f"sqlite:///{tmp_path}/server/mlflow.db", tmp_path / "server" / "artifacts",
         log_path=tmp_path / "server.log",
     )
     try:
-        tracking.check_tracking_uri(uri)
+        stores.check_tracking_uri(uri)
         # Same server, addressed by a name MLflow 3's Host check does not allow ("127.1" is
         # 127.0.0.1): /health would answer, every API call gets 403. The check must say so.
         with pytest.raises(TrackingError, match="--allowed-hosts '127.1'"):
-            tracking.check_tracking_uri(uri.replace("127.0.0.1", "127.1"))
-        rss, processes = _group_rss_bytes(server.pid)
+            stores.check_tracking_uri(uri.replace("127.0.0.1", "127.1"))
+        rss, processes = _group_rss_bytes(process.pid)
         print(f"mlflow server: {processes} processes, RSS {rss / 2**20:.0f} MiB")
         assert rss < 1.5 * 2**30  # MLflow 3 defaults take ~3 GB; one worker, no job runners ~0.6 GB
 
@@ -474,7 +474,7 @@ def test_real_mlflow_server_roundtrip(tmp_path):
         local = MlflowClient(tracking_uri=uri).download_artifacts(run.run_id, "config.json", str(tmp_path))
         assert json.loads(Path(local).read_text()) == {"pe": "sincos2d", "lr": 0.001}
     finally:
-        tracking.stop_local_server(server)
-    assert _group_rss_bytes(server.pid)[1] == 0  # no uvicorn worker left behind
+        server.stop_local_server(process)
+    assert _group_rss_bytes(process.pid)[1] == 0  # no uvicorn worker left behind
     with pytest.raises(TrackingError, match="not reachable"):
-        tracking.check_tracking_uri(uri)
+        stores.check_tracking_uri(uri)

@@ -38,7 +38,7 @@ from typing import Any
 
 from pyarrow import fs as pafs
 
-from analysis import tables, tracking
+from records import tables, tracking
 from trainables.config import RunConfig
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
@@ -62,7 +62,7 @@ class LaunchSettings:
     gpus_per_trial: float = 0.0
     max_failures: int = 2
     code_version: str = "unknown"  # computed by the launcher: workers' code copies carry no .git
-    provenance: dict | None = None  # tracking.provenance(), taken once by the launcher
+    provenance: dict | None = None  # records.provenance.provenance(), taken once by the launcher
 
     def snapshot_uri(self, trial_id: str) -> str:
         return f"{self.storage.rstrip('/')}/{self.study}/snapshots/{trial_id}"

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from analysis.schema import EPOCHS, MEASUREMENTS, TABLES, TRIAL_FIELDS
+from records.schema import EPOCHS, MEASUREMENTS, TABLES, TRIAL_FIELDS
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

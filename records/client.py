@@ -1,0 +1,141 @@
+"""The MLflow client of a tracking URI, and the retries every write goes through.
+
+SQLite allows one writer at a time: MLflow sets ``PRAGMA busy_timeout = 20000``
+on each session, and every write here is also retried on "database is locked" /
+OperationalError with exponential backoff and jitter (``RETRY_BUDGET_S`` in
+all). MLflow's own HTTP client retries 429/5xx and connection errors first
+(MLFLOW_HTTP_REQUEST_MAX_RETRIES), then these retries apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from records.stores import TrackingError, redact, scheme, sqlite_path
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+RETRY_BUDGET_S = 30.0  # total time one write may spend retrying transient errors
+
+
+@functools.lru_cache(maxsize=32)
+def client(uri: str):
+    """MlflowClient for ``uri``. Cheap after the first call: MLflow caches the store and
+    its SQLAlchemy engine per URI, and this cache keeps the client."""
+    from mlflow.tracking import MlflowClient
+
+    if scheme(uri) != "sqlite":
+        return MlflowClient(tracking_uri=uri)
+    # Building the store of a new SQLite file runs MLflow's schema migrations, which are not
+    # transactional: two trials starting at once on a fresh file fail with "duplicate column
+    # name" or worse. A lock file beside the database serialises the first build across
+    # processes (SQLite is one machine, so flock suffices); once a lock holder has finished
+    # the schema, later processes only check that and build their store concurrently.
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; the retries in _with_retries must do
+        return MlflowClient(tracking_uri=uri)
+    path = sqlite_path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.init-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not _sqlite_schema_exists(path):
+                return MlflowClient(tracking_uri=uri)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _sqlite_schema_exists(path: Path) -> bool:
+    """Whether some process has created MLflow's tables in the SQLite file (checked
+    under the init lock, so no migration is half done)."""
+    if not path.exists():
+        return False
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {"alembic_version", "experiments", "runs"} <= names and db.execute(
+            "SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+
+
+_TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED", "ABORTED"}
+_TRANSIENT_TEXT = (
+    "database is locked", "database table is locked", "deadlock", "api request to",
+    "connection refused", "connection reset", "timed out", "max retries exceeded",
+    "temporarily unavailable",
+)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """True for errors another attempt may not hit: locks, migration races, network blips."""
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlite3.OperationalError, ConnectionError,
+                        TimeoutError)):
+        return True
+    text = str(exc).lower()
+    if isinstance(exc, MlflowException):
+        if exc.error_code in _TRANSIENT_CODES:
+            return True
+        # Entity errors (run exists / param changed / bad value) are final; only the
+        # infrastructure wording below is retried.
+        if exc.error_code in ("RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE",
+                              "RESOURCE_DOES_NOT_EXIST"):
+            return "database is locked" in text
+    return isinstance(exc, (MlflowException, sqlalchemy.exc.SQLAlchemyError)) and any(
+        s in text for s in _TRANSIENT_TEXT
+    )
+
+
+def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
+    """Run ``fn(client)`` until it succeeds, retrying transient errors with capped exponential
+    backoff and full jitter (sleep ~ U(0, min(2 s, 0.05 s * 2**k))) for at most RETRY_BUDGET_S.
+
+    ``fn`` must be safe to repeat: metric points carry fixed timestamps (MLflow drops exact
+    duplicates), params/tags are set to the same values, runs are looked up before created.
+    """
+    start = time.monotonic()
+    cap = 0.05
+    attempt = 0
+    while True:
+        try:
+            return fn(client(uri))  # inside the loop: building the store can hit a lock too
+        except Exception as e:
+            attempt += 1
+            elapsed = time.monotonic() - start
+            if not _is_transient(e):
+                raise
+            if elapsed + cap > RETRY_BUDGET_S:
+                raise TrackingError(
+                    f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
+                    f"{elapsed:.1f} s: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                ) from e
+            _log.debug("%s on %s: transient %s, retry %d", what, redact(uri), e.__class__.__name__, attempt)
+            time.sleep(random.uniform(0.0, cap))
+            cap = min(2.0, cap * 2)
+
+
+def chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def to_str(value: Any) -> str:
+    """MLflow params and tags are strings: lists/dicts as JSON, everything else by str()."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
+

@@ -1,0 +1,497 @@
+"""MLflow tracking: the one module in vitsweep that talks to MLflow.
+
+Every function takes the tracking URI explicitly and builds its own
+``MlflowClient(tracking_uri=uri)``; nothing here calls ``mlflow.set_tracking_uri``
+or uses the fluent ``mlflow.start_run`` state, because several trials may share
+one process (Ray actors, tests) and each must write to the store it was given.
+Ray's ``setup_mlflow`` integration is not used: it fails inside a trial unless
+the experiment already exists, and it keeps global state.
+
+Layout in MLflow: one experiment per study, one run per trial. The run's name
+is the trial id and its tag ``vitsweep.trial_id`` holds the same id, so a Ray
+retry or ``--resume`` finds and continues the run instead of making a second
+one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
+tags are study / dataset / pe / protocol / rpt / seed / code_version; metrics
+are per epoch (step = epoch) and the analysis measurements (step = checkpoint
+epoch); artifacts are ``config.json``, ``provenance/environment.json``,
+``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
+tree is dirty) and figures.
+
+Stores, and the checks that run before any trial, are in ``records.stores``;
+the client and its retries in ``records.client``; provenance in
+``records.provenance``; a local MLflow server in ``records.server``.
+
+Use (launcher, then each trial)::
+
+    uri = args.mlflow_uri or stores.default_tracking_uri(args.results)
+    stores.check_tracking_uri(uri)                        # before any trial starts
+    experiment_id = tracking.ensure_experiment(uri, study_name)
+    ...                                                   # in the trial:
+    flat = config.to_flat()
+    with tracking.trial_run(uri, experiment_id, trial_id, params=flat,
+                            tags=tracking.trial_tags(flat, code_version=version)) as run:
+        run.log_provenance(flat)
+        for epoch in ...:
+            run.log_metrics({"train_loss": ..., "eval_acc": ...}, step=epoch)
+    ...                                                   # after the sweep returns:
+    tracking.end_orphaned_runs(uri, experiment_id)
+
+Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
+
+- ``ensure_experiment(uri, name, artifact_location=None) -> experiment_id``
+- ``start_trial_run(uri, experiment_id, trial_id, *, params, tags=None) -> run_id``
+- ``find_trial_run(uri, experiment_id, trial_id) -> run_id | None``
+- ``trial_run(uri, experiment_id, trial_id, *, params, tags=None)``: context
+  manager yielding a ``TrialRun``; ends FINISHED, or FAILED on an exception
+  (KILLED on KeyboardInterrupt / SystemExit), and re-raises.
+- ``log_metrics(uri, run_id, metrics, step)``, ``set_tags(uri, run_id, tags)``,
+  ``log_artifact_dict(uri, run_id, name, obj)``,
+  ``log_artifact_text(uri, run_id, name, text)``,
+  ``log_artifact_file(uri, run_id, path, artifact_dir=None)``,
+  ``log_measurements(uri, run_id, rows, *, per_head=False)``,
+  ``log_provenance(uri, run_id, config=None) -> dict``,
+  ``end_trial_run(uri, run_id, status="FINISHED")``
+- ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=()) -> list[str]``
+- ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
+- ``trial_tags(config, *, code_version=None) -> dict``,
+  ``measurement_metric_key(intervention, level, layer, head, metric) -> str``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from records.client import chunks, to_str, with_retries
+from records.provenance import git_diff, provenance, requirements_txt
+from records.stores import redact, scheme, sqlite_path
+
+_log = logging.getLogger(__name__)
+
+TRIAL_ID_TAG = "vitsweep.trial_id"
+ATTEMPT_TAG = "vitsweep.attempt"  # 1 for a fresh run, +1 every time a retry/resume continues it
+ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it is continued
+TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
+END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAMS_TAGS_PER_BATCH = 100
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def _default_artifact_location(uri: str, name: str) -> str | None:
+    """Artifacts of a SQLite store live next to the database; servers choose their own."""
+    if scheme(uri) != "sqlite":
+        return None
+    folder = sqlite_path(uri).parent / "mlartifacts" / urllib.parse.quote(name, safe="")
+    return folder.as_uri()
+
+
+def ensure_experiment(uri: str, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``, created if missing (idempotent, race-safe).
+
+    Two processes creating it at once both get the same id: the loser of the race
+    sees RESOURCE_ALREADY_EXISTS and reads the winner's. ``artifact_location``
+    defaults to ``<db folder>/mlartifacts/<name>`` for SQLite and to the server's
+    choice otherwise; it is ignored when the experiment already exists. Raises
+    ValueError if the experiment exists but was deleted (restore or purge it).
+    """
+    from mlflow.exceptions import MlflowException
+
+    if not name:
+        raise ValueError("empty MLflow experiment name")
+    location = artifact_location or _default_artifact_location(uri, name)
+
+    def get_or_create(client) -> str:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return client.create_experiment(name, artifact_location=location)
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage != "active":
+            raise ValueError(
+                f"MLflow experiment {name!r} (id {experiment.experiment_id}) on {redact(uri)!r} is "
+                f"deleted; restore it (`mlflow experiments restore --experiment-id "
+                f"{experiment.experiment_id}`) or purge it (`mlflow gc --experiment-ids "
+                f"{experiment.experiment_id}`) before logging to that name."
+            )
+        return experiment.experiment_id
+
+    return with_retries(f"ensure_experiment({name!r})", uri, get_or_create)
+
+
+# -------------------------------------------------------------------------------- runs
+
+
+def _check_trial_id(trial_id: str) -> None:
+    # The id goes into a search filter string; quotes and backslashes would need escaping
+    # that MLflow's filter grammar does not document.
+    if not trial_id or any(c in trial_id for c in "'\"`\\\n"):
+        raise ValueError(f"trial id {trial_id!r} must be non-empty without quotes or backslashes")
+
+
+def _search_all(client, experiment_id: str, filter_string: str, order_by=None) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [experiment_id], filter_string=filter_string, max_results=1000,
+            order_by=order_by, page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _find_trial_run(client, experiment_id: str, trial_id: str):
+    runs = _search_all(client, experiment_id, f"tags.`{TRIAL_ID_TAG}` = '{trial_id}'",
+                       order_by=["attributes.start_time ASC"])
+    if len(runs) > 1:
+        _log.warning("trial %s has %d MLflow runs; using the oldest, %s",
+                     trial_id, len(runs), runs[0].info.run_id)
+    return runs[0] if runs else None
+
+
+def find_trial_run(uri: str, experiment_id: str, trial_id: str) -> str | None:
+    """The run id of ``trial_id`` in the experiment (the oldest, should a race have made
+    two), or None. Deleted runs are not found."""
+    _check_trial_id(trial_id)
+    run = with_retries(f"find_trial_run({trial_id!r})", uri,
+                        lambda c: _find_trial_run(c, experiment_id, trial_id))
+    return run.info.run_id if run else None
+
+
+def start_trial_run(
+    uri: str,
+    experiment_id: str,
+    trial_id: str,
+    *,
+    params: Mapping[str, Any],
+    tags: Mapping[str, Any] | None = None,
+) -> str:
+    """Create the run of ``trial_id`` (run name = trial id), or continue it if it exists.
+
+    Continuing sets the status back to RUNNING, bumps ``vitsweep.attempt`` and clears
+    ``vitsweep.error``.
+    ``params`` (the flat run config) are logged as MLflow params; those already on
+    the run with the same value are skipped. MLflow params are immutable, so a
+    param whose value differs from the run's (a config changed between attempts)
+    keeps its first value and the new one is recorded as tag
+    ``vitsweep.changed_param.<key>`` with a warning, instead of failing the trial.
+    ``tags`` (see ``trial_tags``) are set, overwriting earlier values.
+    Returns the run id.
+    """
+    from mlflow.entities import Param, RunTag
+
+    _check_trial_id(trial_id)
+    wanted = {str(k): to_str(v) for k, v in params.items()}
+
+    def find_or_create(client):
+        # Looked up again on every attempt, so a create that committed but reported an
+        # error (an HTTP timeout) is found instead of duplicated.
+        run = _find_trial_run(client, experiment_id, trial_id)
+        if run is None:
+            run = client.create_run(
+                experiment_id, run_name=trial_id, tags={TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}
+            )
+            return run, True
+        return run, False
+
+    run, created = with_retries(f"start_trial_run({trial_id!r})", uri, find_or_create)
+    run_id = run.info.run_id
+    new_tags = {str(k): to_str(v) for k, v in (tags or {}).items()}
+    if not created:
+        attempt = int(run.data.tags.get(ATTEMPT_TAG, "1")) + 1
+        new_tags[ATTEMPT_TAG] = str(attempt)
+        with_retries(f"resume run {run_id}", uri, lambda c: c.update_run(run_id, status="RUNNING"))
+        if ERROR_TAG in run.data.tags:  # the earlier attempt's error no longer describes the run
+            with_retries("clear error tag", uri, lambda c: c.delete_tag(run_id, ERROR_TAG))
+        _log.info("continuing MLflow run %s of trial %s (attempt %d)", run_id, trial_id, attempt)
+    existing = run.data.params
+    missing = [Param(k, v) for k, v in wanted.items() if k not in existing]
+    for key in sorted(k for k in wanted if k in existing and existing[k] != wanted[k]):
+        _log.warning("trial %s: param %r was %r and is now %r; MLflow params are immutable, "
+                     "keeping the first and tagging the new value", trial_id, key, existing[key], wanted[key])
+        new_tags[f"vitsweep.changed_param.{key}"] = wanted[key]
+    for batch in chunks(missing, _MAX_PARAMS_TAGS_PER_BATCH):
+        with_retries("log params", uri, lambda c, b=batch: c.log_batch(run_id, params=b, synchronous=True))
+    tag_list = [RunTag(k, v) for k, v in new_tags.items()]
+    for batch in chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
+        with_retries("set tags", uri, lambda c, b=batch: c.log_batch(run_id, tags=b, synchronous=True))
+    return run_id
+
+
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
+                *, timestamp_ms: int | None = None) -> None:
+    """Log ``{key: number}`` at ``step`` in batches (log_batch). None values are skipped
+    so optional metrics can be passed as they are; NaN/inf are kept (MLflow stores them).
+    Raises ValueError naming a key whose value is not a number."""
+    from mlflow.entities import Metric
+
+    timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    points = []
+    for key, value in metrics.items():
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {key!r} has non-numeric value {value!r}") from None
+        # Fixed timestamp per point: a retried batch repeats exact duplicates, which MLflow drops.
+        points.append(Metric(str(key), number, timestamp, int(step)))
+    for batch in chunks(points, _MAX_METRICS_PER_BATCH):
+        with_retries(f"log_metrics(step={step})", uri,
+                      lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
+
+
+def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    """Set run tags (overwrites earlier values)."""
+    from mlflow.entities import RunTag
+
+    tag_list = [RunTag(str(k), to_str(v)) for k, v in tags.items()]
+    for batch in chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
+        with_retries("set_tags", uri, lambda c, b=batch: c.log_batch(run_id, tags=b, synchronous=True))
+
+
+def log_artifact_text(uri: str, run_id: str, name: str, text: str) -> None:
+    """Write ``text`` to artifact path ``name`` (e.g. 'provenance/requirements.txt')."""
+    with_retries(f"log artifact {name}", uri, lambda c: c.log_text(run_id, text, name))
+
+
+def log_artifact_dict(uri: str, run_id: str, name: str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to artifact path ``name`` (e.g. 'config.json');
+    values JSON cannot hold are written with ``str``."""
+    log_artifact_text(uri, run_id, name, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def log_artifact_file(uri: str, run_id: str, path: str | os.PathLike,
+                      artifact_dir: str | None = None) -> None:
+    """Upload a local file (a figure, a table) under ``artifact_dir`` (e.g. 'figures')."""
+    if not Path(path).is_file():
+        raise ValueError(f"artifact file {os.fspath(path)!r} does not exist")
+    with_retries(f"log artifact {os.fspath(path)}", uri,
+                  lambda c: c.log_artifact(run_id, os.fspath(path), artifact_dir))
+
+
+def end_trial_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    """Mark the run ended with ``status`` in FINISHED, FAILED, KILLED."""
+    if status not in END_STATUSES:
+        raise ValueError(f"run end status {status!r} is not one of {', '.join(END_STATUSES)}")
+    with_retries(f"end run {run_id}", uri, lambda c: c.set_terminated(run_id, status=status))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRun:
+    """Handle on one trial's run: the module functions with uri and run_id bound.
+    Plain data, so it pickles into Ray tasks."""
+
+    uri: str
+    experiment_id: str
+    trial_id: str
+    run_id: str
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        log_metrics(self.uri, self.run_id, metrics, step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        set_tags(self.uri, self.run_id, tags)
+
+    def log_artifact_dict(self, name: str, obj: Any) -> None:
+        log_artifact_dict(self.uri, self.run_id, name, obj)
+
+    def log_artifact_text(self, name: str, text: str) -> None:
+        log_artifact_text(self.uri, self.run_id, name, text)
+
+    def log_artifact_file(self, path: str | os.PathLike, artifact_dir: str | None = None) -> None:
+        log_artifact_file(self.uri, self.run_id, path, artifact_dir)
+
+    def log_measurements(self, rows, *, per_head: bool = False) -> int:
+        return log_measurements(self.uri, self.run_id, rows, per_head=per_head)
+
+    def log_provenance(self, config: Mapping[str, Any] | None = None) -> dict:
+        return log_provenance(self.uri, self.run_id, config)
+
+    def end(self, status: str = "FINISHED") -> None:
+        end_trial_run(self.uri, self.run_id, status)
+
+
+@contextlib.contextmanager
+def trial_run(
+    uri: str,
+    experiment_id: str,
+    trial_id: str,
+    *,
+    params: Mapping[str, Any],
+    tags: Mapping[str, Any] | None = None,
+) -> Iterator[TrialRun]:
+    """``start_trial_run`` as a context manager: the run ends FINISHED when the block
+    completes, FAILED when it raises an Exception (its type and message go to tag
+    ``vitsweep.error``), KILLED on KeyboardInterrupt/SystemExit; the exception is
+    re-raised. A process killed outright (SIGKILL, node loss) cannot do this:
+    ``end_orphaned_runs`` cleans those up afterwards."""
+    run = TrialRun(uri, experiment_id, trial_id,
+                   start_trial_run(uri, experiment_id, trial_id, params=params, tags=tags))
+    try:
+        yield run
+    except BaseException as e:
+        status = "FAILED" if isinstance(e, Exception) else "KILLED"
+        try:
+            set_tags(uri, run.run_id, {ERROR_TAG: f"{type(e).__name__}: {e}"[:4000]})
+            end_trial_run(uri, run.run_id, status)
+        except Exception:  # never hide the trial's own error behind a tracking error
+            _log.exception("could not mark MLflow run %s of trial %s %s", run.run_id, trial_id, status)
+        raise
+    end_trial_run(uri, run.run_id, "FINISHED")
+
+
+def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[str] = ()) -> list[str]:
+    """Mark FAILED every RUNNING run of the experiment whose trial is not in
+    ``keep_trial_ids``: runs whose process died without ending them (SIGKILL, OOM,
+    lost node). Call it when no trial of the experiment is running except those kept,
+    e.g. after the sweep returns. Returns the trial ids (or run ids) it ended."""
+    keep = set(keep_trial_ids)
+    runs = with_retries("search RUNNING runs", uri,
+                         lambda c: _search_all(c, experiment_id, "attributes.status = 'RUNNING'"))
+    ended = []
+    for run in runs:
+        trial_id = run.data.tags.get(TRIAL_ID_TAG, run.info.run_id)
+        if trial_id in keep:
+            continue
+        set_tags(uri, run.info.run_id, {ERROR_TAG: "orphaned: its process ended without ending the run"})
+        end_trial_run(uri, run.info.run_id, "FAILED")
+        ended.append(trial_id)
+    return ended
+
+
+def search_trial_runs(uri: str, experiment_name: str):
+    """All live runs of an experiment as a pandas DataFrame, one row per run, like
+    ``mlflow.search_runs`` but with an explicit URI: run_id, run_name, trial_id,
+    experiment_id, status, start_time, end_time (UTC timestamps), artifact_uri,
+    then ``metrics.<key>`` (latest value), ``params.<key>``, ``tags.<key>``.
+    Raises ValueError if the experiment does not exist, listing those that do."""
+    import pandas as pd
+
+    experiment = with_retries("get experiment", uri, lambda c: c.get_experiment_by_name(experiment_name))
+    if experiment is None:
+        experiments = with_retries("list experiments", uri, lambda c: c.search_experiments())
+        names = sorted(e.name for e in experiments)
+        raise ValueError(f"no MLflow experiment {experiment_name!r} on {redact(uri)!r}; "
+                         f"experiments: {', '.join(names) or '(none)'}")
+    runs = with_retries("search runs", uri,
+                         lambda c: _search_all(c, experiment.experiment_id, "",
+                                             order_by=["attributes.start_time ASC"]))
+    rows = []
+    for run in runs:
+        info, data = run.info, run.data
+        row = {
+            "run_id": info.run_id, "run_name": info.run_name,
+            "trial_id": data.tags.get(TRIAL_ID_TAG), "experiment_id": info.experiment_id,
+            "status": info.status,
+            "start_time": pd.to_datetime(info.start_time, unit="ms", utc=True),
+            "end_time": pd.to_datetime(info.end_time, unit="ms", utc=True) if info.end_time else pd.NaT,
+            "artifact_uri": info.artifact_uri,
+        }
+        row.update({f"metrics.{k}": v for k, v in data.metrics.items()})
+        row.update({f"params.{k}": v for k, v in data.params.items()})
+        row.update({f"tags.{k}": v for k, v in data.tags.items()})
+        rows.append(row)
+    base = ["run_id", "run_name", "trial_id", "experiment_id", "status", "start_time", "end_time",
+            "artifact_uri"]
+    return pd.DataFrame(rows, columns=None if rows else base)
+
+
+# --------------------------------------------------------------- tags and measurement keys
+
+
+def trial_tags(config: Mapping[str, Any], *, code_version: str | None = None) -> dict[str, str]:
+    """The run tags the MLflow UI filters on, taken from the flat run config:
+    study, dataset, pe, protocol, rpt, seed (those present), plus code_version."""
+    tags = {k: to_str(config[k]) for k in TRIAL_TAG_FIELDS if k in config}
+    if code_version is not None:
+        tags["code_version"] = code_version
+    return tags
+
+
+def measurement_metric_key(intervention: str, level: float | None, layer: int, head: int, metric: str) -> str:
+    """MLflow metric key of one measurements row, grouped in the UI by intervention:
+    ('clean', None, -1, -1, 'acc') -> 'clean/acc'; ('jpeg', 5.0, -1, -1, 'fs') -> 'jpeg_5/fs';
+    ('clean', None, 3, 2, 'mad') -> 'clean/mad/layer3/head2'; ('pe_scale', 0.5, 1, -1, 'ssdc')
+    -> 'pe_scale_0.5/ssdc/layer1'."""
+    group = intervention
+    if level is not None and not (isinstance(level, float) and math.isnan(level)):
+        group += f"_{float(level):g}"
+    key = f"{group}/{metric}"
+    if layer is not None and layer >= 0:
+        key += f"/layer{int(layer)}"
+    if head is not None and head >= 0:
+        key += f"/head{int(head)}"
+    return key
+
+
+def log_measurements(uri: str, run_id: str, rows, *, per_head: bool = False) -> int:
+    """Log measurements rows (schema ``measurements``: a pandas DataFrame, a pyarrow
+    Table or an iterable of dicts) as metrics with step = checkpoint_epoch and keys
+    from ``measurement_metric_key``. The run may have ended already (the analysis
+    job runs after training and finds it with ``find_trial_run``). Per-head rows
+    (head >= 0, hundreds per checkpoint) are skipped unless ``per_head``: they stay
+    in Parquet, where they are queryable, and out of the MLflow runs table.
+    Returns the number of points logged."""
+    if hasattr(rows, "to_pylist"):  # pyarrow Table
+        rows = rows.to_pylist()
+    elif hasattr(rows, "to_dict"):  # pandas DataFrame
+        rows = rows.to_dict("records")
+    by_step: dict[int, dict[str, float]] = {}
+    for row in rows:
+        head = row.get("head", -1)
+        if head is not None and head >= 0 and not per_head:
+            continue
+        key = measurement_metric_key(row["intervention"], row.get("level"), row.get("layer", -1), head,
+                                     row["metric"])
+        by_step.setdefault(int(row["checkpoint_epoch"]), {})[key] = row["value"]
+    for step, metrics in sorted(by_step.items()):
+        log_metrics(uri, run_id, metrics, step)
+    return sum(len(m) for m in by_step.values())
+
+
+
+def log_provenance(uri: str, run_id: str, config: Mapping[str, Any] | None = None,
+                   info: Mapping[str, Any] | None = None) -> dict:
+    """Log ``provenance()`` as provenance/environment.json, the package list as
+    provenance/requirements.txt, ``git diff HEAD`` as provenance/git_diff.patch when the
+    checkout is dirty, ``config`` (the resolved flat run config) as config.json, and tags
+    code_version, mlflow.source.git.commit (shown by the UI), vitsweep.host.
+    ``info``: a ``provenance()`` taken once for a whole sweep (it costs seconds: it
+    imports torch and lists every package); taken here when None.
+    Returns the provenance dict."""
+    info = dict(info) if info is not None else provenance()
+    log_artifact_dict(uri, run_id, "provenance/environment.json", info)
+    log_artifact_text(uri, run_id, "provenance/requirements.txt", requirements_txt(info["packages"]))
+    git = info["git"]
+    if git and git["dirty"]:
+        diff = git_diff()
+        if diff:
+            log_artifact_text(uri, run_id, "provenance/git_diff.patch", diff[:5_000_000])
+    if config is not None:
+        log_artifact_dict(uri, run_id, "config.json", dict(config))
+    tags = {"code_version": info["code_version"], "vitsweep.host": info["hostname"]}
+    if git:
+        tags["mlflow.source.git.commit"] = git["commit"]
+    set_tags(uri, run_id, tags)
+    return info
+
