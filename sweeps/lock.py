@@ -155,9 +155,12 @@ class LaunchLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        current = self._read()
-        if current is not None and current.get("token") == self.token:  # never remove a taker's lock
-            self._remove(self.uri)
+        try:
+            current = self._read()
+            if current is not None and current.get("token") == self.token:  # never remove a taker's lock
+                self._remove(self.uri)
+        except OSError as exc:  # harmless: the next launch sees this process is gone and takes it over
+            log.warning("could not remove the launch lock %s: %s", self.uri, exc)
 
     def __enter__(self) -> LaunchLock:
         self.acquire()

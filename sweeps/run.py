@@ -294,7 +294,10 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         for r in grid
         if not any(r is e for e in errors)
     }
-    close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
+    faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
+    if faults:
+        report_storage_faults(faults)
+        return 1
     if args.study == "hparam":
         from sweeps import hparam
 
@@ -340,26 +343,55 @@ def hparam_tuner(args, base, trainable, tune_dir: str, name: str):
     )
 
 
-def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> None:
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> list[str]:
     """After Tune returns no trial runs, so nothing may stay "running". ``stopped``:
     trials Tune ended without an error before they finished, i.e. a scheduler (ASHA)
     stopped them; their driver may have recorded the stop as a failure. They become
     "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any other unfinished
-    trial (a killed driver) becomes "failed"."""
+    trial (a killed driver) becomes "failed".
+
+    Storage faults (a read-only or full results folder, an MLflow outage) do not stop
+    the rest: each row and each run is closed on its own, and every MLflow run still
+    RUNNING ends FAILED. Returns one line per fault (empty: none)."""
     from records import tables, tracking
 
-    table = tables.read_table(results, study, "trials")
-    for row in table.to_pylist() if table is not None else []:
+    faults: list[str] = []
+    try:
+        table = tables.read_table(results, study, "trials")
+        rows = table.to_pylist() if table is not None else []
+    except OSError as exc:
+        faults.append(f"cannot read the trials table under {results}: {exc}")
+        rows = []
+    for row in rows:
         early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
         if not early and row["status"] != "running":
             continue
-        tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
-        run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
-        if run_id is not None:
-            if early:
-                tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
-            tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
-    tracking.end_orphaned_runs(mlflow_uri, experiment_id)
+        try:
+            tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
+        except OSError as exc:
+            faults.append(f"cannot write the trials row of {row['trial_id']}: {exc}")
+        try:
+            run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
+            if run_id is not None:
+                if early:
+                    tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
+                tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
+        except Exception as exc:  # TrackingError after its retries, or the store's own error
+            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
+    try:
+        tracking.end_orphaned_runs(mlflow_uri, experiment_id)
+    except Exception as exc:
+        faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
+    return faults
+
+
+def report_storage_faults(faults: list[str]) -> None:
+    """One line on stderr for the whole epilogue (details go to the log)."""
+    for fault in faults:
+        log.warning("storage fault: %s", fault)
+    more = f" (and {len(faults) - 1} more, logged above)" if len(faults) > 1 else ""
+    print(f"error: storage fault: {faults[0]}{more}; fix the storage, then launch again with --resume",
+          file=sys.stderr)
 
 
 def _trial_name(trial) -> str:
@@ -400,7 +432,11 @@ def run(args: argparse.Namespace) -> int:
         from sweeps.lock import LaunchLock
 
         with LaunchLock(results, args.study):
-            return _stages(args, configs, results, storage, mlflow_uri)
+            try:
+                return _stages(args, configs, results, storage, mlflow_uri)
+            except OSError as exc:  # pyarrow's and the OS's I/O errors: a full or read-only folder
+                report_storage_faults([f"{type(exc).__name__}: {exc}"])
+                return 1
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -48,3 +48,72 @@ def test_the_analysis_status_of_a_corrupt_checkpoint_names_its_path(checkpoint, 
 def test_a_good_checkpoint_still_loads(checkpoint):
     model, cfg, epoch = load_model(checkpoint)
     assert epoch == 1 and cfg.dataset == "shapes" and isinstance(model, ViT)
+
+
+def chattr(path, flag: str) -> None:
+    import subprocess
+
+    subprocess.run(["chattr", flag, str(path)], check=True, capture_output=True)
+
+
+@pytest.fixture()
+def freezable(tmp_path):
+    """``freeze(folder)`` makes a folder immutable (``chattr +i``): no file can be created,
+    renamed or removed in it, even by root, which ignores a read-only mode. Undone after."""
+    import subprocess
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        chattr(probe, "+i")
+        chattr(probe, "-i")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"needs chattr +i (root on ext4/xfs/btrfs): {exc}")
+    frozen = []
+
+    def freeze(folder):
+        chattr(folder, "+i")
+        frozen.append(folder)
+
+    yield freeze
+    for folder in frozen:
+        chattr(folder, "-i")
+
+
+def test_each_step_is_logged_once_across_attempts(tmp_path):
+    from records import stores, tracking
+
+    uri = stores.default_tracking_uri(str(tmp_path))
+    experiment = tracking.ensure_experiment(uri, "demo")
+    run_id = tracking.start_trial_run(uri, experiment, "t1", params={"lr": 1e-3})
+    assert tracking.logged_steps(uri, run_id, "eval_acc") == set()
+    for step in (1, 2):
+        tracking.log_metrics(uri, run_id, {"eval_acc": 0.1 * step, "train_loss": 2.0}, step=step)
+    assert tracking.logged_steps(uri, run_id, "eval_acc") == {1, 2}
+    assert tracking.logged_steps(uri, run_id, "test_acc") == set()
+
+
+def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, freezable, capsys):
+    """The launcher's epilogue after a storage fault: rows it cannot write are reported,
+    and every MLflow run still ends (FAILED), instead of a raw OSError leaving them RUNNING."""
+    from records import stores, tables, tracking
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    experiment = tracking.ensure_experiment(uri, "demo")
+    runs = {t: tracking.start_trial_run(uri, experiment, t, params={"lr": 1e-3}) for t in ("a", "b", "c")}
+    for t in ("a", "b"):  # two rows "running"; c never got a row (its write failed)
+        tables.write_trial(results, "demo", {"lr": 1e-3}, {"trial_id": t, "study": "demo", "status": "running"})
+    freezable(tmp_path / "results" / "demo" / "trials")
+
+    faults = launcher.close_unfinished(results, "demo", uri, experiment, stopped=set())
+    assert [f.split(":")[0] for f in faults] == ["cannot write the trials row of a", "cannot write the trials row of b"]
+    statuses = tracking.search_trial_runs(uri, "demo").set_index("trial_id")["status"].to_dict()
+    assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
+    assert set(runs) == set(statuses)
+
+    launcher.report_storage_faults(faults)
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
+    assert line.startswith("error: storage fault: cannot write the trials row of a: ")
+    assert "(and 1 more, logged above); fix the storage, then launch again with --resume" in line

@@ -200,7 +200,11 @@ def run_trial(
     tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
     outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
                "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
-    tables.write_trial(settings.results, settings.study, flat, outcome)
+    try:
+        tables.write_trial(settings.results, settings.study, flat, outcome)
+    except BaseException as exc:  # storage fault: the MLflow run must not stay RUNNING
+        _close_run(settings, run_id, "FAILED", {"vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"})
+        raise
     t0 = time.perf_counter()
     use_gpu = settings.gpus_per_trial > 0
     resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
@@ -222,17 +226,14 @@ def run_trial(
         result = trainer.fit()
     except BaseException:
         outcome.update(status="failed", wall_time_s=time.perf_counter() - t0)
-        tables.write_trial(settings.results, settings.study, flat, outcome)
-        tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED")
+        _close_trial(settings, flat, outcome, run_id, "FAILED")
         raise
     # Train V2's result carries the metrics of the latest checkpoint, which the
     # loop writes at its last epoch.
     final = result.metrics or {}
     if final.get(UNRETRIABLE):
         outcome.update(status="failed", wall_time_s=time.perf_counter() - t0)
-        tracking.set_tags(settings.mlflow_uri, run_id, {"vitsweep.error": str(final[UNRETRIABLE])[:5000]})
-        tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED")
-        tables.write_trial(settings.results, settings.study, flat, outcome)
+        _close_trial(settings, flat, outcome, run_id, "FAILED", {"vitsweep.error": str(final[UNRETRIABLE])[:5000]})
         return
     outcome.update(
         status="finished",
@@ -242,10 +243,44 @@ def run_trial(
         test_acc=final.get("eval_acc") if cfg.eval_split == "test" else None,
         **{k: final.get(k) for k in ("train_loss", "train_acc", "eval_loss", "eval_acc")},
     )
-    tables.write_trial(settings.results, settings.study, flat, outcome)
-    tracking.set_tags(settings.mlflow_uri, run_id, {"checkpoint_path": str(outcome["checkpoint_path"]),
-                                                     "snapshot_dir": outcome["snapshot_dir"]})
-    tracking.end_trial_run(settings.mlflow_uri, run_id, "FINISHED")
+    _close_trial(settings, flat, outcome, run_id, "FINISHED", {"checkpoint_path": str(outcome["checkpoint_path"]),
+                                                              "snapshot_dir": outcome["snapshot_dir"]})
+
+
+def _close_trial(settings: LaunchSettings, flat: dict[str, Any], outcome: dict[str, Any], run_id: str,
+                 status: str, tags: dict[str, str] | None = None) -> None:
+    """Write the trial's final row and end its MLflow run, each whatever happens to the
+    other (a read-only or full results folder must not leave the run RUNNING, nor an
+    MLflow outage the row "running"); then raise the first error. A trial whose row
+    could not be written is not finished: its run ends FAILED and --resume reruns it."""
+    error = None
+    try:
+        tables.write_trial(settings.results, settings.study, flat, outcome)
+    except BaseException as exc:
+        error = exc
+        status, tags = "FAILED", {**(tags or {}), "vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"}
+    try:
+        _close_run(settings, run_id, status, tags, quiet=False)
+    except BaseException as exc:
+        error = error or exc
+    if error is not None:
+        raise error
+
+
+def _close_run(settings: LaunchSettings, run_id: str, status: str, tags: dict[str, str] | None = None,
+               *, quiet: bool = True) -> None:
+    """Tag and end an MLflow run; ``quiet``: log a failure instead of raising it (when
+    another error is already on its way)."""
+    try:
+        if tags:
+            tracking.set_tags(settings.mlflow_uri, run_id, tags)
+        tracking.end_trial_run(settings.mlflow_uri, run_id, status)
+    except Exception:
+        if not quiet:
+            raise
+        import logging
+
+        logging.getLogger("vitsweep").exception("could not end MLflow run %s %s", run_id, status)
 
 
 def _train_worker(loop_config: dict[str, Any]) -> None:
@@ -276,19 +311,24 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
             shutil.copy(Path(d) / CHECKPOINT_FILE, local)
         history = list(torch.load(local, map_location="cpu", weights_only=False)["history"])
     uploaded: set[str] = set()
+    # Steps an earlier attempt already logged: a retry restores the checkpoint *before*
+    # the epoch that failed after logging, and MLflow keeps every point it is sent.
+    logged = tracking.logged_steps(settings.mlflow_uri, run_id, "eval_acc") if rank == 0 else set()
 
     def report(metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         if rank == 0:
             history.append(metrics)
             tables.write_epochs(settings.results, settings.study, cfg.trial_id, history)
-            tracking.log_metrics(settings.mlflow_uri, run_id, {k: v for k, v in metrics.items() if k != "epoch"},
-                                 step=metrics["epoch"])
+            if metrics["epoch"] not in logged:
+                tracking.log_metrics(settings.mlflow_uri, run_id,
+                                     {k: v for k, v in metrics.items() if k != "epoch"}, step=metrics["epoch"])
             _upload_snapshots(workdir / SNAPSHOT_DIR, settings.snapshot_uri(cfg.trial_id), uploaded)
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         ray.train.report(metrics, checkpoint=checkpoint)
 
     final = train(cfg, workdir, report=report)
-    if rank == 0 and final["test_acc"] is not None:
+    if (rank == 0 and final["test_acc"] is not None
+            and final["epochs_completed"] not in tracking.logged_steps(settings.mlflow_uri, run_id, "test_acc")):
         tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
                              step=final["epochs_completed"])
     shutil.rmtree(workdir, ignore_errors=True)
