@@ -45,7 +45,8 @@ def list_checkpoints(results: str, study: str, which: str = "final") -> list[dic
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
     if trials is None:
-        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study first")
+        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study "
+                         f"first; studies under {results}: {tables.list_studies(results) or '(none)'}")
     rows = []
     for t in trials.to_pylist():
         if t["status"] != "finished":

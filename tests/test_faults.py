@@ -117,3 +117,17 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
     assert line.startswith("error: storage fault: cannot write the trials row of a: ")
     assert "(and 1 more, logged above); fix the storage, then launch again with --resume" in line
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys):
+    from records import tables
+    from sweeps import cli
+
+    results = tmp_path / "results"
+    tables.write_trial(str(results), "demo", {"lr": 1e-3}, {"trial_id": "t", "study": "demo", "status": "finished"})
+    for neighbour in ("storage/demo/train", "mlartifacts/1"):  # what a sweep also leaves there
+        (results / neighbour).mkdir(parents=True)
+    assert cli.main([command, "nosuchstudy", "--results", str(results)]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
