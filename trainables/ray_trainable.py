@@ -288,9 +288,8 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     import ray.train
     import torch
 
-    from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train
-
     from trainables.datasets import DataRootError, prepare_root
+    from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train
 
     cfg = RunConfig.from_flat(loop_config["trial"])
     settings = LaunchSettings(**loop_config["settings"])
