@@ -238,7 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default="results", help="results folder or URI (default ./results)")
     parser.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<results>/mlflow.db)")
     parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default="final",
-                        help="final checkpoints only, or also every log-spaced snapshot")
+                        help="final: each trial's last checkpoint (default); all: also every log-spaced snapshot")
     parser.add_argument("--force", action="store_true", help="measure again checkpoints already measured")
     parser.add_argument("--eval-size", type=int, default=1000, help="evaluation images (fixed, seeded subset)")
     parser.add_argument("--batch-size", type=int, default=128)

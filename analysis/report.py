@@ -32,7 +32,6 @@ import pandas as pd
 from pyarrow import fs as pafs
 
 from analysis import claims as numbers
-from analysis import figures
 from analysis.claims import FACTORS, REFERENCE, SWITCHES, canonical_protocol, model_label
 from records.schema import MEASUREMENTS, TRIAL_FIELDS
 from records.tables import filesystem, read_table, table_path
@@ -233,6 +232,8 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     out.mkdir(parents=True, exist_ok=True)
 
     body = {key: [] for key in SECTIONS}
+    from analysis import figures  # matplotlib: imported when figures are drawn, not for --help
+
     for section, title, draw in figures.FIGURES:
         try:
             plots = draw(data)

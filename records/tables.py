@@ -1,4 +1,4 @@
-"""The one module that writes Parquet (layout and columns: ``analysis.schema``).
+"""The one module that writes Parquet (layout and columns: ``records.schema``).
 
 Each writer unit owns one file: ``trials/<trial_id>.parquet``,
 ``epochs/<trial_id>.parquet`` and ``measurements/<trial_id>-e<epoch>.parquet``.

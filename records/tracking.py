@@ -136,6 +136,12 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
     return with_retries(f"ensure_experiment({name!r})", uri, get_or_create)
 
 
+
+def set_experiment_description(uri: str, experiment_id: str, text: str) -> None:
+    """The experiment's description in the MLflow UI (its ``mlflow.note.content`` tag, Markdown)."""
+    with_retries("set experiment description", uri,
+                 lambda c: c.set_experiment_tag(experiment_id, "mlflow.note.content", text))
+
 # -------------------------------------------------------------------------------- runs
 
 

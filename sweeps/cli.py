@@ -5,6 +5,10 @@
     vitsweep sweep study_p --gpus-per-trial 1 --results s3://BUCKET/vitsweep --mlflow-uri http://HEAD:5000
     vitsweep analyze demo                 # measure every checkpoint (Ray Data)
     vitsweep report demo                  # figures + index.html from the Parquet tables
+    vitsweep status demo                  # finished / running / failed / pending, from the results folder
+
+`--help` imports no torch, Ray, MLflow or matplotlib (the valid names come from
+`sweeps.names`); each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ EXAMPLES = {
     "sweep": "vitsweep sweep study_l --seeds 5 --data-root /data   |   vitsweep sweep factorial --dry-run",
     "analyze": "vitsweep analyze demo --checkpoints all",
     "report": "vitsweep report demo --results results",
+    "status": "vitsweep status study_l --results s3://BUCKET/vitsweep",
 }
 
 
@@ -66,6 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     from analysis import report as report_module
 
     report_module.add_arguments(report)
+
+    status = sub.add_parser(
+        "status",
+        help="trials finished / running / failed / pending of a study, from its results folder alone",
+        description="Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
+        epilog=f"example: {EXAMPLES['status']}",
+    )
+    from sweeps import status as status_module
+
+    status_module.add_arguments(status)
     return parser
 
 
@@ -79,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from analysis import job
 
         return job.run(args)
+    if args.command == "status":
+        from sweeps import status as status_module
+
+        return status_module.run(args)
     if args.command == "report":
         from analysis import report as report_module
 

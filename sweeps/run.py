@@ -25,22 +25,23 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sweeps import STUDIES, load_study
-from sweeps.common import StudyOptions
+from sweeps import STUDIES, load_study, names
 
 log = logging.getLogger("vitsweep")
 STAGES = ("train", "analyze", "report", "all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("study", help=f"one of {', '.join(STUDIES)}")
+    parser.add_argument("study", help=f"one of: {', '.join(STUDIES)}")
     g = parser.add_argument_group("what to run")
-    g.add_argument("--datasets", help="comma-separated data sets (default: the study's)")
+    g.add_argument("--datasets", help=f"comma-separated data sets (default: the study's); valid: {', '.join(names.DATASETS)}")
     g.add_argument("--seeds", type=int, help="run seeds 0..N-1 (default: the study's)")
     g.add_argument("--epochs", type=int, help="epochs per trial (default: the study's)")
-    g.add_argument("--preset", help="model preset for every trial (default: the study's / each data set's native one)")
+    g.add_argument("--preset", help="model preset for every trial (default: the study's / each data set's native "
+                   f"one); valid: {', '.join(names.PRESETS)}")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable)")
+                   help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable); "
+                   f"pe: {', '.join(names.PES)}; protocol: {', '.join(names.PROTOCOLS)}")
     g.add_argument("--include-none-rpt", action="store_true", help="factorial: keep the redundant none + RPT cell")
     g.add_argument("--defaults-from", metavar="JSON", help="best config written by the hparam study")
     g.add_argument("--samples", type=int, help="hparam: number of Optuna trials (default 24)")
@@ -114,18 +115,16 @@ def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
 
 def _expected(flag: str) -> str:
     if flag == "--datasets":
-        from trainables.datasets import DATASETS
-
-        return f"pass comma-separated data sets from {sorted(DATASETS)}"
+        return f"pass comma-separated data sets from {list(names.DATASETS)}"
     if flag == "--preset":
-        from trainables.vit import PRESETS
-
-        return f"pass one of {sorted(PRESETS)}"
+        return f"pass one of {list(names.PRESETS)}"
     return "pass a value"
 
 
 def build_trials(args: argparse.Namespace):
     """The study's trial configs; raises ValueError on any bad name or value."""
+    from sweeps.common import StudyOptions  # imports torch: not at module level, so --help stays fast
+
     study = load_study(args.study)
     check_numbers(args)
     check_texts(args)
@@ -224,7 +223,7 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
 def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
-    from records import provenance, tracking
+    from records import manifest, provenance, tracking
     from trainables.ray_trainable import (
         DRIVER_RESOURCES, UNRETRIABLE, LaunchSettings, finished_trials, init_ray, run_trial,
     )
@@ -247,6 +246,10 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         return 0
     if args.study == "hparam" and args.resume:
         raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
+    if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record
+        plan = manifest.write_manifest(results, args.study, planned=[{"trial_id": c.trial_id} for c in configs],
+                                       command=[Path(sys.argv[0]).name, *sys.argv[1:]], code_version=code_version)
+        tracking.set_experiment_description(mlflow_uri, experiment_id, _describe(plan))
     init_ray(args.address)
     _check_store_reach(mlflow_uri)
     # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
@@ -281,7 +284,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
             ),
         )
     t0 = time.perf_counter()
-    grid = tuner.fit()
+    with manifest.heartbeat(results, args.study):
+        grid = tuner.fit()
     errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
     for r in errors:
         if not r.error:
@@ -307,6 +311,14 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         log.info("best %s %.4f with %s -> %s", hparam.METRIC, best.metrics[hparam.METRIC],
                  {k: best.config[k] for k in hparam.SEARCHED}, path)
     return 1 if errors else 0
+
+
+def _describe(plan: dict) -> str:
+    """The MLflow experiment's description (Markdown, shown above its runs)."""
+    return (f"**vitsweep study `{plan['study']}`**: {plan['n_trials']} trials, one run each (runs are named by "
+            f"trial id).\n\nLatest launch {plan['started_at']} on {plan['host']}, code `{plan['code_version']}`:\n\n"
+            f"    {plan['command']}\n\nParquet tables: `<results>/{plan['study']}/{{trials,epochs,measurements}}/`; "
+            f"`vitsweep status {plan['study']}` shows progress.")
 
 
 def _check_store_reach(mlflow_uri: str) -> None:

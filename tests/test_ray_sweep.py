@@ -101,3 +101,16 @@ def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp
         out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
         assert out.returncode == 0, f"{code}\n{out.stderr[-2000:]}"
         assert out.stdout.strip(), code
+
+
+def test_status_and_experiment_description_after_the_sweep(demo_results):
+    from sweeps import status
+
+    got = status.study_status(str(demo_results), "demo")
+    assert got["planned"] == 4 and got["counts"]["finished"] == 4 and got["counts"]["pending"] == 0
+    assert got["heartbeat"]["ended"] and not got["alive"]
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=stores.default_tracking_uri(str(demo_results)))
+    note = client.get_experiment_by_name("demo").tags["mlflow.note.content"]
+    assert "4 trials" in note and "demo" in note

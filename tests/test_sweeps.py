@@ -90,7 +90,7 @@ def test_dry_run_json_prints_only_json_on_stdout():
         (["demo", "--epochs", "0"], r"^error: --epochs must be an integer >= 1, got 0$"),
         (["demo", "--seeds", "0"], r"--seeds must be an integer >= 1, got 0"),
         (["hparam", "--samples", "0"], r"--samples must be an integer >= 1, got 0"),
-        (["demo", "--datasets", ""], r"--datasets is empty .*'shapes'"),
+        (["demo", "--datasets", ""], r"--datasets is empty .*'cifar100'"),
         (["demo", "--datasets", " , "], r"--datasets is empty"),
         (["demo", "--preset", ""], r"--preset is empty .*'tiny'"),
         # resources, before Ray divides by them

@@ -1,0 +1,121 @@
+"""The sweep manifest and heartbeat, beside a study's tables: what was planned, and whether a launcher is alive.
+
+``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial
+ids and their packs, the launch command, code version, start time, host and
+pid). ``<results>/<study>/heartbeat.json``: rewritten every
+``HEARTBEAT_INTERVAL_S`` while a launcher runs, and stamped ``ended`` when it
+returns. With both, ``vitsweep status`` tells from the results folder alone
+which trials are pending, and whether ``running`` rows are live or left behind
+by a launcher that died (stale). Both are small JSON files written through
+pyarrow's filesystems, so they work on a local folder and on object storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from records.tables import filesystem
+
+MANIFEST_FILE = "sweep.json"
+HEARTBEAT_FILE = "heartbeat.json"
+HEARTBEAT_INTERVAL_S = 30.0
+# A launcher whose heartbeat is older than this is taken for dead (several missed beats:
+# a busy driver or a slow object store may delay one).
+STALE_AFTER_S = 4 * HEARTBEAT_INTERVAL_S
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _path(results: str, study: str, name: str) -> str:
+    return f"{results.rstrip('/')}/{study}/{name}"
+
+
+def _write_json(uri: str, obj: Mapping[str, Any]) -> None:
+    fs, path = filesystem(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    tmp = f"{path}.tmp"  # local: rename into place, so a reader never sees half a file
+    target = tmp if "://" not in uri else path
+    with fs.open_output_stream(target) as out:
+        out.write(json.dumps(obj, indent=1, default=str).encode())
+    if target != path:
+        fs.move(tmp, path)
+
+
+def _read_json(uri: str) -> dict | None:
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path) as stream:
+            return json.loads(stream.read())
+    except (FileNotFoundError, OSError, json.JSONDecodeError):
+        return None
+
+
+def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, Any]], command: Sequence[str],
+                   code_version: str) -> dict:
+    """Record a launch's plan. planned: one mapping per trial with ``trial_id`` (and ``pack`` when packed)."""
+    manifest = {
+        "study": study,
+        "planned": [dict(p) for p in planned],
+        "n_trials": len(planned),
+        "command": " ".join(command),
+        "code_version": code_version,
+        "started_at": _now().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    _write_json(_path(results, study, MANIFEST_FILE), manifest)
+    return manifest
+
+
+def read_manifest(results: str, study: str) -> dict | None:
+    return _read_json(_path(results, study, MANIFEST_FILE))
+
+
+def read_heartbeat(results: str, study: str) -> dict | None:
+    return _read_json(_path(results, study, HEARTBEAT_FILE))
+
+
+def beat(results: str, study: str, *, ended: bool = False) -> None:
+    _write_json(_path(results, study, HEARTBEAT_FILE), {
+        "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
+        "ended": ended,
+    })
+
+
+def launcher_alive(heartbeat: Mapping[str, Any] | None, *, now: datetime.datetime | None = None) -> bool:
+    """Whether the heartbeat says a launcher is running now (beat recently, not ended)."""
+    if not heartbeat or heartbeat.get("ended"):
+        return False
+    age = ((now or _now()) - datetime.datetime.fromisoformat(heartbeat["time"])).total_seconds()
+    return age <= STALE_AFTER_S
+
+
+@contextlib.contextmanager
+def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S) -> Iterator[None]:
+    """Beat in a daemon thread while the block runs; stamp ``ended`` when it leaves."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            with contextlib.suppress(OSError):  # a storage blip must not kill the launcher
+                beat(results, study)
+
+    beat(results, study)
+    thread = threading.Thread(target=loop, name="vitsweep-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            beat(results, study, ended=True)

@@ -1,0 +1,124 @@
+"""``vitsweep status STUDY``: where a sweep stands, read from its results folder alone.
+
+Works while a sweep runs (another process, another machine) and on a copy of
+the results: the ``trials`` table says what each started trial reached, the
+sweep manifest (``records.manifest``) what was planned, and the heartbeat
+whether the launcher is alive. ``running`` rows of a launcher that is not
+alive are *stale*: the launcher died, and ``--resume`` picks them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections import Counter
+from typing import Any
+
+STATES = ("finished", "running", "stale", "failed", "stopped", "pending")
+
+
+def study_status(results: str, study: str) -> dict[str, Any]:
+    """Counts per state, the trial ids of each non-finished state, and the launch that planned them.
+
+    Raises ValueError when the results folder holds no such study (naming the ones it holds)."""
+    from records import manifest, tables
+
+    table = tables.read_table(results, study, "trials")
+    plan = manifest.read_manifest(results, study)
+    if table is None and plan is None:
+        found = studies_in(results)
+        raise ValueError(f"no study {study!r} in {results}; studies there: {found or 'none'}")
+    beat = manifest.read_heartbeat(results, study)
+    alive = manifest.launcher_alive(beat)
+    rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
+    state = {tid: ("stale" if s == "running" and not alive else s) for tid, s in rows.items()}
+    planned = [p["trial_id"] for p in plan["planned"]] if plan else []
+    for tid in planned:
+        state.setdefault(tid, "pending")
+    counts = Counter(state.values())
+    return {
+        "study": study,
+        "results": results,
+        "counts": {s: counts.get(s, 0) for s in STATES},
+        "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
+        "planned": len(planned) if plan else None,
+        "unplanned": sorted(set(rows) - set(planned)) if plan else [],
+        "launch": plan,
+        "heartbeat": beat,
+        "alive": alive,
+    }
+
+
+def studies_in(results: str) -> list[str]:
+    """Study folders under ``results``: those holding a trials table or a sweep manifest."""
+    from pyarrow import fs as pafs
+
+    from records.manifest import MANIFEST_FILE
+    from records.tables import filesystem
+
+    fs, root = filesystem(results)
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if entry.type != pafs.FileType.Directory:
+            continue
+        inside = {i.base_name for i in fs.get_file_info(pafs.FileSelector(entry.path, allow_not_found=True))}
+        if "trials" in inside or MANIFEST_FILE in inside:
+            found.append(entry.base_name)
+    return sorted(found)
+
+
+def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
+    counts, plan, beat = status["counts"], status["launch"], status["heartbeat"]
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    lines = []
+    if plan:
+        lines.append(f"{status['study']} in {status['results']}: {status['planned']} planned trials "
+                     f"(launched {plan['started_at']} on {plan['host']}, pid {plan['pid']}, code {plan['code_version']})")
+    else:
+        lines.append(f"{status['study']} in {status['results']}: no sweep manifest (launched before vitsweep 0.2?), "
+                     "so pending trials are unknown")
+    lines.append("  " + ", ".join(f"{s} {counts[s]}" for s in STATES if s != "pending" or plan))
+    if beat:
+        age = (now - datetime.datetime.fromisoformat(beat["time"])).total_seconds()
+        if status["alive"]:
+            lines.append(f"  launcher: running on {beat['host']} (pid {beat['pid']}), last heartbeat {age:.0f} s ago")
+        elif beat.get("ended"):
+            lines.append(f"  launcher: ended {beat['time']}")
+        else:
+            lines.append(f"  launcher: not alive (last heartbeat {age:.0f} s ago); "
+                         "`vitsweep sweep STUDY --resume` continues the unfinished trials")
+    for s in ("stale", "failed", "running"):
+        if status["ids"][s]:
+            shown = ", ".join(status["ids"][s][:10]) + (" ..." if len(status["ids"][s]) > 10 else "")
+            lines.append(f"  {s}: {shown}")
+    if status["unplanned"]:
+        lines.append(f"  {len(status['unplanned'])} trial(s) in the table are not in the latest plan "
+                     "(from an earlier launch with other options)")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sweeps import STUDIES
+
+    parser.add_argument("study", help=f"a study folder under --results (e.g. one of: {', '.join(STUDIES)})")
+    parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    results = args.results if "://" in args.results else os.path.abspath(args.results)
+    try:
+        status = study_status(results, args.study)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(status, indent=1, default=str) if args.json else format_status(status))
+    return 0
