@@ -41,7 +41,7 @@ def assert_listens_on_loopback_only(pid: int) -> None:
     beyond loopback (0.0.0.0, ::, or an address of this machine)."""
     import ipaddress
 
-    psutil = pytest.importorskip("psutil")
+    import psutil  # the test extra (pyproject.toml); `make test` installs it
     root = psutil.Process(pid)
     listening = []
     for p in [root, *root.children(recursive=True)]:
