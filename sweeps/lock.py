@@ -38,9 +38,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 log = logging.getLogger("vitsweep")
 LOCK_NAME = ".launch.lock"
@@ -74,7 +74,7 @@ def _boot_id() -> str | None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _alive(holder: dict[str, Any]) -> tuple[bool, str]:
@@ -162,7 +162,7 @@ class LaunchLock:
         except OSError as exc:  # harmless: the next launch sees this process is gone and takes it over
             log.warning("could not remove the launch lock %s: %s", self.uri, exc)
 
-    def __enter__(self) -> LaunchLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

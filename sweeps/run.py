@@ -225,7 +225,12 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
 
     from records import manifest, provenance, tracking
     from trainables.ray_trainable import (
-        DRIVER_RESOURCES, UNRETRIABLE, LaunchSettings, finished_trials, init_ray, run_trial,
+        DRIVER_RESOURCES,
+        UNRETRIABLE,
+        LaunchSettings,
+        finished_trials,
+        init_ray,
+        run_trial,
     )
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
@@ -388,11 +393,11 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
                 if early:
                     tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
                 tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
-        except Exception as exc:  # TrackingError after its retries, or the store's own error
+        except Exception as exc:  # noqa: BLE001 - TrackingError after its retries, or the store's own error
             faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
     try:
         tracking.end_orphaned_runs(mlflow_uri, experiment_id)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported with the other faults
         faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
     return faults
 

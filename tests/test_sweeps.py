@@ -117,7 +117,7 @@ def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path
     assert "error:" in err
     import re
 
-    assert re.search(message, err, flags=re.M), err
+    assert re.search(message, err, flags=re.MULTILINE), err
     assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
     assert ray.is_initialized() == ray_was_up  # failed before starting Ray
     assert not (tmp_path / "demo").exists()  # and before writing anything
@@ -156,7 +156,7 @@ def test_offline_cifar_fails_the_launch_before_any_trial(tmp_path, capsys, monke
                               "--results", str(tmp_path / "results")])
     assert launcher.run(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: cifar10: files ['batches.meta'") and "the download failed" in err, err
+    assert err.startswith("error: cifar10: files ['batches.meta'") and "the download failed" in err, err
     assert str(tmp_path / "data" / "cifar-10-batches-py") in err and len(err.strip().splitlines()) == 1
     assert ray.is_initialized() == ray_was_up
     assert not (tmp_path / "results" / "demo").exists()  # no trial row, no lock left behind
@@ -177,5 +177,5 @@ def test_cli_user_errors_are_one_line_on_stderr_with_exit_2(argv, message, tmp_p
 
     assert cli.main([*argv, "--results", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert re.search(message, err, flags=re.M) and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err, flags=re.MULTILINE) and len(err.strip().splitlines()) == 1, err
     assert "error" not in out

@@ -143,7 +143,9 @@ def _private_token_file() -> None:
             if path.stat().st_mode & 0o077:
                 path.chmod(0o600)
             return
-        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+        from ray._private.authentication.authentication_token_generator import (
+            generate_new_authentication_token,
+        )
 
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -256,12 +258,12 @@ def _close_trial(settings: LaunchSettings, flat: dict[str, Any], outcome: dict[s
     error = None
     try:
         tables.write_trial(settings.results, settings.study, flat, outcome)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the run is closed
         error = exc
         status, tags = "FAILED", {**(tags or {}), "vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"}
     try:
         _close_run(settings, run_id, status, tags, quiet=False)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - re-raised below
         error = error or exc
     if error is not None:
         raise error
