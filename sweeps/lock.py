@@ -201,9 +201,10 @@ class LaunchLock:
         except FileNotFoundError:
             return None
         try:
-            return json.loads(text)
+            holder = dict(json.loads(text))
         except ValueError:  # being written right now, or a foreign / damaged file
-            return {"host": "?", "pid": "?", "started": "?", "unreadable": True, "heartbeat": self._mtime()}
+            holder = {"host": "?", "pid": "?", "started": "?", "unreadable": True, "heartbeat": self._mtime()}
+        return {**holder, "_raw": text}
 
     def _take_over(self, stale: dict[str, Any]) -> bool:
         """Replace the stale lock by ours; False if another launch got there first."""
@@ -216,9 +217,12 @@ class LaunchLock:
             os.rename(self.uri, moved)  # only one of two takers renames the file away
         except FileNotFoundError:
             return False
-        taken = self._read_file(moved)
-        if taken.get("token") != stale.get("token") or taken.get("started") != stale.get("started"):
-            # A fresh lock appeared between our read and the rename: put it back.
+        try:
+            taken = Path(moved).read_text()
+        except OSError:
+            taken = None
+        if taken != stale.get("_raw"):
+            # A fresh lock appeared (or the holder renewed it) between our read and the rename: put it back.
             try:
                 os.link(moved, self.uri)
             except FileExistsError:
@@ -237,13 +241,6 @@ class LaunchLock:
             return mtime.timestamp() if mtime else 0.0
         except OSError:
             return 0.0
-
-    @staticmethod
-    def _read_file(path: str) -> dict[str, Any]:
-        try:
-            return json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            return {}
 
     def _fs(self):
         from records.tables import filesystem

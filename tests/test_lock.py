@@ -113,3 +113,17 @@ def test_lease_on_a_uri_storage(tmp_path):
     assert not (tmp_path / "demo" / ".launch.lock").exists()
     with LaunchLock(results, "demo"):
         pass
+
+
+def test_an_unreadable_lock_is_respected_briefly_then_taken_over(tmp_path, caplog):
+    uri = Path(lock_uri(str(tmp_path), "demo"))
+    uri.parent.mkdir(parents=True)
+    uri.write_text("{half a lock")
+    with pytest.raises(LaunchLockError):  # just created: its writer may still be writing it
+        LaunchLock(str(tmp_path), "demo").acquire()
+    old = time.time() - 3600
+    os.utime(uri, (old, old))
+    caplog.set_level(logging.WARNING, logger="vitsweep")
+    with LaunchLock(str(tmp_path), "demo") as taken:
+        assert json.loads(uri.read_text())["token"] == taken.token
+    assert "not readable JSON" in caplog.text
