@@ -58,3 +58,34 @@ def test_read_only_results_mid_run_then_resume_recovers(ray_local, tmp_path, fre
     for run_id in runs["run_id"]:  # trials that had trained fully before the fault log nothing twice
         assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
+
+
+def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_local, tmp_path):
+    """Data a retry cannot bring (the node's data root is a file): the Train worker
+    reports it instead of raising, so neither Train nor Tune retries the trial."""
+    from ray import tune
+
+    from records import tables
+    from trainables.config import RunConfig
+    from trainables.ray_trainable import DRIVER_RESOURCES, UNRETRIABLE, LaunchSettings, run_trial
+
+    not_a_folder = tmp_path / "data"
+    not_a_folder.write_text("")
+    cfg = RunConfig.for_dataset("cifar10", preset="tiny", study="demo", data_root=str(not_a_folder),
+                                epochs=1, warmup_epochs=0)
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    settings = LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"), mlflow_uri=uri,
+                              experiment_id=tracking.ensure_experiment(uri, "demo"), max_failures=2)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg.to_flat()}), DRIVER_RESOURCES)
+    grid = tune.Tuner(
+        trainable, param_space={"trial_id": cfg.trial_id},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), failure_config=tune.FailureConfig(2)),
+    ).fit()
+    (result,) = grid
+    assert result.error is None and "is a file; expected a folder" in result.metrics[UNRETRIABLE]
+    (run,) = tracking.search_trial_runs(uri, "demo").to_dict("records")
+    assert run["status"] == "FAILED" and run["tags.vitsweep.attempt"] == "1"  # one attempt: no Tune retry
+    assert "is a file; expected a folder" in run["tags.vitsweep.error"]
+    assert tables.read_trial(results, "demo", cfg.trial_id)["status"] == "failed"

@@ -233,9 +233,10 @@ def run_trial(
     # Train V2's result carries the metrics of the latest checkpoint, which the
     # loop writes at its last epoch.
     final = result.metrics or {}
-    if final.get(UNRETRIABLE):
+    unretriable = result.return_value.get(UNRETRIABLE) if isinstance(result.return_value, dict) else None
+    if unretriable:  # (rank 0's return value; the metrics carry only checkpointed reports)
         outcome.update(status="failed", wall_time_s=time.perf_counter() - t0)
-        _close_trial(settings, flat, outcome, run_id, "FAILED", {"vitsweep.error": str(final[UNRETRIABLE])[:5000]})
+        _close_trial(settings, flat, outcome, run_id, "FAILED", {"vitsweep.error": str(unretriable)[:5000]})
         return
     outcome.update(
         status="finished",
@@ -285,7 +286,7 @@ def _close_run(settings: LaunchSettings, run_id: str, status: str, tags: dict[st
         logging.getLogger("vitsweep").exception("could not end MLflow run %s %s", run_id, status)
 
 
-def _train_worker(loop_config: dict[str, Any]) -> None:
+def _train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on each Ray Train worker: restore, train, report."""
     import ray.train
     import torch
@@ -299,8 +300,9 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     try:
         prepare_root(cfg.dataset, cfg.data_root)  # this node's copy (the launcher checked its own)
     except DataRootError as exc:
-        ray.train.report({UNRETRIABLE: f"{type(exc).__name__}: {exc}"})
-        return
+        error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
+        ray.train.report(error)  # for Tune's result (the launcher counts the trial as failed)
+        return error  # for this trial's driver
     rank = ray.train.get_context().get_world_rank()
     workdir = Path(tempfile.mkdtemp(prefix=f"vitsweep-{cfg.trial_id}-"))
     history: list[dict[str, Any]] = []  # the epochs table: restored epochs + new ones
@@ -333,6 +335,7 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
         tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
                              step=final["epochs_completed"])
     shutil.rmtree(workdir, ignore_errors=True)
+    return None
 
 
 def _upload_snapshots(local_dir: Path, uri: str, uploaded: set[str]) -> None:
