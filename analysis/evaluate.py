@@ -1,9 +1,10 @@
 """Every measurement of both studies for one checkpoint, as long-format rows (STUDIES.md, records/schema.py).
 
-``evaluate_checkpoint`` runs a model over a fixed evaluation subset under every
-condition and returns rows ``{intervention, level, layer, head, metric, value}``
-in the measurements vocabulary; the caller adds ``trial_id``, ``study`` and
-``checkpoint_epoch`` and hands them to ``records.tables``.
+``evaluate_checkpoint`` runs a model over a fixed evaluation set (by default the
+whole test split) under every condition and returns rows ``{intervention, level,
+layer, head, metric, value, n_images}`` in the measurements vocabulary; the
+caller adds ``trial_id``, ``study`` and ``checkpoint_epoch`` and hands them to
+``records.tables``.
 
 How the work is organised: a *pass* is one model forward per batch under one
 (image intervention, PE scale, RPI on/off) condition, asking the model only for
@@ -39,26 +40,38 @@ from analysis.interventions import (
     Jpeg,
     PEScale,
     RandomPermutation,
+    RopeScale,
     apply_condition,
 )
 from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
 
-# PEs that `pe_scale` acts on (the additive table or the rotation angles); `none` has nothing to scale.
-SCALABLE_PES = ("ape", "sincos2d", "rope2d", "rope2d_mixed")
+# Alpha scaling per PE kind: Study P's `pe_scale` multiplies an additive table; on the rotary PEs the
+# same multiplier scales the rotation angles, position interpolation, measured as `rope_scale`.
+# `none` has nothing to scale.
+ADDITIVE_PES = ("ape", "sincos2d")
+ROTARY_PES = ("rope2d", "rope2d_mixed")
+SCALABLE_PES = ADDITIVE_PES + ROTARY_PES
 
 
-def evaluation_subset(split: Any, size: int = 1000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed, seeded subset of a split: (images uint8 (n, 3, H, W), labels int64 (n,)), n = min(size, len).
+def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The evaluation set of a split: (images uint8 (n, 3, H, W), labels int64 (n,)).
 
-    The indices depend only on ``len(split)`` and ``seed``, so every trial on the
-    same data set is measured on the same images. They are sorted, so folder-backed
+    ``size`` None (the default) or >= len(split): the whole split, as the Study P code
+    measured all 5,000 ImageNet-100 validation images (a 1,000-image subset leaves a
+    fragility score a binomial standard error of ~0.017, the size of the paper's seed
+    spread). A smaller ``size`` is a cap for demos and tests: a fixed, seeded subset
+    whose indices depend only on ``len(split)`` and ``seed``, so every trial on the
+    same data set is measured on the same images. Indices are sorted, so folder-backed
     splits are read in order. ``split``: a Dataset of (uint8 image (3, H, W), int
     label); in-memory ``TensorImages`` (``.images``, ``.labels``) are sliced directly.
     """
-    if size < 1:
-        raise ValueError(f"evaluation subset size {size} must be >= 1")
-    generator = torch.Generator().manual_seed(seed)
-    indices = torch.randperm(len(split), generator=generator)[:size].sort().values
+    if size is not None and size < 1:
+        raise ValueError(f"evaluation subset size {size} must be >= 1 (or None: the whole split)")
+    if size is None or size >= len(split):
+        indices = torch.arange(len(split))
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        indices = torch.randperm(len(split), generator=generator)[:size].sort().values
     if hasattr(split, "images") and hasattr(split, "labels"):
         return split.images[indices], torch.as_tensor(split.labels)[indices].long()
     items = [split[int(i)] for i in indices]
@@ -95,8 +108,9 @@ class _Plan:
         self.rpi = RandomPermutation(seed)
         self.passes: dict[tuple, _Pass] = {}
 
-    def need(self, image: Intervention, *, alpha: float = 1.0, rpi: bool = False, **wants: bool) -> _Pass:
-        model = ((PEScale(alpha),) if alpha != 1.0 else ()) + ((self.rpi,) if rpi else ())
+    def need(self, image: Intervention, *, alpha: float = 1.0, scale: type[PEScale] = PEScale, rpi: bool = False,
+             **wants: bool) -> _Pass:
+        model = ((scale(alpha),) if alpha != 1.0 else ()) + ((self.rpi,) if rpi else ())
         key = (image, model)
         if key not in self.passes:
             self.passes[key] = _Pass(image, model)
@@ -202,15 +216,17 @@ def evaluate_checkpoint(
     normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per
     batch, a function of seed and batch index, so identical for every model at
     the same batch size). jpeg_levels: qualities; blur_levels: sigmas at kernel
-    ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``).
+    ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``):
+    ``pe_scale`` rows for additive PEs, ``rope_scale`` rows (position interpolation) for rotary ones.
 
-    Returns rows {intervention, level, layer, head, metric, value} (layer -1 =
-    whole model, head -1 = not per head):
+    Returns rows {intervention, level, layer, head, metric, value, n_images} (layer -1 =
+    whole model, head -1 = not per head; n_images = len(labels), the images behind every row):
       clean/None:    acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
       jpeg/quality:  acc, fs          blur/sigma: acc, fs
       rpi/None:      acc; ssdc (index coordinates), ssdc_content per layer; dssdc
       pe_scale/alpha: acc; fs_jpeg (q JPEG_HEADLINE); fs_blur (BLUR_HEADLINE); ssdc per layer under
                       RPI (index coordinates); dssdc
+      rope_scale/alpha: the same metrics as pe_scale, for rope2d / rope2d_mixed
     The model is put in eval mode for the evaluation and its previous mode restored.
     """
     if images_uint8.dtype != torch.uint8:
@@ -222,6 +238,7 @@ def evaluate_checkpoint(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     pe = getattr(getattr(model, "config", None), "pe", None)
     scaled_alphas = [float(a) for a in alphas] if pe in SCALABLE_PES else []
+    scale = RopeScale if pe in ROTARY_PES else PEScale
 
     clean = Clean()
     jpegs = {q: Jpeg(q) for q in jpeg_levels}
@@ -235,10 +252,10 @@ def evaluate_checkpoint(
     blur_passes = {s: plan.need(b) for s, b in blurs.items()}
     alpha_passes = {
         a: (
-            plan.need(clean, alpha=a),
-            plan.need(jpeg_headline, alpha=a),
-            plan.need(blur_headline, alpha=a),
-            plan.need(clean, alpha=a, rpi=True, tokens=True),
+            plan.need(clean, alpha=a, scale=scale),
+            plan.need(jpeg_headline, alpha=a, scale=scale),
+            plan.need(blur_headline, alpha=a, scale=scale),
+            plan.need(clean, alpha=a, scale=scale, rpi=True, tokens=True),
         )
         for a in scaled_alphas
     }
@@ -280,11 +297,14 @@ def evaluate_checkpoint(
     rows.extend(_row("rpi", None, layer, -1, "ssdc_content", v) for layer, v in enumerate(rpi_pass.ssdc(content=True)))
     rows.append(_row("rpi", None, -1, -1, "dssdc", _delta_ssdc(rpi_index)))
 
+    name = scale.name
     for alpha, (plain, jpeg, blur, rpi) in alpha_passes.items():
-        rows.append(_row("pe_scale", alpha, -1, -1, "acc", plain.accuracy))
-        rows.append(_row("pe_scale", alpha, -1, -1, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
-        rows.append(_row("pe_scale", alpha, -1, -1, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
+        rows.append(_row(name, alpha, -1, -1, "acc", plain.accuracy))
+        rows.append(_row(name, alpha, -1, -1, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
+        rows.append(_row(name, alpha, -1, -1, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
         ssdc_rpi = rpi.ssdc()
-        rows.extend(_row("pe_scale", alpha, layer, -1, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
-        rows.append(_row("pe_scale", alpha, -1, -1, "dssdc", _delta_ssdc(ssdc_rpi)))
+        rows.extend(_row(name, alpha, layer, -1, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
+        rows.append(_row(name, alpha, -1, -1, "dssdc", _delta_ssdc(ssdc_rpi)))
+    for row in rows:  # every value here is over the same images: the n behind its binomial standard error
+        row["n_images"] = len(labels)
     return rows

@@ -114,8 +114,8 @@ def _ci_bar(s) -> list | None:
     return [[s.mean - s.low], [s.high - s.mean]] if s.n > 1 else None
 
 
-def _points(ax, x: float, values, colour, label: str | None = None) -> None:
-    """Every seed as a dot beside the mean ± 95% CI bar."""
+def _points(ax, x: float, values, colour, label: str | None = None, se: float = float("nan")) -> None:
+    """Every seed as a dot beside the mean ± 95% CI bar; ``se``, when known, as a grey ± bar beside it."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     s = seed_summary(v)
@@ -124,6 +124,8 @@ def _points(ax, x: float, values, colour, label: str | None = None) -> None:
     offsets = np.linspace(-0.12, 0.12, v.size) if v.size > 1 else np.zeros(1)
     ax.plot(x - 0.2 + offsets, v, "o", ms=3, color=colour, alpha=0.45, mew=0)
     ax.errorbar([x], [s.mean], yerr=_ci_bar(s), fmt="o", color=colour, ms=6, capsize=4, lw=1.5, label=label)
+    if np.isfinite(se):
+        ax.errorbar([x + 0.14], [s.mean], yerr=[[se], [se]], fmt="none", ecolor="0.45", capsize=2, lw=1)
 
 
 def _by_model(s: pd.DataFrame):
@@ -204,13 +206,13 @@ def fragility_severity(data: StudyData) -> list[Plot]:
                                       "only where the setting matches (ImageNet-100 / 224 px).", pinned))]
 
 
-def pe_scaling(data: StudyData) -> list[Plot]:
-    title = "PE scaling: dSSDC and FS vs alpha"
+def _alpha_scaling(data: StudyData, intervention: str, title: str, xlabel: str, text: str, *,
+                   paper: bool) -> list[Plot]:
     metrics = [(m, label) for m, label in (("dssdc", "dSSDC under RPI"), ("fs_jpeg", "FS JPEG q5"),
-                                            ("fs_blur", "FS blur sigma 2.5")) if not data.select("pe_scale", m).empty]
+                                            ("fs_blur", "FS blur sigma 2.5")) if not data.select(intervention, m).empty]
     if not metrics:
-        raise NoData("no pe_scale rows at the final checkpoint")
-    frames = {m: data.pin(data.select("pe_scale", m), {"pe", "rpt"}) for m, _ in metrics}
+        raise NoData(f"no {intervention} rows at the final checkpoint")
+    frames = {m: data.pin(data.select(intervention, m), {"pe", "rpt"}) for m, _ in metrics}
     datasets = sorted(set().union(*(_datasets(f) for f, _ in frames.values())))
     fig, axes = _grid(len(datasets), len(metrics), title)
     for row, ds in enumerate(datasets):
@@ -220,7 +222,7 @@ def pe_scaling(data: StudyData) -> list[Plot]:
             for (pe, rpt), g in _by_model(s):
                 _line(ax, g["level"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})", **_model_style(pe, rpt))
             handles, _ = ax.get_legend_handles_labels()
-            if metric in ("dssdc", "fs_jpeg") and data.matches_paper_p(ds):
+            if paper and metric in ("dssdc", "fs_jpeg") and data.matches_paper_p(ds):
                 alphas = np.array(sorted(PAPER_P_APE_SCALING))
                 vals = np.array([PAPER_P_APE_SCALING[a] for a in alphas])
                 colour = PE_COLOURS["ape"]
@@ -231,11 +233,28 @@ def pe_scaling(data: StudyData) -> list[Plot]:
                     ax.errorbar(alphas, mid, yerr=(vals[:, 2] - vals[:, 1]) / 2, color=colour, capsize=3,
                                 **PAPER_MARKER)
                 handles.append(_paper_handle(f"{PAPER_P_SETTING}, ape"))
-            ax.set(title=ds, xlabel="alpha (PE multiplier at inference)", ylabel=ylabel)
+            ax.set(title=ds, xlabel=xlabel, ylabel=ylabel)
             ax.legend(handles=handles, fontsize=7)
     pinned = "; ".join(p for _, p in frames.values() if p)
-    return [Plot(title, fig, _caption("The additive PE (or RoPE angles) scaled by alpha at inference, no retraining; "
-                                      "clean and shifted accuracy at the same alpha.", pinned))]
+    return [Plot(title, fig, _caption(text, pinned))]
+
+
+def pe_scaling(data: StudyData) -> list[Plot]:
+    return _alpha_scaling(
+        data, "pe_scale", "PE scaling: dSSDC and FS vs alpha", "alpha (additive PE multiplier at inference)",
+        "Study P's PE scaling: the additive PE table (ape, sincos2d) scaled by alpha at inference, no retraining; "
+        "clean and shifted accuracy at the same alpha. Alpha 0 is a sanity point (it equals none); the paper's "
+        "table covers 0.1-1.0. RoPE is not on these axes: see RoPE angle scaling.", paper=True)
+
+
+def rope_scaling(data: StudyData) -> list[Plot]:
+    return _alpha_scaling(
+        data, "rope_scale", "RoPE angle scaling (position interpolation): dSSDC and FS vs alpha",
+        "alpha (RoPE angle multiplier at inference)",
+        "RoPE's rotation angles multiplied by alpha at inference: position interpolation (the logit at alpha 0.5 "
+        "for offset (0, 2) is the alpha 1 logit for offset (0, 1); q/k norms do not change), not a weaker "
+        "position signal, so not Study P's PE scaling and in none of its claims. Alpha 0 removes the rotation "
+        "(equal to none).", paper=False)
 
 
 def accuracy_fragility(data: StudyData) -> list[Plot]:
@@ -256,7 +275,8 @@ def accuracy_fragility(data: StudyData) -> list[Plot]:
             for x, (pe, rpt) in enumerate(models):
                 t = g[(g["pe"] == pe) & (g["rpt"] == rpt)]
                 colour = _model_style(pe, rpt)["color"]
-                _points(ax, x, t[metric], colour)
+                se = t[f"{metric}_se"].mean() if f"{metric}_se" in t else float("nan")
+                _points(ax, x, t[metric], colour, se=se)
                 paper = PAPER_P_MODELS.get(model_label(pe, rpt))
                 if paper and data.matches_paper_p(ds):
                     ax.plot([x + 0.25], [paper[metric]], color=colour, **PAPER_MARKER)
@@ -265,8 +285,11 @@ def accuracy_fragility(data: StudyData) -> list[Plot]:
             ax.set(title=ds, ylabel=ylabel)
             if data.matches_paper_p(ds):
                 ax.legend(handles=[_paper_handle(PAPER_P_SETTING)], fontsize=7)
-    return [Plot(title, fig, _caption("Dots: single seeds; bars: mean ± 95% bootstrap CI. Accuracy on the full test "
-                                      "split; FS at JPEG q5 and blur sigma 2.5.", pinned, spread=""))]
+    return [Plot(title, fig, _caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: ± "
+                                      "binomial SE of one trial's value from its n evaluation images (every seed "
+                                      "sees the same images, so the seed spread holds no test-set sampling error). "
+                                      "Accuracy on the full test split; FS at JPEG q5 and blur sigma 2.5.", pinned,
+                                      spread=""))]
 
 
 # -- Study L -----------------------------------------------------------------------------
@@ -466,6 +489,7 @@ FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[Plot]]], ...] = (
     ("P", "Fragility vs severity (JPEG and blur)", fragility_severity),
     ("P", "Clean accuracy and fragility per model", accuracy_fragility),
     ("P", "PE scaling: dSSDC and FS vs alpha", pe_scaling),
+    ("P", "RoPE angle scaling (position interpolation): dSSDC and FS vs alpha", rope_scaling),
     ("L", "Mean attention distance per layer and head", mad_per_layer),
     ("L", "Attention entropy per layer and head", entropy_per_layer),
     ("L", "MAD-entropy space (baseline vs modern)", mad_entropy),

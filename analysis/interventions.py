@@ -6,7 +6,14 @@ Each intervention acts in one of two places, and says which by what it returns:
   normalisation (``jpeg``, ``blur``): the "content-destroying shifts" of the
   fragility score;
 - on the model call, ``model_kwargs(...)`` -> kwargs for ``ViT.forward``
-  (``rpi`` -> ``perm``, ``pe_scale`` -> ``pe_scale``).
+  (``rpi`` -> ``perm``, ``pe_scale`` and ``rope_scale`` -> ``pe_scale``).
+
+``pe_scale`` is Study P's PE scaling, defined for additive PEs only (a weaker
+position signal). ``rope_scale`` multiplies RoPE's rotation angles, which is
+position interpolation, not a weaker signal: the logit at alpha 0.5 for offset
+(0, 2) equals the alpha 1 logit for offset (0, 1), and q/k norms do not change.
+It is kept as its own intervention so it never lands on the axes or in the
+claims of Study P's scaling.
 
 ``clean`` does neither. Interventions compose: a condition is a tuple of them,
 applied with ``apply_condition``. Make one by name with ``make_intervention``;
@@ -151,14 +158,14 @@ class RandomPermutation(Intervention):
 
 @dataclass(frozen=True)
 class PEScale(Intervention):
-    """PE scaling: the additive PE table (CLS slot included) or RoPE angles times ``alpha``, no retraining."""
+    """Study P's PE scaling: the additive PE table (CLS slot included) times ``alpha``, no retraining."""
 
     alpha: float
     name: ClassVar[str] = "pe_scale"
 
     def __post_init__(self):
         if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha >= 0):
-            raise ValueError(f"pe_scale alpha {self.alpha!r} must be a finite number >= 0; defaults: {ALPHAS}")
+            raise ValueError(f"{self.name} alpha {self.alpha!r} must be a finite number >= 0; defaults: {ALPHAS}")
         object.__setattr__(self, "alpha", float(self.alpha))
 
     @property
@@ -169,17 +176,26 @@ class PEScale(Intervention):
         return {"pe_scale": self.alpha}
 
 
+@dataclass(frozen=True)
+class RopeScale(PEScale):
+    """RoPE's rotation angles times ``alpha``: position interpolation (alpha 0 removes the rotation,
+    which equals ``none``), not Study P's PE scaling. Same model argument, its own name."""
+
+    name: ClassVar[str] = "rope_scale"
+
+
 INTERVENTIONS: dict[str, type[Intervention]] = {
-    cls.name: cls for cls in (Clean, Jpeg, GaussianBlur, RandomPermutation, PEScale)
+    cls.name: cls for cls in (Clean, Jpeg, GaussianBlur, RandomPermutation, PEScale, RopeScale)
 }
-DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS}
+DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS, "rope_scale": ALPHAS}
 
 
 def make_intervention(name: str, level: float | None = None, **params: Any) -> Intervention:
     """Build an intervention by registry name.
 
     ``make_intervention("jpeg", 5)``, ``make_intervention("blur", 2.5, kernel=5)``,
-    ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rpi", seed=0)``,
+    ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rope_scale", 0.5)``,
+    ``make_intervention("rpi", seed=0)``,
     ``make_intervention("clean")``. ``level`` is required exactly for the
     interventions in ``DEFAULT_LEVELS``.
     """

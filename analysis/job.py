@@ -4,8 +4,9 @@
     vitsweep analyze study_l --checkpoints all # plus the log-spaced snapshots
 
 One Ray Data row per checkpoint (from the ``trials`` table); a pool of
-stateful actors (``Measurer``) each loads the evaluation subset of a data set
-once and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
+stateful actors (``Measurer``) each loads the evaluation set of a data set
+once (the whole test split; ``--eval-size`` caps it at a seeded subset) and a
+model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
 interventions of both studies; the interventions share each transformed
 image batch, so a checkpoint, not a checkpoint x intervention pair, is the
 unit of work) and writes that checkpoint's measurement rows to Parquet and a
@@ -76,7 +77,7 @@ def _list_files(uri: str) -> list[str]:
 class Measurer:
     """Stateful Ray Data actor: caches evaluation subsets, measures one checkpoint per row."""
 
-    def __init__(self, results: str, study: str, mlflow_uri: str | None, eval_size: int, batch_size: int,
+    def __init__(self, results: str, study: str, mlflow_uri: str | None, eval_size: int | None, batch_size: int,
                  threads: int):
         import torch
 
@@ -197,9 +198,12 @@ def pool_size(max_actors: int | None, gpus_per_actor: float) -> tuple[int, float
 
 
 def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
-            checkpoints: str = "final", force: bool = False, eval_size: int = 1000, batch_size: int = 128,
+            checkpoints: str = "final", force: bool = False, eval_size: int | None = None, batch_size: int = 128,
             max_actors: int | None = None, gpus_per_actor: float = 1.0) -> list[dict[str, Any]]:
-    """Measure a study's checkpoints; returns one status row per checkpoint."""
+    """Measure a study's checkpoints; returns one status row per checkpoint.
+
+    eval_size: None measures the whole test split (the studies' setting); an int caps it
+    at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
     rows = list_checkpoints(results, study, checkpoints)
@@ -240,7 +244,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default="final",
                         help="final: each trial's last checkpoint (default); all: also every log-spaced snapshot")
     parser.add_argument("--force", action="store_true", help="measure again checkpoints already measured")
-    parser.add_argument("--eval-size", type=int, default=1000, help="evaluation images (fixed, seeded subset)")
+    parser.add_argument("--eval-size", type=int, default=None,
+                        help="cap on the evaluation images: a fixed, seeded subset (default: the whole test split)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--actors", type=int, help="cap on the actor pool (default: what the cluster fits)")
     parser.add_argument("--gpus-per-actor", type=float, default=1.0, help="GPU share per actor when GPUs exist")

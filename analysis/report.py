@@ -123,9 +123,13 @@ class StudyData:
 
         test_acc (trials table; the clean accuracy measurement where it is missing), min_mad (smallest
         per-head MAD in the network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5):
-        the PE-scaling rows at alpha 1 stand in for fs_* when the severity grid lacks the headline level."""
+        the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks
+        the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements)
+        and the binomial standard errors test_acc_se, fs_jpeg_se, fs_blur_se (``claims.binomial_se``,
+        ``claims.fragility_se``), NaN where the measurements carry no n_images."""
         t = self.trials
-        out = t[list(_TRIAL_KEYS) + (["img_size"] if "img_size" in t else [])].copy().set_index("trial_id")
+        out = t[list(_TRIAL_KEYS) + ["did_not_learn"] + (["img_size"] if "img_size" in t else [])]
+        out = out.copy().set_index("trial_id")
 
         def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
             return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
@@ -136,8 +140,20 @@ class StudyData:
         out["dssdc"] = per(self.select("rpi", "dssdc"))
         for name, kind, level in (("fs_jpeg", "jpeg", HEADLINE_JPEG_QUALITY), ("fs_blur", "blur", HEADLINE_BLUR_SIGMA)):
             headline = per(self.select(kind, "fs", level=level))
-            scaled = per(self.select("pe_scale", name, level=1.0))
+            scaled = pd.concat([per(self.select(iv, name, level=1.0)) for iv in ("pe_scale", "rope_scale")])
+            scaled = scaled[~scaled.index.duplicated()]
             out[name] = headline.reindex(out.index).combine_first(scaled.reindex(out.index))
+        clean = self.select("clean", "acc")
+        if "n_images" in clean and not clean.empty:
+            out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
+        else:
+            out["n_images"] = np.nan
+        acc_clean = per(clean).reindex(out.index).combine_first(out["test_acc"])
+        # test_acc is over the whole test split, the measurements' n_images unless they were capped
+        # (then this SE overstates it).
+        out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
+        for name in ("fs_jpeg", "fs_blur"):
+            out[f"{name}_se"] = numbers.fragility_se(out[name], acc_clean, out["n_images"])
         return out.reset_index()
 
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
@@ -168,7 +184,7 @@ class StudyData:
 def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     """Finished trials with the factor columns filled in and named canonically."""
     if raw.empty or "trial_id" not in raw:
-        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc"])
+        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc", "did_not_learn"])
     t = raw.copy()
     if "status" in t:
         others = t.loc[t["status"] != "finished", "status"].fillna("unknown").value_counts()
@@ -191,7 +207,25 @@ def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     switches = pd.DataFrame([numbers.protocol_switches(p) for p in t["protocol"]], index=t.index)
     t[list(SWITCHES)] = switches
     t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
+    t["did_not_learn"] = _did_not_learn(t)
+    if t["did_not_learn"].any():
+        ids = t.loc[t["did_not_learn"], "trial_id"].tolist()
+        notes.append(f"did not learn: {len(ids)} trial(s) ended within 2 points of chance accuracy and are left "
+                     f"out of the claims: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}.")
     return t.reset_index(drop=True)
+
+
+def _did_not_learn(t: pd.DataFrame) -> pd.Series:
+    """The trials table's flag; where it is absent (tables written before it existed), recomputed
+    from the final eval_acc and num_classes as the training loop does."""
+    from trainables.config import did_not_learn  # here: trainables imports torch, `vitsweep --help` must not
+
+    stored = t["did_not_learn"] if "did_not_learn" in t else pd.Series(None, index=t.index, dtype=object)
+    if "eval_acc" in t and "num_classes" in t:
+        again = [did_not_learn(a, int(c)) if pd.notna(a) and pd.notna(c) else None
+                 for a, c in zip(t["eval_acc"], t["num_classes"])]
+        stored = stored.where(stored.notna(), pd.Series(again, index=t.index, dtype=object))
+    return stored.map(lambda v: bool(v) if pd.notna(v) else False).astype(bool)
 
 
 def list_studies(results: str) -> list[str]:
@@ -280,7 +314,8 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
         "claims. 'not enough seeds': with these group sizes even complete separation cannot reach p &lt; "
         f"{numbers.ALPHA}. A claim of <i>no</i> effect is never 'supported' by a test that fails to reject: it is "
         "reported as 'no significant difference (consistent with the claim)'; read the CI of the effect for how "
-        "large a difference the seeds still allow.</p>",
+        "large a difference the seeds still allow. Trials that did not learn (final accuracy within 2 points of "
+        "chance) are left out and counted in <i>did not learn (excluded)</i>.</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -329,7 +364,9 @@ def _conditions_html(data: StudyData) -> str:
         return '<p class="omitted">Conditions table: omitted (no finished trials).</p>'
     return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
-            "them).</p>" + _table(table))
+            "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
+            "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
+            "trials within 2 points of chance accuracy.</p>" + _table(table))
 
 
 def _config_html(data: StudyData) -> str:

@@ -26,7 +26,11 @@ jpeg        quality          acc, fs
 blur        sigma (kernel 5) acc, fs
 rpi         null             acc; ssdc (index coords) and ssdc_content per layer; dssdc
 pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc
+rope_scale  alpha            as pe_scale, for RoPE: angles times alpha (position interpolation)
 ==========  ===============  ==============================================================
+
+Every measurement row carries ``n_images``, the number of evaluation images
+behind it (the whole test split unless the analysis job was given a cap).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ TRIAL_FIELDS = pa.schema(
         ("eval_loss", pa.float64()),
         ("eval_acc", pa.float64()),
         ("test_acc", pa.float64()),  # top-1 on the full official test split
+        ("did_not_learn", pa.bool_()),  # final eval_acc within 2 points of chance (trainables.config.did_not_learn)
         ("checkpoint_path", pa.string()),
         ("snapshot_dir", pa.string()),
         ("wall_time_s", pa.float64()),
@@ -80,7 +85,8 @@ MEASUREMENTS = pa.schema(
         ("head", pa.int64()),  # -1: not per head
         ("metric", pa.string()),
         ("value", pa.float64()),
+        ("n_images", pa.int64()),  # evaluation images behind the value
     ]
 )
 
-INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale")
+INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale")

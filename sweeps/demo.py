@@ -14,6 +14,8 @@ centre from one in a corner, and SSDC under RPI should collapse for ``none``.
 from sweeps.common import StudyOptions, make_trials
 
 DEFAULTS = StudyOptions(datasets=("shapes",), seeds=1, epochs=8, preset="tiny")
+# The demo measures a fixed 500-image subset of the 2,000 test images (the studies: the whole split).
+EVAL_SIZE = 500
 RECIPE = {"max_train_images": 4000, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 1}
 
 

@@ -466,7 +466,8 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 
-        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address)
+        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
+                           eval_size=getattr(load_study(args.study), "EVAL_SIZE", None))
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
     if args.stage in ("report", "all"):

@@ -25,6 +25,7 @@ from trainables.datasets import (
     DataRootError,
     ImageFiles,
     TensorImages,
+    capped_subset,
     check_root,
     dataset_info,
     holdout_split,
@@ -120,6 +121,23 @@ def test_holdout_rows_are_removed_from_train(tmp_path):
     keep = sorted(set(range(20)) - set(data.holdout_indices.tolist()))
     assert torch.equal(data.holdout.images, full.train.images[data.holdout_indices])
     assert torch.equal(data.train.images, full.train.images[keep])
+
+
+def test_capped_subset_keeps_every_class_of_a_class_ordered_split():
+    # CIFAR-10's folder copy less a 5% holdout: 4,750 rows per class, in class order. The first
+    # 20,000 rows would be classes 0-4 only; the cap must hold all ten, 2,000 each.
+    labels = torch.arange(10).repeat_interleave(4750)
+    rows = capped_subset(labels, 20_000, seed=0)
+    assert len(rows) == 20_000 and torch.equal(rows, rows.sort().values) and rows.unique().numel() == 20_000
+    assert torch.bincount(labels[rows], minlength=10).tolist() == [2000] * 10
+    assert torch.equal(capped_subset(labels, 20_000, seed=0), rows)  # the same for every trial
+    assert not torch.equal(capped_subset(labels, 20_000, seed=1), rows)
+    uneven = torch.arange(1003) % 7
+    per_class = torch.bincount(uneven[capped_subset(uneven, 100)], minlength=7).double()
+    assert per_class.sum() == 100 and ((per_class - 100 / 1003 * torch.bincount(uneven)).abs() < 1).all()
+    assert torch.equal(capped_subset(labels, 10**6), torch.arange(len(labels)))
+    with pytest.raises(ValueError, match="max_images must be >= 1, got 0"):
+        capped_subset(labels, 0)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -309,6 +327,9 @@ def test_real_cifar10_jpeg_as_folder(real_data):
     assert torch.bincount(data.train.labels).tolist() == [5000] * 10
     assert torch.bincount(data.test.labels).tolist() == [1000] * 10
     assert data.train.labels[:5000].eq(0).all() and data.train.labels[-5000:].eq(9).all()
+    # Class-ordered: a cap of the first 20,000 rows would hold 4 classes; the stratified cap holds all 10.
+    assert data.train.labels[:20_000].unique().tolist() == [0, 1, 2, 3]
+    assert torch.bincount(data.train.labels[capped_subset(data.train.labels, 20_000)]).tolist() == [2000] * 10
     assert abs(data.mean[0] - DATASETS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import metrics
-from analysis.evaluate import SCALABLE_PES, evaluate_checkpoint, evaluation_subset
+from analysis.evaluate import ADDITIVE_PES, ROTARY_PES, SCALABLE_PES, evaluate_checkpoint, evaluation_subset
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS
 from trainables.datasets import TensorImages
@@ -149,6 +149,7 @@ def test_rows_have_the_full_vocabulary(ape_rows):
         ("pe_scale", "ssdc"): 11 * L, ("pe_scale", "dssdc"): 11,
     }  # fmt: skip
     assert dict(counts) == expected
+    assert all(r["n_images"] == 32 for r in ape_rows)  # every row names the images behind it
     assert {r["level"] for r in ape_rows if r["intervention"] == "jpeg"} == {float(q) for q in JPEG_LEVELS}
     assert {r["level"] for r in ape_rows if r["intervention"] == "blur"} == set(BLUR_LEVELS)
     assert all(r["level"] is None for r in ape_rows if r["intervention"] in ("clean", "rpi"))
@@ -221,6 +222,26 @@ def test_scalable_pes_are_the_registry_less_none():
     from trainables.pos_embed import POS_EMBEDS
 
     assert set(SCALABLE_PES) == set(POS_EMBEDS) - {"none"}
+    assert set(ADDITIVE_PES).isdisjoint(ROTARY_PES) and set(ADDITIVE_PES) | set(ROTARY_PES) == set(SCALABLE_PES)
+
+
+@pytest.mark.parametrize("pe", ROTARY_PES)
+def test_rope_alpha_rows_are_rope_scale_never_pe_scale(pe, images):
+    """Scaling RoPE's angles is position interpolation: its rows never land under Study P's pe_scale."""
+    model = _model(pe)
+    rows = evaluate_checkpoint(model, images[:16], _labels(16), mean=MEAN, std=STD, grid=GRID, batch_size=16,
+                               alphas=(0.0, 0.5, 1.0), **NO_SHIFTS)
+    assert not any(r["intervention"] == "pe_scale" for r in rows)
+    scaled = Counter(r["metric"] for r in rows if r["intervention"] == "rope_scale")
+    L = model.config.depth
+    assert scaled == {"acc": 3, "fs_jpeg": 3, "fs_blur": 3, "ssdc": 3 * L, "dssdc": 3}
+    assert all(r["n_images"] == 16 for r in rows)
+    # alpha 0 removes the rotation: the sanity point equals the same weights without a PE.
+    none = ViT(ViTConfig.preset("tiny", pe="none")).eval()
+    none.load_state_dict(model.state_dict(), strict=False)
+    none_rows = evaluate_checkpoint(none, images[:16], _labels(16), mean=MEAN, std=STD, grid=GRID, batch_size=16,
+                                    **NO_SHIFTS)
+    assert _values(rows, "rope_scale", "acc", 0.0) == _values(none_rows, "clean", "acc")
 
 
 # --------------------------------------------------------------------------- evaluation subset
@@ -249,3 +270,7 @@ def test_evaluation_subset_is_fixed_seeded_and_the_same_for_both_dataset_kinds()
     assert torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=3)[1], a_labels)
     assert not torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=4)[1], a_labels)
     assert len(evaluation_subset(TensorImages(images, labels), size=1000)[1]) == 50  # capped at the split
+    whole_images, whole_labels = evaluation_subset(_ListDataset(images, labels))  # default: the whole split
+    assert torch.equal(whole_labels, labels) and torch.equal(whole_images, images)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        evaluation_subset(TensorImages(images, labels), size=0)

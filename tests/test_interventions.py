@@ -22,7 +22,8 @@ def _change(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_registry_and_default_levels():
-    assert set(iv.INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale"}
+    assert set(iv.INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale"}
+    assert iv.DEFAULT_LEVELS["rope_scale"] == iv.DEFAULT_LEVELS["pe_scale"] == iv.ALPHAS
     assert iv.JPEG_LEVELS == (5, 10, 20, 50, 75) and iv.JPEG_HEADLINE in iv.JPEG_LEVELS
     assert iv.BLUR_LEVELS == (0.5, 1.0, 1.5, 2.0, 2.5) and iv.BLUR_HEADLINE == (iv.BLUR_KERNEL, iv.BLUR_LEVELS[-1])
     assert iv.ALPHAS == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -78,6 +79,11 @@ def test_pe_scale_kwargs_and_levels():
         "pe_scale": 0.3
     }
     assert iv.make_intervention("pe_scale", 0).level == 0.0
+    rope = iv.make_intervention("rope_scale", 0.5)  # the same model argument under its own name
+    assert rope.name == "rope_scale" and rope.model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
+        "pe_scale": 0.5
+    }
+    assert rope != iv.make_intervention("pe_scale", 0.5)  # distinct conditions, never merged
     assert iv.make_intervention("jpeg", 5.0).level == 5.0  # levels round-trip through float64 Parquet columns
     assert iv.make_intervention("blur", 2.5).level == 2.5
     assert iv.make_intervention("rpi").level is None and iv.make_intervention("clean").level is None
@@ -106,6 +112,7 @@ def test_apply_condition_composes_images_and_kwargs():
         ("blur", 1.0, {"kernel": 4}, "odd"),
         ("pe_scale", -0.1, {}, ">= 0"),
         ("pe_scale", float("nan"), {}, ">= 0"),
+        ("rope_scale", -1.0, {}, "rope_scale alpha"),
         ("rpi", 1.0, {}, "takes no level"),
     ],
 )

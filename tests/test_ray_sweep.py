@@ -5,6 +5,7 @@ import pytest
 from conftest import FAST_DEMO
 
 from records import stores, tables, tracking
+from sweeps import demo
 
 pytestmark = pytest.mark.ray
 
@@ -60,13 +61,15 @@ def test_analysis_rows_cover_the_vocabulary(demo_results):
     assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {2}
     assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(m["intervention"])
     assert not m[m["trial_id"].str.contains("-none-")]["intervention"].eq("pe_scale").any()
+    assert (m["n_images"] == demo.EVAL_SIZE).all()  # every row names its images: the demo's capped set
     mad = m[(m.metric == "mad") & (m.intervention == "clean")]
     assert mad["value"].between(0, 1).all() and (mad["head"] >= 0).all()
 
 
 def test_report_was_built(demo_results):
     html = (demo_results / "demo" / "report" / "index.html").read_text()
-    assert "<img" in html and "claims" in html.lower()
+    assert "<img" in html and "claims" in html.lower() and "could not be drawn" not in html
+    assert "<h3>PE scaling" in html and "did not learn (excluded)" in html
 
 
 def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import math
 import zlib
 from html.parser import HTMLParser
 
@@ -30,6 +31,7 @@ from records.tables import write_epochs, write_measurements, write_trial
 LAYERS, HEADS = 6, 4
 PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(numbers.SWITCHES, r)]
 P_MODELS = [("none", False), ("ape", False), ("sincos2d", False), ("rope2d", False), ("ape", True)]
+N_IMAGES = 2000
 FS_JPEG = {"none": 0.65, "ape": 0.44, "sincos2d": 0.44, "rope2d": 0.30, "ape+RPT": 0.63}
 
 
@@ -75,13 +77,15 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
     for sigma in (0.5, 1.0, 2.5):
         rows.append({"intervention": "blur", "level": sigma, "layer": -1, "head": -1, "metric": "fs",
                      "value": 0.5 * base * sigma / 2.5 + 0.01 * rng.standard_normal()})
+    scaling = "rope_scale" if pe.startswith("rope") else "pe_scale"  # as analysis.evaluate names them
     for alpha in np.round(np.arange(0, 1.01, 0.1), 1):
         scale = alpha if pe != "none" else 1.0
         for metric, v in (("dssdc", 0.47 * scale**3 * anchored), ("fs_jpeg", 0.65 - (0.65 - base) * scale),
                           ("fs_blur", 0.5 * (0.65 - (0.65 - base) * scale))):
-            rows.append({"intervention": "pe_scale", "level": float(alpha), "layer": -1, "head": -1,
+            rows.append({"intervention": scaling, "level": float(alpha), "layer": -1, "head": -1,
                          "metric": metric, "value": v + 0.01 * rng.standard_normal()})
-    return rows
+    rows.append({"intervention": "clean", "level": None, "layer": -1, "head": -1, "metric": "acc", "value": 0.5})
+    return [{**r, "n_images": N_IMAGES} for r in rows]
 
 
 def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS, models=P_MODELS,
@@ -123,10 +127,27 @@ class _Images(HTMLParser):
             self.sources.append(dict(attrs)["src"])
 
 
+def write_collapsed_trial(results: str, study: str) -> str:
+    """A sixth baseline ape seed that stayed at chance, flagged did_not_learn, with a degenerate minimum
+    MAD far below every CutMix run: counted in a claim, it would break the CutMix separation."""
+    trial_id = "cifar100-ape-baseline-s5-collapsed"
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
+              "protocol": "baseline", "seed": 5, "img_size": 32, "depth": LAYERS, "heads": HEADS, "epochs": 10,
+              "code_version": "abc1234"}
+    write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
+                                         "test_acc": 0.011, "eval_acc": 0.011, "did_not_learn": True,
+                                         "epochs_completed": 10})
+    rows = _measure("ape", False, "baseline", np.random.default_rng(0), 1.0, full=True)
+    write_measurements(results, study, trial_id, 10,
+                       [{**r, "value": 0.001} if r["metric"] == "mad" else r for r in rows])
+    return trial_id
+
+
 @pytest.fixture(scope="module")
 def full_report(tmp_path_factory):
     results = str(tmp_path_factory.mktemp("results"))
     write_study(results, "joint")
+    write_collapsed_trial(results, "joint")
     index = build_report(results, "joint")
     return results, index
 
@@ -141,6 +162,8 @@ def test_report_has_every_figure_as_png(full_report):
     assert "could not be drawn" not in page
     assert "Protocol ablation table (cifar100)" in page and "Conditions table" in page
     assert "code version: abc1234" in page and "1 failed trial" in page
+    assert "did not learn: 1 trial(s)" in page and "cifar100-ape-baseline-s5-collapsed" in page
+    assert "test accuracy: binomial SE" in page and "FS JPEG q5: binomial SE" in page
     parser = _Images()
     parser.feed(page)
     assert len(parser.sources) >= len(FIGURES)
@@ -166,6 +189,10 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert verdict["none is more fragile to JPEG than ape"] == "supported"
     row = table.loc["CutMix alone lowers minimum MAD"]
     assert (row["n A"], row["n B"]) == (5, 5) and row["effect (A - B)"] < -0.2 and row["p"] < 0.05
+    # The collapsed baseline seed is left out of every claim it would be in, and counted.
+    assert row["did not learn (excluded)"] == 1
+    assert table.loc["rope2d is less fragile to JPEG than ape", "did not learn (excluded)"] == 1
+    assert table.loc["AutoAugment adds accuracy", "n B"] == 5
     assert "supported" in index.read_text()
     # A directional claim about the planted null (label smoothing) is not supported.
     data = StudyData.load(results, "joint")
@@ -207,6 +234,31 @@ def test_missing_tables_give_notes_not_errors(tmp_path, tables):
         assert "<h3>Minimum MAD and accuracy per protocol" in page and "<h3>Clean accuracy and fragility" in page
     else:
         assert "<img" not in page
+
+
+def test_rope_scale_rows_stay_off_the_pe_scaling_axes_and_claims():
+    """RoPE angle scaling is position interpolation: its own figure, never Study P's PE scaling."""
+    from analysis import figures
+
+    trials = pd.DataFrame({"trial_id": ["r0", "r1"], "dataset": "cifar10", "pe": "rope2d", "rpt": False,
+                           "protocol": "baseline", "seed": [0, 1], "status": "finished", "test_acc": 0.5})
+    rows = [{"trial_id": t, **r} for t in ("r0", "r1") for r in _measure("rope2d", False, "baseline",
+                                                                         np.random.default_rng(0), 1.0, True)]
+    data = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame(rows).assign(checkpoint_epoch=4))
+    assert set(data.measurements["intervention"]) >= {"rope_scale"} and data.select("pe_scale", "dssdc").empty
+    with pytest.raises(figures.NoData, match="no pe_scale rows"):
+        figures.pe_scaling(data)
+    (plot,) = figures.rope_scaling(data)
+    assert "position interpolation" in plot.title and "rope2d" in plot.figure.axes[0].get_legend_handles_labels()[1][0]
+    # alpha 0 has no paper reference (the paper's table covers 0.1-1.0)
+    assert min(numbers.PAPER_P_APE_SCALING) == 0.1
+
+
+def test_binomial_standard_errors():
+    assert numbers.binomial_se(0.5, 100) == pytest.approx(0.05)
+    assert np.isnan(numbers.binomial_se(0.5, np.nan))
+    # FS 0.435 at clean accuracy 0.64 over 1,000 images: the surviving share 0.565 of 640 clean-correct images
+    assert numbers.fragility_se(0.435, 0.64, 1000) == pytest.approx(math.sqrt(0.565 * 0.435 / 640))
 
 
 def test_unknown_study_names_the_ones_there(tmp_path):

@@ -58,6 +58,7 @@ def test_study_p_conditions_and_recipe():
     c = configs[0]
     assert (c.model.img_size, c.model.patch_size, c.model.dim, c.model.depth, c.model.heads) == (224, 16, 384, 12, 8)
     assert (c.optimizer, c.weight_decay, c.epochs, c.model.num_classes, c.model.ape_init) == ("adam", 0.05, 60, 100, "normal")
+    assert c.decay_exempt == "none"  # the paper's literal Adam: L2 on every parameter
 
 
 def test_options_reach_every_trial():

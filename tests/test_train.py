@@ -1,7 +1,5 @@
 """The plain-PyTorch loop: it learns, checkpoints, snapshots and resumes exactly."""
 
-import math
-
 import pytest
 import torch
 
@@ -28,6 +26,7 @@ def test_a_tiny_vit_learns_shapes_well_above_chance(tmp_path):
     final = train(cfg, tmp_path, log=lambda *_: None)
     assert final["epochs_completed"] == 5
     assert final["test_acc"] > 0.3, final  # chance is 0.1
+    assert final["did_not_learn"] is False
     losses = [h["train_loss"] for h in final["history"]]
     assert losses[-1] < losses[0] - 0.3
 
@@ -95,21 +94,58 @@ def test_rpt_permutations_per_batch_and_per_image():
     assert not torch.equal(each[0], each[1])
 
 
+def test_an_untrained_model_is_flagged_did_not_learn(tmp_path):
+    from trainables.config import did_not_learn
+
+    # lr 1e-9: one epoch that changes nothing, so the model stays at chance on the 10 balanced classes.
+    final = train(tiny(epochs=1, warmup_epochs=0, lr=1e-9, max_train_images=128), tmp_path, log=lambda *_: None)
+    assert abs(final["eval_acc"] - 0.1) <= 0.02 and final["did_not_learn"] is True
+    assert did_not_learn(0.12, 10) and did_not_learn(0.03, 10) and not did_not_learn(0.125, 10)
+    assert did_not_learn(0.02, 200) and not did_not_learn(0.03, 200) and did_not_learn(None, 10) is None
+
+
 def test_holdout_runs_never_report_test_accuracy(tmp_path):
     final = train(tiny(epochs=1, eval_split="holdout"), tmp_path, log=lambda *_: None)
     assert final["test_acc"] is None and 0 <= final["eval_acc"] <= 1
 
 
-def test_adam_is_l2_coupled_and_adamw_decoupled():
+@pytest.mark.parametrize("optimizer,kind", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+@pytest.mark.parametrize("exempt", ["timm", "none"])
+def test_decay_rule_per_decay_exempt_for_each_optimizer(optimizer, kind, exempt):
     from trainables.train import build_optimizer
     from trainables.vit import ViT
 
-    cfg = tiny()
+    cfg = tiny(optimizer=optimizer, decay_exempt=exempt)
     model = ViT(cfg.model)
-    for name, kind in (("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)):
-        opt = build_optimizer(model, RunConfig.from_flat({**cfg.to_flat(), "optimizer": name}))
-        assert type(opt) is kind
-        decayed, plain = opt.param_groups
-        assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
-        assert not any(p is model.cls_token for p in decayed["params"])
-        assert not math.isnan(sum(p.numel() for p in plain["params"]))
+    opt = build_optimizer(model, cfg)
+    assert type(opt) is kind
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed_names = {names[id(p)] for p in decayed["params"]}
+    assert decayed_names | {names[id(p)] for p in plain["params"]} == set(names.values())
+    if exempt == "none":  # the literal torch.optim.Adam(model.parameters(), weight_decay=wd)
+        assert decayed_names == set(names.values()) and plain["params"] == []
+    else:  # timm: matrices decay; biases, norms, CLS token and the APE table do not
+        assert {"cls_token", "pe.table", "head.bias", "norm.weight"}.isdisjoint(decayed_names)
+        assert "head.weight" in decayed_names and "patch_embed.proj.weight" in decayed_names
+        assert all(p.ndim >= 2 for p in decayed["params"])
+    # One step from zero gradients shows where the decay acts: coupled L2 (adam) moves every decayed
+    # parameter by ~lr (Adam normalises the decay term away), decoupled (adamw) by lr * wd * |p|.
+    table = model.pe.table
+    before = table.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    moved = (table.detach() - before).abs().max().item()
+    if exempt == "timm":
+        assert moved == 0.0
+    elif optimizer == "adam":
+        assert moved == pytest.approx(cfg.lr, rel=1e-2)
+    else:
+        assert moved == pytest.approx(cfg.lr * cfg.weight_decay * before.abs().max().item(), rel=1e-2)
+
+
+def test_decay_exempt_rejects_unknown_rules():
+    with pytest.raises(ValueError, match=r"decay_exempt must be one of \['timm', 'none'\], got 'all'"):
+        tiny(decay_exempt="all")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -29,9 +30,17 @@ from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 
 OPTIMIZERS = ("adamw", "adam")  # adam = Adam with coupled L2 weight decay, as in Study P
+# Which parameters escape weight decay: "timm" exempts biases, norms, the CLS token and the
+# learned PE parameters (the AdamW/timm/DeiT convention); "none" decays every parameter, as the
+# literal ``torch.optim.Adam(model.parameters(), weight_decay=...)`` of Study P's table does.
+DECAY_EXEMPT = ("timm", "none")
 SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
+
+# A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
+# flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
+CHANCE_MARGIN = 0.02
 
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
@@ -56,6 +65,7 @@ class RunConfig:
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05
+    decay_exempt: str = "timm"  # see DECAY_EXEMPT; applied by trainables.train.build_optimizer
     batch_size: int = 128
     epochs: int = 100
     warmup_epochs: int = 10
@@ -71,6 +81,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("decay_exempt", self.decay_exempt, DECAY_EXEMPT)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("eval_split", self.eval_split, EVAL_SPLITS)
         _check_choice("device", self.device, DEVICES)
@@ -162,6 +173,14 @@ class RunConfig:
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
+
+
+def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
+    """True when a final top-1 accuracy lies within ``CHANCE_MARGIN`` of chance (or below it);
+    None when the accuracy is unknown. ``did_not_learn(0.11, 10)`` -> True, ``(0.13, 10)`` -> False."""
+    if eval_acc is None or math.isnan(eval_acc):
+        return None
+    return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

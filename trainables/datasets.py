@@ -25,6 +25,8 @@ Image sizes and patch sizes give the studies' grids: 32 px / patch 4 and
 `holdout` is a seeded, class-stratified fraction of the official training
 set, removed from `train`, for tuning without touching `test` (the official
 test split: CIFAR's test batch, Tiny-ImageNet's and ImageNet's val).
+`capped_subset` draws a capped training set (`max_train_images`) the same way,
+so a cap keeps every class.
 
 Images at least `LARGE_IMAGE_SIZE` px are trained ImageNet-style: the
 `train` split yields the decoded image at its native size and the protocol's
@@ -222,6 +224,23 @@ def holdout_split(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[
         rows = order[labels[order] == c]  # this class's rows in a seeded random order
         holdout[rows[:q]] = True
     return (~holdout).nonzero().squeeze(1), holdout.nonzero().squeeze(1)
+
+
+def capped_subset(labels: torch.Tensor, max_images: int, *, seed: int = 0) -> torch.Tensor:
+    """Rows of a class-stratified random subset of ``max_images`` images (ascending int64 indices).
+
+    For ``max_train_images``: the first N rows of a class-ordered split (folder,
+    Tiny-ImageNet, ImageNet-100) hold a few classes only, so a cap must sample
+    every class in proportion (within one image of its share, as ``holdout_split``
+    draws the holdout). Seeded and a function of the labels only, so every trial of
+    a data set trains on the same images. ``max_images`` >= len(labels) keeps all.
+    """
+    n = labels.numel()
+    if max_images < 1:
+        raise ValueError(f"max_images must be >= 1, got {max_images}")
+    if max_images >= n:
+        return torch.arange(n)
+    return holdout_split(labels, max_images / n, seed=seed)[1]
 
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from pyarrow import fs as pafs
 
 from records import tables, tracking
-from trainables.config import RunConfig
+from trainables.config import RunConfig, did_not_learn
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
 # Reported (instead of raised) by a worker whose data set is missing: a retry cannot
@@ -244,6 +244,7 @@ def run_trial(
         wall_time_s=time.perf_counter() - t0,
         epochs_completed=final.get("epoch"),
         test_acc=final.get("eval_acc") if cfg.eval_split == "test" else None,
+        did_not_learn=did_not_learn(final.get("eval_acc"), cfg.model.num_classes),
         **{k: final.get(k) for k in ("train_loss", "train_acc", "eval_loss", "eval_acc")},
     )
     _close_trial(settings, flat, outcome, run_id, "FINISHED", {"checkpoint_path": str(outcome["checkpoint_path"]),

@@ -41,8 +41,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from trainables.config import RunConfig
-from trainables.datasets import load_dataset
+from trainables.config import RunConfig, did_not_learn
+from trainables.datasets import capped_subset, load_dataset
 from trainables.protocols import (
     Augmented,
     SeededSampler,
@@ -85,13 +85,19 @@ def _epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    # No weight decay on biases, norms, the CLS token and learned PE parameters
-    # (``ViT.no_weight_decay``), as in timm/DeiT; Adam gets coupled L2 decay as in Study P.
-    skip = model.no_weight_decay()
+    """The one place the weight-decay rule lives (``cfg.decay_exempt``).
+
+    ``timm``: no decay on biases, norms, the CLS token and learned PE parameters
+    (``ViT.no_weight_decay``), as in timm/DeiT. ``none``: every parameter decays, which
+    with ``adam`` is the literal ``torch.optim.Adam(model.parameters(), weight_decay=wd)``
+    of Study P's table. ``adam`` adds the decay to the gradient (coupled L2); ``adamw``
+    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``."""
+    skip = model.no_weight_decay() if cfg.decay_exempt == "timm" else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+            exempt = cfg.decay_exempt == "timm" and (p.ndim <= 1 or name in skip)
+            (no_decay if exempt else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr)
@@ -201,7 +207,7 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     data = load_dataset(cfg.dataset, cfg.data_root, seed=0, holdout_fraction=cfg.holdout_fraction)
     train_split = data.train
     if 0 < cfg.max_train_images < len(train_split):
-        train_split = train_split.subset(torch.arange(cfg.max_train_images))
+        train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
     train_tf = train_transform(cfg.protocol, data.name, data.img_size)
     eval_tf = eval_transform(data.name, data.img_size)
     eval_loader = _loader(data.test if cfg.eval_split == "test" else data.holdout, eval_tf, cfg, world, rank)
@@ -320,6 +326,7 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     final = dict(history[-1]) if history else {}
     # Runs that tune on the holdout split never look at the test split.
     final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" else None
+    final["did_not_learn"] = did_not_learn(final.get("eval_acc"), data.num_classes)
     final["epochs_completed"] = len(history)
     final["history"] = history
     return final
