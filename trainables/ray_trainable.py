@@ -117,13 +117,17 @@ def _single_node():
     cluster connection in the same process is not affected."""
     from ray._private import ray_constants
 
-    before_env, before_const = os.environ.get(SINGLE_NODE_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    # (A Ray without the constant reads only the variable; tests/test_ray_resume.py
+    # checks the sockets either way.)
+    before_env, before_const = os.environ.get(SINGLE_NODE_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ[SINGLE_NODE_ENV] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if before_const is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before_const
+        if before_const is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = before_const
         if before_env is None:
             os.environ.pop(SINGLE_NODE_ENV, None)
         else:
