@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 from typing import Any
@@ -45,7 +46,8 @@ def list_checkpoints(results: str, study: str, which: str = "final") -> list[dic
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
     if trials is None:
-        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study first")
+        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study "
+                         f"first; studies under {results}: {tables.list_studies(results) or '(none)'}")
     rows = []
     for t in trials.to_pylist():
         if t["status"] != "finished":
@@ -98,7 +100,7 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"trial_id": [], "epoch": [], "status": [], "rows": [], "seconds": []}
+        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": []}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -110,6 +112,7 @@ class Measurer:
                 n, status = 0, f"error: {type(exc).__name__}: {exc}"
             out["trial_id"].append(str(trial_id))
             out["epoch"].append(int(epoch))
+            out["path"].append(str(path))
             out["status"].append(status)
             out["rows"].append(n)
             out["seconds"].append(time.perf_counter() - t0)
@@ -121,7 +124,7 @@ class Measurer:
 
         local = _fetch(path)
         try:
-            model, cfg, _ = load_model(local, map_location="cpu")
+            model, cfg, _ = load_model(local, map_location="cpu", name=path)
         finally:
             if local != path:
                 os.unlink(local)
@@ -228,7 +231,9 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         if s["status"] != "ok":
             log.warning("checkpoint %s epoch %s skipped: %s", s["trial_id"], s["epoch"], s["status"])
     ok = sum(s["status"] == "ok" for s in statuses)
-    log.info("analysis of %s: %d measured, %d skipped", study, ok, len(statuses) - ok)
+    corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
+    log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
+             f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     return statuses
 
 
@@ -252,11 +257,17 @@ def run(args: argparse.Namespace) -> int:
     results = args.results if "://" in args.results else os.path.abspath(args.results)
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     try:
+        for flag, value, low in (("--eval-size", args.eval_size, 1), ("--batch-size", args.batch_size, 1),
+                                 ("--actors", args.actors, 1)):
+            if value is not None and value < low:
+                raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
+        if not (math.isfinite(args.gpus_per_actor) and args.gpus_per_actor >= 0):  # 0: CPU actors
+            raise ValueError(f"--gpus-per-actor must be a number >= 0, got {args.gpus_per_actor:g}")
         stores.check_tracking_uri(mlflow_uri)
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
                            checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
                            batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor)
-    except ValueError as exc:
-        print(f"error: {exc}")
+    except (ValueError, stores.TrackingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0 if all(s["status"] == "ok" for s in statuses) else 1

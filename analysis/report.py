@@ -230,12 +230,9 @@ def _did_not_learn(t: pd.DataFrame) -> pd.Series:
 
 def list_studies(results: str) -> list[str]:
     """Study folders under ``results`` (for error messages)."""
-    fs, root = filesystem(results)
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    except (FileNotFoundError, OSError):
-        return []
-    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+    from records.tables import list_studies as studies_with_tables
+
+    return studies_with_tables(results)
 
 
 # -- the page -----------------------------------------------------------------------

@@ -119,6 +119,23 @@ def measured(results: str, study: str) -> set[tuple[str, int]]:
     return done
 
 
+def list_studies(results: str) -> list[str]:
+    """Studies with tables under ``results``: folders holding a ``trials``, ``epochs`` or
+    ``measurements`` folder (not ``storage/``, ``mlartifacts/`` or other neighbours)."""
+    fs, root = filesystem(results)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
+        studies = []
+        for info in infos:
+            if info.type == pafs.FileType.Directory and not info.base_name.startswith("."):
+                kinds = fs.get_file_info([f"{info.path}/{t}" for t in TABLES])
+                if any(k.type == pafs.FileType.Directory for k in kinds):
+                    studies.append(info.base_name)
+    except OSError:  # not a folder, unreachable: there is nothing to list
+        return []
+    return sorted(studies)
+
+
 def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None:
     """The ``trials`` row of one trial, or None: one small read, whatever the sweep's size."""
     fs, root = filesystem(table_path(results, study, "trials"))

@@ -266,6 +266,13 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
                       lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
 
 
+def logged_steps(uri: str, run_id: str, key: str) -> set[int]:
+    """Steps at which ``key`` was already logged in the run (a retried or resumed trial
+    skips them, so each step is logged once)."""
+    history = with_retries(f"metric history {key}", uri, lambda c: c.get_metric_history(run_id, key))
+    return {int(m.step) for m in history}
+
+
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     """Set run tags (overwrites earlier values)."""
     from mlflow.entities import RunTag

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return report_module.run(args)
-        except ValueError as exc:
+        except launcher.user_errors() as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 2

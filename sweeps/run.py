@@ -76,11 +76,61 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
     return overrides
 
 
+# (flag, attribute, smallest valid value, whether the value may equal it, integer?)
+# None (flag not given) always means "the study's / the default value".
+NUMERIC_FLAGS = (
+    ("--seeds", "seeds", 1, True, True),
+    ("--epochs", "epochs", 1, True, True),
+    ("--samples", "samples", 1, True, True),
+    ("--gpus-per-trial", "gpus_per_trial", 0, True, False),
+    ("--cpus-per-trial", "cpus_per_trial", 0, False, False),
+    ("--workers-per-trial", "workers_per_trial", 1, True, True),
+    ("--max-concurrent", "max_concurrent", 1, True, True),
+    ("--max-failures", "max_failures", 0, True, True),
+)
+TEXT_FLAGS = (("--datasets", "datasets"), ("--preset", "preset"), ("--results", "results"),
+              ("--storage", "storage"), ("--mlflow-uri", "mlflow_uri"), ("--data-root", "data_root"),
+              ("--address", "address"), ("--defaults-from", "defaults_from"))
+
+
+def check_numbers(args: argparse.Namespace, flags=NUMERIC_FLAGS) -> None:
+    """Every numeric flag in its range (zero epochs is an error, not "the default"):
+    raises ValueError naming the flag, the value and the valid range."""
+    for flag, attr, low, inclusive, integer in flags:
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        valid = f"an integer >= {low}" if integer else f"a number {'>=' if inclusive else '>'} {low:g}"
+        if not math.isfinite(value) or (value < low if inclusive else value <= low):
+            raise ValueError(f"{flag} must be {valid}, got {value:g}")
+        if not integer and value and abs(value * 10_000 - round(value * 10_000)) > 1e-6:
+            # Ray's resource precision: a finer fraction is refused only after Ray started.
+            raise ValueError(f"{flag} must be a multiple of 0.0001 (Ray's resource precision), got {value!r}")
+
+
+def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
+    """A text flag given as "" (or only commas and blanks) is an error, never a silent default."""
+    for flag, attr in flags:
+        value = getattr(args, attr, None)
+        if value is not None and not value.replace(",", "").strip():
+            raise ValueError(f"{flag} is empty ({value!r}); omit it for the default, or {_expected(flag)}")
+
+
+def _expected(flag: str) -> str:
+    if flag == "--datasets":
+        return f"pass comma-separated data sets from {list(names.DATASETS)}"
+    if flag == "--preset":
+        return f"pass one of {list(names.PRESETS)}"
+    return "pass a value"
+
+
 def build_trials(args: argparse.Namespace):
     """The study's trial configs; raises ValueError on any bad name or value."""
     from sweeps.common import StudyOptions  # imports torch: not at module level, so --help stays fast
 
     study = load_study(args.study)
+    check_numbers(args)
+    check_texts(args)
     defaults: StudyOptions = study.DEFAULTS
     overrides = {}
     if args.defaults_from:
@@ -89,13 +139,11 @@ def build_trials(args: argparse.Namespace):
         overrides.update(read_defaults(args.defaults_from))
     overrides.update(parse_overrides(args.set))
     datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
-    if args.seeds is not None and args.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     options = StudyOptions(
         datasets=datasets,
-        seeds=args.seeds or defaults.seeds,
-        epochs=args.epochs or defaults.epochs,
-        preset=args.preset or defaults.preset,
+        seeds=defaults.seeds if args.seeds is None else args.seeds,
+        epochs=defaults.epochs if args.epochs is None else args.epochs,
+        preset=defaults.preset if args.preset is None else args.preset,
         overrides=overrides,
         # Absolute: every Ray worker process has its own working directory.
         data_root=args.data_root if "://" in args.data_root else os.path.abspath(os.path.expanduser(args.data_root)),
@@ -138,11 +186,12 @@ def print_table(configs, stream=None, packs=None) -> None:
 
 
 def check_data(configs) -> None:
-    """Fail before Ray starts when a data set's root is missing or malformed."""
-    from trainables.datasets import check_root
+    """Fail before Ray starts when a data set's root is missing or malformed, or a
+    download it needs (CIFAR) fails: once here, not in every Train worker."""
+    from trainables.datasets import prepare_root
 
     for dataset, root in sorted({(c.dataset, c.data_root) for c in configs}):
-        check_root(dataset, root)
+        prepare_root(dataset, root)
 
 
 def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
@@ -153,7 +202,9 @@ def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
     storage = args.storage or f"{results.rstrip('/')}/storage"
     if "://" not in storage:
         storage = os.path.abspath(storage)
-    for uri in (results, storage):
+    for flag, uri in (("--results", results), ("--storage", storage)):
+        if "://" not in uri and os.path.exists(uri) and not os.path.isdir(uri):
+            raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
         _check_uri(uri)
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     stores.check_tracking_uri(mlflow_uri)
@@ -195,7 +246,14 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
     from records import manifest, provenance, tracking
-    from trainables.ray_trainable import DRIVER_RESOURCES, LaunchSettings, finished_trials, init_ray, run_trial
+    from trainables.ray_trainable import (
+        DRIVER_RESOURCES,
+        UNRETRIABLE,
+        LaunchSettings,
+        finished_trials,
+        init_ray,
+        run_trial,
+    )
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
@@ -265,7 +323,11 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     t0 = time.perf_counter()
     with manifest.heartbeat(results, args.study):
         grid = tuner.fit()
-    errors = [r for r in grid if r.error]
+    errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
+    for r in errors:
+        if not r.error:
+            log.error("trial %s failed without retries: %s", r.config.get("trial_id") or r.config.get("pack_id"),
+                      r.metrics[UNRETRIABLE])
     log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
     base = configs[0]
     # Packs close their members themselves (finished, or failed with the reason), so only trials
@@ -274,9 +336,13 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         r.config["trial_id"] if "trial_id" in r.config else
         members[r.config["pack_id"]][0] if "pack_id" in r.config else base.with_overrides(r.config).trial_id
         for r in grid
-        if r.error is None and ("pack_id" not in r.config or len(members[r.config["pack_id"]]) == 1)
+        if not any(r is e for e in errors)
+        and ("pack_id" not in r.config or len(members[r.config["pack_id"]]) == 1)
     }
-    close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
+    faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
+    if faults:
+        report_storage_faults(faults)
+        return 1
     if args.study == "hparam":
         from sweeps import hparam
 
@@ -330,26 +396,55 @@ def hparam_tuner(args, base, trainable, tune_dir: str, name: str):
     )
 
 
-def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> None:
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> list[str]:
     """After Tune returns no trial runs, so nothing may stay "running". ``stopped``:
     trials Tune ended without an error before they finished, i.e. a scheduler (ASHA)
     stopped them; their driver may have recorded the stop as a failure. They become
     "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any other unfinished
-    trial (a killed driver) becomes "failed"."""
+    trial (a killed driver) becomes "failed".
+
+    Storage faults (a read-only or full results folder, an MLflow outage) do not stop
+    the rest: each row and each run is closed on its own, and every MLflow run still
+    RUNNING ends FAILED. Returns one line per fault (empty: none)."""
     from records import tables, tracking
 
-    table = tables.read_table(results, study, "trials")
-    for row in table.to_pylist() if table is not None else []:
+    faults: list[str] = []
+    try:
+        table = tables.read_table(results, study, "trials")
+        rows = table.to_pylist() if table is not None else []
+    except OSError as exc:
+        faults.append(f"cannot read the trials table under {results}: {exc}")
+        rows = []
+    for row in rows:
         early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
         if not early and row["status"] != "running":
             continue
-        tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
-        run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
-        if run_id is not None:
-            if early:
-                tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
-            tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
-    tracking.end_orphaned_runs(mlflow_uri, experiment_id)
+        try:
+            tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
+        except OSError as exc:
+            faults.append(f"cannot write the trials row of {row['trial_id']}: {exc}")
+        try:
+            run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
+            if run_id is not None:
+                if early:
+                    tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
+                tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
+        except Exception as exc:  # noqa: BLE001 - TrackingError after its retries, or the store's own error
+            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
+    try:
+        tracking.end_orphaned_runs(mlflow_uri, experiment_id)
+    except Exception as exc:  # noqa: BLE001 - reported with the other faults
+        faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
+    return faults
+
+
+def report_storage_faults(faults: list[str]) -> None:
+    """One line on stderr for the whole epilogue (details go to the log)."""
+    for fault in faults:
+        log.warning("storage fault: %s", fault)
+    more = f" (and {len(faults) - 1} more, logged above)" if len(faults) > 1 else ""
+    print(f"error: storage fault: {faults[0]}{more}; fix the storage, then launch again with --resume",
+          file=sys.stderr)
 
 
 def _trial_name(trial) -> str:
@@ -364,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user can fix by changing the command: one ``error:`` line and exit code 2."""
+    from records.stores import TrackingError
+
+    return (ValueError, TrackingError)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -385,16 +487,23 @@ def run(args: argparse.Namespace) -> int:
         results, storage, mlflow_uri = resolve_locations(args)
         if args.stage in ("train", "all"):
             check_data(configs)
-    except ValueError as exc:
+        from sweeps.lock import LaunchLock
+
+        with LaunchLock(results, args.study):
+            try:
+                return _stages(args, configs, results, storage, mlflow_uri)
+            except OSError as exc:  # pyarrow's and the OS's I/O errors: a full or read-only folder
+                report_storage_faults([f"{type(exc).__name__}: {exc}"])
+                return 1
+    except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
     status = 0
     if args.stage in ("train", "all"):
-        try:
-            status = train_stage(args, configs, results, storage, mlflow_uri)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        status = train_stage(args, configs, results, storage, mlflow_uri)
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 

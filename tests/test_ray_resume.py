@@ -35,6 +35,30 @@ def finished(results: Path) -> dict:
     return {} if table is None else {r["trial_id"]: r for r in table.to_pylist() if r["status"] == "finished"}
 
 
+def assert_listens_on_loopback_only(pid: int) -> None:
+    """From the OS socket table: no listening socket of the launcher or any process it
+    started (GCS, raylet, dashboard and its agent, Ray workers, Train workers) is bound
+    beyond loopback (0.0.0.0, ::, or an address of this machine)."""
+    import ipaddress
+
+    import psutil  # the test extra (pyproject.toml); `make test` installs it
+    root = psutil.Process(pid)
+    listening = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            listening += [(p.name(), c.laddr) for c in p.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    assert len(listening) >= 5, listening  # GCS, raylet, dashboard, agents: the scan saw Ray
+
+    def loopback(ip: str) -> bool:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+        return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+    assert all(loopback(laddr.ip) for _, laddr in listening), [x for x in listening if not loopback(x[1].ip)]
+
+
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     results = tmp_path / "results"
     first_tmp, second_tmp = (tempfile.mkdtemp(prefix="vsk-", dir="/tmp") for _ in range(2))
@@ -46,6 +70,15 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-3000:]}"
         done_before = finished(results)
         assert 1 <= len(done_before) < 4
+        # While it runs: a second launch of the study is refused at once, before its Ray...
+        second = launcher(*SWEEP, "--results", str(results), ray_tmp=second_tmp)
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode == 2, out[-3000:]
+        assert f"another launch of study 'demo' into {results} is running" in out and f"pid {proc.pid}," in out
+        assert not Path(second_tmp, "ray").exists()  # no Ray was started
+        # ...and every socket the first launch's Ray listens on is bound to loopback.
+        assert_listens_on_loopback_only(proc.pid)
+        assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kill_ray_under(first_tmp)
@@ -54,6 +87,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         resumed = launcher(*SWEEP, "--results", str(results), "--resume", ray_tmp=second_tmp)
         out, _ = resumed.communicate(timeout=600)
         assert resumed.returncode == 0, out[-4000:]
+        assert f"pid {proc.pid} is no longer running" in out  # the dead launch's lock, taken over
     finally:
         kill_ray_under(first_tmp)
         kill_ray_under(second_tmp)

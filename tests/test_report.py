@@ -262,8 +262,9 @@ def test_binomial_standard_errors():
 
 
 def test_unknown_study_names_the_ones_there(tmp_path):
-    (tmp_path / "study_l").mkdir()
-    with pytest.raises(ValueError, match="study_l"):
+    (tmp_path / "study_l" / "trials").mkdir(parents=True)
+    (tmp_path / "storage" / "study_l").mkdir(parents=True)  # checkpoints, not a study
+    with pytest.raises(ValueError, match=r"studies there: \['study_l'\]$"):
         build_report(str(tmp_path), "study_x")
 
 

@@ -87,6 +87,23 @@ def test_dry_run_json_prints_only_json_on_stdout():
         (["demo", "--set", "warmup"], "KEY=VALUE"),
         (["demo", "--results", "nosuchscheme://x/y"], "nosuchscheme"),
         (["study_l", "--data-root", "/nonexistent/vitsweep-data"], "/nonexistent/vitsweep-data"),
+        # zero and empty are errors, never "the study's default"
+        (["demo", "--epochs", "0"], r"^error: --epochs must be an integer >= 1, got 0$"),
+        (["demo", "--seeds", "0"], r"--seeds must be an integer >= 1, got 0"),
+        (["hparam", "--samples", "0"], r"--samples must be an integer >= 1, got 0"),
+        (["demo", "--datasets", ""], r"--datasets is empty .*'cifar100'"),
+        (["demo", "--datasets", " , "], r"--datasets is empty"),
+        (["demo", "--preset", ""], r"--preset is empty .*'tiny'"),
+        # resources, before Ray divides by them
+        (["demo", "--cpus-per-trial", "0"], r"--cpus-per-trial must be a number > 0, got 0"),
+        (["demo", "--gpus-per-trial", "-1"], r"--gpus-per-trial must be a number >= 0, got -1"),
+        (["demo", "--gpus-per-trial", "nan"], r"--gpus-per-trial must be a number >= 0, got nan"),
+        (["demo", "--cpus-per-trial", "0.00001"], r"--cpus-per-trial must be a multiple of 0.0001"),
+        (["demo", "--workers-per-trial", "0"], r"--workers-per-trial must be an integer >= 1, got 0"),
+        (["demo", "--max-concurrent", "0"], r"--max-concurrent must be an integer >= 1, got 0"),
+        (["demo", "--max-failures", "-1"], r"--max-failures must be an integer >= 0, got -1"),
+        # an MLflow server nobody runs: TrackingError, still one line
+        (["demo", "--mlflow-uri", "http://127.0.0.1:1"], r"^error: MLflow tracking server .* not reachable"),
     ],
 )
 def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path, capsys):
@@ -101,6 +118,65 @@ def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path
     assert "error:" in err
     import re
 
-    assert re.search(message, err), err
+    assert re.search(message, err, flags=re.MULTILINE), err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
     assert ray.is_initialized() == ray_was_up  # failed before starting Ray
     assert not (tmp_path / "demo").exists()  # and before writing anything
+
+
+def test_results_or_storage_that_is_a_file_is_named(tmp_path, capsys):
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    assert launcher.run(parser.parse_args(["demo", "--results", str(a_file)])) == 2
+    assert capsys.readouterr().err == f"error: --results {a_file} is a file; pass a folder (created when missing) " \
+                                      "or a URI (s3://...)\n"
+    args = parser.parse_args(["demo", "--results", str(tmp_path / "r"), "--storage", str(a_file)])
+    assert launcher.run(args) == 2
+    assert capsys.readouterr().err.startswith(f"error: --storage {a_file} is a file")
+    assert ray.is_initialized() == ray_was_up
+
+
+def test_offline_cifar_fails_the_launch_before_any_trial(tmp_path, capsys, monkeypatch):
+    """No network (a proxy that refuses): the download is tried once, in the launcher,
+    and the launch ends with the message a Train worker would give, before Ray."""
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # discard port: connection refused
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(["demo", "--datasets", "cifar10", "--data-root", str(tmp_path / "data"),
+                              "--results", str(tmp_path / "results")])
+    assert launcher.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cifar10: files ['batches.meta'") and "the download failed" in err, err
+    assert str(tmp_path / "data" / "cifar-10-batches-py") in err and len(err.strip().splitlines()) == 1
+    assert ray.is_initialized() == ray_was_up
+    assert not (tmp_path / "results" / "demo").exists()  # no trial row, no lock left behind
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["analyze", "demo", "--eval-size", "0"], r"^error: --eval-size must be an integer >= 1, got 0$"),
+        (["analyze", "demo", "--mlflow-uri", "http://127.0.0.1:1"], r"^error: MLflow tracking server"),
+        (["sweep", "demo", "--epochs", "0"], r"^error: --epochs must be an integer >= 1"),
+    ],
+)
+def test_cli_user_errors_are_one_line_on_stderr_with_exit_2(argv, message, tmp_path, capsys):
+    import re
+
+    from sweeps import cli
+
+    assert cli.main([*argv, "--results", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert re.search(message, err, flags=re.MULTILINE) and len(err.strip().splitlines()) == 1, err
+    assert "error" not in out

@@ -152,6 +152,16 @@ def check_root(name: str, root: str | os.PathLike | None = None) -> Path:
     return info.check(_root(root))
 
 
+def prepare_root(name: str, root: str | os.PathLike | None = None) -> Path:
+    """`check_root`, then fetch what loading would download (CIFAR): the launcher calls it
+    once per data set before any trial starts, so a missing download fails the launch
+    there instead of in every Train worker (and every retry). Raises `DataRootError`."""
+    path = check_root(name, root)
+    if name in formats.CIFAR_NAMES:
+        formats.fetch_cifar(name, path)
+    return path
+
+
 def load_dataset(
     name: str,
     root: str | os.PathLike | None = None,

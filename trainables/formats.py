@@ -107,6 +107,7 @@ _CIFAR = {
         url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
     ),
 }
+CIFAR_NAMES = tuple(_CIFAR)
 
 # How to obtain each set's files: quoted in every root error (and in the registry).
 OBTAIN = {
@@ -153,15 +154,7 @@ def load_cifar(name: str) -> Callable[..., _Loaded]:
     spec = _CIFAR[name]
 
     def load(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
-        folder = root / spec["folder"]
-        missing = [f for f in _cifar_files(name) if not (folder / f).is_file()]
-        if missing:
-            if not download:
-                raise DataRootError(_cifar_missing(name, folder, missing, "download=False"))
-            try:
-                spec["torchvision_class"](str(root), train=True, download=True)
-            except (OSError, RuntimeError) as err:  # URLError is an OSError: no network
-                raise DataRootError(_cifar_missing(name, folder, missing, f"the download failed ({err})")) from err
+        folder = fetch_cifar(name, root, download=download)
         with open(folder / spec["meta"], "rb") as fh:
             classes = tuple(_unpickle(fh, folder / spec["meta"])[spec["names_key"]])
         train = _read_cifar(folder, spec["train"], spec["label_key"], len(classes))
@@ -173,6 +166,22 @@ def load_cifar(name: str) -> Callable[..., _Loaded]:
         return _Loaded(classes, train, test, size, *STATS[name])
 
     return load
+
+
+def fetch_cifar(name: str, root: Path, *, download: bool = True) -> Path:
+    """The folder of the pickled batches under ``root``, downloaded (and md5-verified by
+    torchvision) when files are missing; raises DataRootError when they cannot be had."""
+    spec = _CIFAR[name]
+    folder = root / spec["folder"]
+    missing = [f for f in _cifar_files(name) if not (folder / f).is_file()]
+    if missing:
+        if not download:
+            raise DataRootError(_cifar_missing(name, folder, missing, "download=False"))
+        try:
+            spec["torchvision_class"](str(root), train=True, download=True)
+        except (OSError, RuntimeError) as err:  # URLError is an OSError: no network
+            raise DataRootError(_cifar_missing(name, folder, missing, f"the download failed ({err})")) from err
+    return folder
 
 
 def _cifar_missing(name: str, folder: Path, missing: list[str], why: str) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pickle
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -154,13 +155,29 @@ def _save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: 
     _atomic_save({"model": state, "config": cfg.to_flat(), "epoch": epoch}, workdir / SNAPSHOT_DIR / f"epoch_{epoch:04d}.pt")
 
 
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[ViT, RunConfig, int]:
-    """Model, run config and epoch from a checkpoint or a snapshot file."""
-    blob = torch.load(path, map_location=map_location, weights_only=False)
-    cfg = RunConfig.from_flat(blob["config"])
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that cannot be read back: truncated, or not a checkpoint."""
+
+
+def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu", *,
+               name: str | None = None) -> tuple[ViT, RunConfig, int]:
+    """Model, run config and epoch from a checkpoint or a snapshot file.
+
+    ``name``: the file as errors call it (its storage URI when ``path`` is a local copy).
+    Raises CorruptCheckpointError naming it when the file is not a readable checkpoint."""
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=False)
+        flat, weights, epoch = blob["config"], blob["model"], int(blob["epoch"])
+    except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as exc:
+        # torch: "PytorchStreamReader failed reading zip archive" (truncated), "invalid load key" (not one)
+        raise CorruptCheckpointError(
+            f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a checkpoint): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    cfg = RunConfig.from_flat(flat)
     model = ViT(cfg.model)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in blob["model"].items()})
-    return model.eval(), cfg, int(blob["epoch"])
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
+    return model.eval(), cfg, epoch
 
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:

@@ -1,0 +1,133 @@
+"""Faults without Ray: corrupt checkpoints are named, not just skipped."""
+
+import pytest
+import torch
+
+from trainables.config import RunConfig
+from trainables.train import CorruptCheckpointError, load_model
+from trainables.vit import ViT
+
+
+@pytest.fixture()
+def checkpoint(tmp_path):
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0)
+    path = tmp_path / "state.pt"
+    torch.save({"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": 1}, path)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "not_a_checkpoint"])
+def test_a_corrupt_checkpoint_is_named_with_its_path(checkpoint, damage):
+    data = checkpoint.read_bytes()
+    if damage == "truncate":
+        checkpoint.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        checkpoint.write_bytes(b"\x00garbage" * 64)
+    elif damage == "empty":
+        checkpoint.write_bytes(b"")
+    else:
+        torch.save({"weights": 1}, checkpoint)
+    with pytest.raises(CorruptCheckpointError, match=rf"^checkpoint file {checkpoint} is corrupt \(truncated, or not"):
+        load_model(checkpoint)
+    with pytest.raises(CorruptCheckpointError, match=r"^checkpoint file s3://b/state.pt is corrupt"):
+        load_model(checkpoint, name="s3://b/state.pt")  # a downloaded copy is called by its URI
+
+
+def test_the_analysis_status_of_a_corrupt_checkpoint_names_its_path(checkpoint, tmp_path):
+    from analysis.job import Measurer
+
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    measurer = Measurer(str(tmp_path / "results"), "demo", None, eval_size=8, batch_size=8, threads=1)
+    out = measurer({"trial_id": ["t"], "epoch": [4], "path": [str(checkpoint)], "dataset": ["shapes"],
+                    "data_root": [str(tmp_path)]})
+    status = str(out["status"][0])
+    assert status.startswith(f"error: CorruptCheckpointError: checkpoint file {checkpoint} is corrupt"), status
+    assert str(out["path"][0]) == str(checkpoint) and int(out["rows"][0]) == 0
+
+
+def test_a_good_checkpoint_still_loads(checkpoint):
+    model, cfg, epoch = load_model(checkpoint)
+    assert epoch == 1 and cfg.dataset == "shapes" and isinstance(model, ViT)
+
+
+def chattr(path, flag: str) -> None:
+    import subprocess
+
+    subprocess.run(["chattr", flag, str(path)], check=True, capture_output=True)
+
+
+@pytest.fixture()
+def freezable(tmp_path):
+    """``freeze(folder)`` makes a folder immutable (``chattr +i``): no file can be created,
+    renamed or removed in it, even by root, which ignores a read-only mode. Undone after."""
+    import subprocess
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        chattr(probe, "+i")
+        chattr(probe, "-i")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"needs chattr +i (root on ext4/xfs/btrfs): {exc}")
+    frozen = []
+
+    def freeze(folder):
+        chattr(folder, "+i")
+        frozen.append(folder)
+
+    yield freeze
+    for folder in frozen:
+        chattr(folder, "-i")
+
+
+def test_each_step_is_logged_once_across_attempts(tmp_path):
+    from records import stores, tracking
+
+    uri = stores.default_tracking_uri(str(tmp_path))
+    experiment = tracking.ensure_experiment(uri, "demo")
+    run_id = tracking.start_trial_run(uri, experiment, "t1", params={"lr": 1e-3})
+    assert tracking.logged_steps(uri, run_id, "eval_acc") == set()
+    for step in (1, 2):
+        tracking.log_metrics(uri, run_id, {"eval_acc": 0.1 * step, "train_loss": 2.0}, step=step)
+    assert tracking.logged_steps(uri, run_id, "eval_acc") == {1, 2}
+    assert tracking.logged_steps(uri, run_id, "test_acc") == set()
+
+
+def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, freezable, capsys):
+    """The launcher's epilogue after a storage fault: rows it cannot write are reported,
+    and every MLflow run still ends (FAILED), instead of a raw OSError leaving them RUNNING."""
+    from records import stores, tables, tracking
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    experiment = tracking.ensure_experiment(uri, "demo")
+    runs = {t: tracking.start_trial_run(uri, experiment, t, params={"lr": 1e-3}) for t in ("a", "b", "c")}
+    for t in ("a", "b"):  # two rows "running"; c never got a row (its write failed)
+        tables.write_trial(results, "demo", {"lr": 1e-3}, {"trial_id": t, "study": "demo", "status": "running"})
+    freezable(tmp_path / "results" / "demo" / "trials")
+
+    faults = launcher.close_unfinished(results, "demo", uri, experiment, stopped=set())
+    assert [f.split(":")[0] for f in faults] == ["cannot write the trials row of a", "cannot write the trials row of b"]
+    statuses = tracking.search_trial_runs(uri, "demo").set_index("trial_id")["status"].to_dict()
+    assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
+    assert set(runs) == set(statuses)
+
+    launcher.report_storage_faults(faults)
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
+    assert line.startswith("error: storage fault: cannot write the trials row of a: ")
+    assert "(and 1 more, logged above); fix the storage, then launch again with --resume" in line
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys):
+    from records import tables
+    from sweeps import cli
+
+    results = tmp_path / "results"
+    tables.write_trial(str(results), "demo", {"lr": 1e-3}, {"trial_id": "t", "study": "demo", "status": "finished"})
+    for neighbour in ("storage/demo/train", "mlartifacts/1"):  # what a sweep also leaves there
+        (results / neighbour).mkdir(parents=True)
+    assert cli.main([command, "nosuchstudy", "--results", str(results)]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
