@@ -45,6 +45,8 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from trainables.ray_trainable import UNRETRIABLE, _close_run, _close_trial
+
     todo = []
     for trial_id in member_ids:
         done = tables.read_trial(settings.results, settings.study, trial_id)
@@ -60,8 +62,13 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
         run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, cfg.trial_id, params=flat,
                                           tags=tags)
         tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
-        tables.write_trial(settings.results, settings.study, flat, _outcome(settings, cfg, "running", pack_id))
         run_ids[cfg.trial_id] = run_id
+        try:
+            tables.write_trial(settings.results, settings.study, flat, _outcome(settings, cfg, "running", pack_id))
+        except OSError as exc:  # a storage fault before training: no run may stay RUNNING
+            for started in run_ids.values():
+                _close_run(settings, started, "FAILED", {"vitsweep.error": f"storage fault: {exc}"[:5000]})
+            raise
     use_gpu = settings.gpus_per_trial > 0
     resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
     trainer = TorchTrainer(
@@ -76,16 +83,28 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
             callbacks=[TuneReportCallback()],
         ),
     )
+    why = f"pack {pack_id} ended without closing it"
     try:
-        trainer.fit()
+        result = trainer.fit()
+        if isinstance(result.return_value, dict) and result.return_value.get(UNRETRIABLE):
+            why = str(result.return_value[UNRETRIABLE])  # e.g. its data missing on this node: not retried
     finally:
-        # Members the worker could not close (it was killed, or every retry failed) become failed.
+        # Members the worker could not close (it was killed, every retry failed, or its data is missing)
+        # become failed; each row and run is closed whatever happens to the others (a storage fault).
+        errors = []
         for cfg in todo:
-            row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
+            try:
+                row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
+            except OSError as exc:
+                row, errors = None, [*errors, exc]
             if row is None or row["status"] == "running":
-                tables.write_trial(settings.results, settings.study, cfg.to_flat(),
-                                   _outcome(settings, cfg, "failed", pack_id, error=f"pack {pack_id} ended without closing it"))
-                tracking.end_trial_run(settings.mlflow_uri, run_ids[cfg.trial_id], "FAILED")
+                try:
+                    _close_trial(settings, cfg.to_flat(), _outcome(settings, cfg, "failed", pack_id, error=why),
+                                 run_ids[cfg.trial_id], "FAILED", {"vitsweep.error": why[:5000]})
+                except Exception as exc:  # noqa: BLE001 - the first is raised once every member is closed
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 def _outcome(settings, cfg: RunConfig, status: str, pack_id: str, **fields: Any) -> dict[str, Any]:
@@ -93,16 +112,24 @@ def _outcome(settings, cfg: RunConfig, status: str, pack_id: str, **fields: Any)
             "snapshot_dir": settings.snapshot_uri(cfg.trial_id), "pack": pack_id, **fields}
 
 
-def _pack_worker(loop_config: dict[str, Any]) -> None:
+def _pack_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on the pack's one Train worker: restore each member, train the pack, close each member."""
     import ray.train
     import torch
 
-    from trainables.ray_trainable import LaunchSettings, _upload_snapshots
+    from trainables.datasets import DataRootError, prepare_root
+    from trainables.ray_trainable import UNRETRIABLE, LaunchSettings, _close_trial, _upload_snapshots
     from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, SNAPSHOT_DIR, train_pack_fitting
 
     settings = LaunchSettings(**loop_config["settings"])
     run_ids = loop_config["run_ids"]
+    first = RunConfig.from_flat(loop_config["trials"][0])  # data set and root are in the pack key
+    try:
+        prepare_root(first.dataset, first.data_root)  # this node's copy (the launcher checked its own)
+    except DataRootError as exc:
+        error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
+        ray.train.report(error)  # for Tune's result (the launcher counts the pack as failed)
+        return error  # for the pack's driver, which closes every member with it
     cfgs = []
     for flat in loop_config["trials"]:  # a retried worker skips members an earlier attempt closed
         row = tables.read_trial(settings.results, settings.study, RunConfig.from_flat(flat).trial_id)
@@ -118,6 +145,9 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
             list(torch.load(local, map_location="cpu", weights_only=False)["history"]) if restored else []
         )
     uploaded: dict[str, set[str]] = {c.trial_id: set() for c in cfgs}
+    # Steps an earlier attempt already logged: a retry restores a checkpoint from before the epoch
+    # that failed after logging, and MLflow keeps every point it is sent.
+    logged = {c.trial_id: tracking.logged_steps(settings.mlflow_uri, run_ids[c.trial_id], "eval_acc") for c in cfgs}
     t0 = time.perf_counter()
 
     def report(members: list[tuple[str, dict[str, Any], str | None]]) -> None:
@@ -125,8 +155,9 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
         for trial_id, metrics, checkpoint_dir in members:
             histories[trial_id].append(metrics)
             tables.write_epochs(settings.results, settings.study, trial_id, histories[trial_id])
-            tracking.log_metrics(settings.mlflow_uri, run_ids[trial_id],
-                                 {k: v for k, v in metrics.items() if k != "epoch"}, step=metrics["epoch"])
+            if metrics["epoch"] not in logged[trial_id]:
+                tracking.log_metrics(settings.mlflow_uri, run_ids[trial_id],
+                                     {k: v for k, v in metrics.items() if k != "epoch"}, step=metrics["epoch"])
             _upload_snapshots(workdirs[trial_id] / SNAPSHOT_DIR, settings.snapshot_uri(trial_id), uploaded[trial_id])
             if checkpoint_dir:
                 _upload(Path(checkpoint_dir) / CHECKPOINT_FILE, f"{checkpoint_uri(settings, trial_id)}/{CHECKPOINT_FILE}")
@@ -134,6 +165,7 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
         ray.train.report(keyed)
 
     finals = train_pack_fitting(cfgs, [workdirs[c.trial_id] for c in cfgs], report=report)
+    faults: list[Exception] = []
     for cfg, final in zip(cfgs, finals):
         error = final.get("error")
         outcome = _outcome(
@@ -143,16 +175,20 @@ def _pack_worker(loop_config: dict[str, Any]) -> None:
             did_not_learn=final.get("did_not_learn"),
             **{k: final.get(k) for k in _SUMMARY},
         )
-        tables.write_trial(settings.results, settings.study, cfg.to_flat(), outcome)
         run_id = run_ids[cfg.trial_id]
-        if final.get("test_acc") is not None:
+        if final.get("test_acc") is not None and final["epochs_completed"] not in tracking.logged_steps(
+                settings.mlflow_uri, run_id, "test_acc"):
             tracking.log_metrics(settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
                                  step=final["epochs_completed"])
-        tracking.set_tags(settings.mlflow_uri, run_id, {"checkpoint_path": outcome["checkpoint_path"],
-                                                         "snapshot_dir": outcome["snapshot_dir"],
-                                                         "vitsweep.error": error or ""})
-        tracking.end_trial_run(settings.mlflow_uri, run_id, "FAILED" if error else "FINISHED")
+        try:  # row and run closed independently; the first storage fault is raised after all members
+            _close_trial(settings, cfg.to_flat(), outcome, run_id, "FAILED" if error else "FINISHED",
+                         {"checkpoint_path": outcome["checkpoint_path"], "snapshot_dir": outcome["snapshot_dir"],
+                          "vitsweep.error": error or ""})
+        except Exception as exc:  # noqa: BLE001
+            faults.append(exc)
     shutil.rmtree(root, ignore_errors=True)
+    if faults:
+        raise faults[0]
 
 
 def _download(uri: str, local: Path) -> bool:
