@@ -100,7 +100,7 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": []}
+        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": [], "images": []}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -116,6 +116,7 @@ class Measurer:
             out["status"].append(status)
             out["rows"].append(n)
             out["seconds"].append(time.perf_counter() - t0)
+            out["images"].append(len(self._subset(str(dataset), str(data_root))[1]) if status == "ok" else 0)
         return {k: np.asarray(v) for k, v in out.items()}
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> int:
@@ -199,7 +200,7 @@ def pool_size(max_actors: int | None, gpus_per_actor: float) -> tuple[int, float
 
 def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
             checkpoints: str = "final", force: bool = False, eval_size: int | None = None, batch_size: int = 128,
-            max_actors: int | None = None, gpus_per_actor: float = 1.0) -> list[dict[str, Any]]:
+            max_actors: int | None = None, gpus_per_actor: float = 1.0, verbose: bool = False) -> list[dict[str, Any]]:
     """Measure a study's checkpoints; returns one status row per checkpoint.
 
     eval_size: None measures the whole test split (the studies' setting); an int caps it
@@ -215,7 +216,10 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         return []
     from trainables.ray_trainable import init_ray
 
-    init_ray(address)
+    init_ray(address, log_to_driver=verbose)
+    # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
+    ray.data.DataContext.get_current().enable_progress_bars = verbose
+    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.ERROR)
     actors, cpu_each, gpu_each = pool_size(max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
         Measurer,
@@ -226,15 +230,27 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         num_cpus=cpu_each,
         num_gpus=gpu_each or None,
     )
-    statuses = ds.take_all()
-    for s in statuses:
-        if s["status"] != "ok":
-            log.warning("checkpoint %s epoch %s skipped: %s", s["trial_id"], s["epoch"], s["status"])
+    statuses = []
+    start = time.monotonic()
+    for s in ds.iter_rows():  # as each checkpoint is measured
+        statuses.append(s)
+        print(_progress_line(s, len(statuses), len(rows), time.monotonic() - start), flush=True)
     ok = sum(s["status"] == "ok" for s in statuses)
     corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     return statuses
+
+
+def _progress_line(status: dict[str, Any], k: int, total: int, elapsed: float) -> str:
+    """``[k/M] checkpoints: <trial> epoch E in 12 s, 830 images/s; ETA 3 min`` (or why it was skipped)."""
+    left = total - k
+    eta = f"; ETA {elapsed / k * left / 60:.1f} min" if left else ""
+    head = f"[{k}/{total}] checkpoints: {status['trial_id']} epoch {status['epoch']}"
+    if status["status"] != "ok":
+        return f"{head} skipped ({status['status']}){eta}"
+    rate = status["images"] / status["seconds"] if status["seconds"] else float("nan")
+    return f"{head} in {status['seconds']:.0f} s, {rate:,.0f} images/s{eta}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -250,6 +266,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actors", type=int, help="cap on the actor pool (default: what the cluster fits)")
     parser.add_argument("--gpus-per-actor", type=float, default=1.0, help="GPU share per actor when GPUs exist")
     parser.add_argument("--address", help="Ray address; default a local Ray, 'auto' joins a cluster")
+    parser.add_argument("--verbose", action="store_true", help="also show Ray Data's progress and the workers' output")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -266,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
         stores.check_tracking_uri(mlflow_uri)
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
                            checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
-                           batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor)
+                           batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor,
+                           verbose=args.verbose)
     except (ValueError, stores.TrackingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

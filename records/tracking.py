@@ -137,10 +137,14 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
 
 
 
-def set_experiment_description(uri: str, experiment_id: str, text: str) -> None:
-    """The experiment's description in the MLflow UI (its ``mlflow.note.content`` tag, Markdown)."""
-    with_retries("set experiment description", uri,
-                 lambda c: c.set_experiment_tag(experiment_id, "mlflow.note.content", text))
+def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
+    """The experiment's description in the MLflow UI (its ``mlflow.note.content`` tag, Markdown),
+    and its kind: MLflow 3 opens an experiment without one on its GenAI overview; a
+    ``custom_model_development`` one opens on the runs, the training view."""
+    with_retries("describe experiment", uri, lambda c: (
+        c.set_experiment_tag(experiment_id, "mlflow.note.content", text),
+        c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")))
+
 
 # -------------------------------------------------------------------------------- runs
 

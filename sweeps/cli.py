@@ -110,20 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def demo(results: str) -> int:
-    """Train, analyse and report the demo study, then say where everything is."""
-    import os
-
+    """Train, analyse and report the demo study; the launcher's closing lines say where everything is."""
     args = _parser().parse_args(["sweep", "demo", "--stage", "all", "--results", results, "--resume"])
-    status = launcher.run(args)
-    root = os.path.abspath(results)
-    print(
-        "\nvitsweep demo finished.\n"
-        f"  report:         {root}/demo/report/index.html\n"
-        f"  Parquet tables: {root}/demo/{{trials,epochs,measurements}}/\n"
-        f"  MLflow store:   {root}/mlflow.db\n"
-        f"  browse runs:    mlflow ui --backend-store-uri sqlite:///{root}/mlflow.db\n"
-    )
-    return status
+    return launcher.run(args)
 
 
 if __name__ == "__main__":

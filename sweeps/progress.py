@@ -6,7 +6,7 @@
 A Tune trial is a pack of one or more trials; when it ends, each member's own
 ``trials`` row (written by the member, the record of truth) gives the line, so
 the numbers printed are the numbers stored. The callback runs in the launcher
-process, so it needs no worker output at all: by default ``quiet_ray`` stops
+process, so it needs no worker output at all: by default the launcher stops
 Ray forwarding worker logs (Train's checkpoint/report lines, epoch lines),
 Tune's tables and Ray Data's progress blocks; ``--verbose`` brings them back,
 with Ray's log deduplication off so no epoch line is swallowed.
@@ -21,17 +21,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 
-def quiet_ray(verbose: bool) -> dict[str, Any]:
-    """Set the environment for Ray's output and return the ``ray.init`` keyword arguments for it.
-
-    Call before Ray starts: the environment is read by the processes Ray launches."""
+def configure_console(verbose: bool) -> None:
+    """Set the environment for Ray's output; call before Ray is imported (it reads these once)."""
     if verbose:
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every epoch line, not "[repeated 3x]"
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every epoch line, not "[repeated 3x across cluster]"
     else:
-        # Ray Data prints its progress blocks unless told otherwise (Tune and Train are told by verbose=0
-        # and by not forwarding worker logs).
+        # Ray Data logs a status block every few seconds on a non-terminal stdout unless its progress
+        # output is off (the analysis job prints its own line per checkpoint).
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-    return {"log_to_driver": verbose}
 
 
 def tune_verbosity(verbose: bool) -> int:
@@ -112,3 +109,32 @@ class TrialProgress:
                 progress.ended(str(trial))  # the custom trial name: the pack id (or trial id)
 
         return _Callback()
+
+
+def closing_lines(results: str, study: str, mlflow_uri: str) -> str:
+    """Where everything is, printed last: status, tables, report, and the MLflow runs page."""
+    from records import manifest, tables
+
+    lines = [f"\nvitsweep {study}: results in {results}"]
+    table = tables.read_table(results, study, "trials")
+    if table is not None:
+        counts: dict[str, int] = {}
+        for state in table.column("status").to_pylist():
+            counts[state] = counts.get(state, 0) + 1
+        plan = manifest.read_manifest(results, study)
+        planned = f" of {plan['n_trials']} planned" if plan else ""
+        lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
+    lines.append(f"  report:         {results}/{study}/report/index.html")
+    lines.append(f"  status:         vitsweep status {study} --results {results}")
+    lines.append("  MLflow:         " + mlflow_view(mlflow_uri))
+    return "\n".join(lines)
+
+
+def mlflow_view(mlflow_uri: str) -> str:
+    """How to open the study's runs (MLflow 3 opens an experiment on its overview: the Runs tab is the
+    training view, with each trial's curves under its run's Model metrics)."""
+    if mlflow_uri.startswith(("http://", "https://")):
+        return f"{mlflow_uri.rstrip('/')}/#/experiments (open the study's experiment, then its Runs tab)"
+    return (f"mlflow ui --backend-store-uri {mlflow_uri} --workers 1, then http://127.0.0.1:5000/#/experiments "
+            "(the study's experiment, Runs tab)")

@@ -14,6 +14,7 @@ prints the trial table.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sweeps import STUDIES, load_study, names
+from sweeps import STUDIES, load_study, names, progress
 
 log = logging.getLogger("vitsweep")
 STAGES = ("train", "analyze", "report", "all")
@@ -41,12 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    f"one); valid: {', '.join(names.PRESETS)}")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable); "
+                   "KEY=V1,V2 sweeps it, crossed with the study's grid; "
                    f"pe: {', '.join(names.PES)}; protocol: {', '.join(names.PROTOCOLS)}")
     g.add_argument("--include-none-rpt", action="store_true", help="factorial: keep the redundant none + RPT cell")
     g.add_argument("--defaults-from", metavar="JSON", help="best config written by the hparam study")
     g.add_argument("--samples", type=int, help="hparam: number of Optuna trials (default 24)")
     g.add_argument("--stage", choices=STAGES, default="train", help="train (default), analyze, report, or all three")
     g.add_argument("--dry-run", action="store_true", help="print the trial table and count; start nothing")
+    g.add_argument("--verbose", action="store_true",
+                   help="also show per-epoch lines, Tune's tables and Ray's own output (default: one line per trial)")
     g.add_argument("--json", action="store_true", help="with --dry-run: only a JSON list of trial configs on stdout")
     g.add_argument("--pack", type=int, metavar="K",
                    help="train up to K same-shaped trials together in one process (default: 1 without GPUs, "
@@ -66,13 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its last checkpoint")
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
+def parse_overrides(pairs: list[str]) -> dict[str, list[str]]:
+    """``--set KEY=VALUE`` pairs -> {key: [values]}: ``KEY=V1,V2`` sweeps the key over V1 and V2
+    (crossed with the study's grid and with the other swept keys), as Hydra's multirun does."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
-        overrides[key.strip()] = value.strip()
+        values = [v.strip() for v in value.split(",")]
+        if not sep or not key.strip() or not all(values):
+            raise ValueError(f"--set expects KEY=VALUE or KEY=V1,V2,..., got {pair!r}")
+        overrides[key.strip()] = values
     return overrides
 
 
@@ -137,19 +144,23 @@ def build_trials(args: argparse.Namespace):
         from sweeps.hparam import read_defaults
 
         overrides.update(read_defaults(args.defaults_from))
-    overrides.update(parse_overrides(args.set))
+    swept = parse_overrides(args.set)
     datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
-    options = StudyOptions(
-        datasets=datasets,
-        seeds=defaults.seeds if args.seeds is None else args.seeds,
-        epochs=defaults.epochs if args.epochs is None else args.epochs,
-        preset=defaults.preset if args.preset is None else args.preset,
-        overrides=overrides,
-        # Absolute: every Ray worker process has its own working directory.
-        data_root=args.data_root if "://" in args.data_root else os.path.abspath(os.path.expanduser(args.data_root)),
-    )
+    if args.study == "hparam" and any(len(v) > 1 for v in swept.values()):
+        raise ValueError("the hparam study searches one condition; --set KEY=V1,V2 sweeps are for grid studies")
     kwargs = {"include_none_rpt": True} if args.include_none_rpt and args.study == "factorial" else {}
-    configs = study.trials(options, **kwargs)
+    configs = []
+    for values in itertools.product(*swept.values()):  # one pass of the study's grid per swept combination
+        options = StudyOptions(
+            datasets=datasets,
+            seeds=defaults.seeds if args.seeds is None else args.seeds,
+            epochs=defaults.epochs if args.epochs is None else args.epochs,
+            preset=defaults.preset if args.preset is None else args.preset,
+            overrides={**overrides, **dict(zip(swept, values))},
+            # Absolute: every Ray worker process has its own working directory.
+            data_root=args.data_root if "://" in args.data_root else os.path.abspath(os.path.expanduser(args.data_root)),
+        )
+        configs += study.trials(options, **kwargs)
     ids = [c.trial_id for c in configs]
     if len(set(ids)) != len(ids):
         raise ValueError("the study produced duplicate trials; check --set overrides")
@@ -273,20 +284,23 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         return 0
     if args.study == "hparam" and args.resume:
         raise ValueError("the hparam study cannot be resumed; start a new search (results go to a new run)")
-    if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record
-        plan = manifest.write_manifest(results, args.study, planned=[{"trial_id": c.trial_id} for c in configs],
-                                       command=[Path(sys.argv[0]).name, *sys.argv[1:]], code_version=code_version)
-        tracking.set_experiment_description(mlflow_uri, experiment_id, _describe(plan))
-    init_ray(args.address)
-    _check_store_reach(mlflow_uri)
-    # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
-    by_id = {c.trial_id: c.to_flat() for c in configs}
     # Packs form from the trials still to run, by resume epoch, so a resumed sweep re-forms them.
-    from sweeps.packs import resume_epochs
+    from sweeps.packs import pack_of, resume_epochs
 
     packs = build_packs(args, todo, resume_epochs(results, args.study)) if args.study != "hparam" else []
     packed = any(len(p.members) > 1 for p in packs)
     members = {p.pack_id: p.trial_ids for p in packs}
+    if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record
+        pack = pack_of(packs)
+        plan = manifest.write_manifest(
+            results, args.study, planned=[{"trial_id": c.trial_id, "pack": pack.get(c.trial_id)} for c in configs],
+            command=[Path(sys.argv[0]).name, *sys.argv[1:]], code_version=code_version)
+        tracking.describe_experiment(mlflow_uri, experiment_id, _describe(plan))
+    init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
+    _check_store_reach(mlflow_uri)
+    # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
+    by_id = {c.trial_id: c.to_flat() for c in configs}
+    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat(), packs=members),
         DRIVER_RESOURCES,
@@ -317,12 +331,15 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                 name=name,
                 storage_path=tune_dir,
                 failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                verbose=1,
+                verbose=progress.tune_verbosity(args.verbose),
+                callbacks=[lines.as_callback()],
             ),
         )
     t0 = time.perf_counter()
     with manifest.heartbeat(results, args.study):
         grid = tuner.fit()
+    if args.study != "hparam":
+        print(lines.summary(), flush=True)
     errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
     for r in errors:
         if not r.error:
@@ -470,6 +487,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    progress.configure_console(getattr(args, "verbose", False))  # before Ray is imported: it reads these once
     try:
         configs = build_trials(args)
         packs = build_packs(args, configs)
@@ -508,7 +526,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
         from analysis.job import analyze
 
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
-                           eval_size=getattr(load_study(args.study), "EVAL_SIZE", None))
+                           eval_size=getattr(load_study(args.study), "EVAL_SIZE", None), verbose=args.verbose)
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
     if args.stage in ("report", "all"):
@@ -516,6 +534,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
 
         path = build_report(results, args.study)
         log.info("report: %s", path)
+    print(progress.closing_lines(results, args.study, mlflow_uri), flush=True)  # the summary comes last
     return status
 
 

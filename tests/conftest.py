@@ -7,6 +7,8 @@ Parquet tables, MLflow runs or report reuse its output.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,7 +30,7 @@ def ray_local():
 
     # Unix socket paths must stay short: a short dir under /tmp, not pytest's tmp_path.
     temp_dir = tempfile.mkdtemp(prefix="vsr-", dir="/tmp")
-    init_ray(num_cpus=2, _temp_dir=temp_dir, configure_logging=False)
+    init_ray(num_cpus=2, _temp_dir=temp_dir, configure_logging=False, log_to_driver=False)  # as the launcher
     yield ray
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
@@ -43,5 +45,10 @@ def demo_results(ray_local, tmp_path_factory):
     parser = launcher.argparse.ArgumentParser()
     launcher.add_arguments(parser)
     args = parser.parse_args(["demo", "--stage", "all", "--results", str(results), *FAST_DEMO])
-    assert launcher.run(args) == 0
+    console = io.StringIO()  # what a user sees on stdout, kept for the console tests
+    with contextlib.redirect_stdout(console):
+        status = launcher.run(args)
+    (results / "console.txt").write_text(console.getvalue())
+    print(console.getvalue())
+    assert status == 0
     return results

@@ -117,3 +117,18 @@ def test_status_and_experiment_description_after_the_sweep(demo_results):
     client = mlflow.MlflowClient(tracking_uri=stores.default_tracking_uri(str(demo_results)))
     note = client.get_experiment_by_name("demo").tags["mlflow.note.content"]
     assert "4 trials" in note and "demo" in note
+
+
+def test_console_is_one_line_per_trial_and_checkpoint_with_the_summary_last(demo_results):
+    import re
+
+    text = (demo_results / "console.txt").read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    trials = [line for line in lines if re.match(r"^\[\d/4\] demo-", line)]
+    assert len(trials) == 4 and all(re.search(r": test \d\.\d{3}", line) for line in trials), trials
+    assert "ETA" in trials[0] and "ETA" not in trials[-1]
+    checkpoints = [line for line in lines if re.match(r"^\[\d+/\d+\] checkpoints: demo-", line)]
+    assert checkpoints and "images/s" in checkpoints[0]
+    assert lines[-1].strip().startswith("MLflow:") and any(line.strip().startswith("status:") for line in lines[-6:])
+    for chatter in ("Trial status", "Checkpoint successfully created", "Reporting training result", "Total Progress"):
+        assert chatter not in text, chatter

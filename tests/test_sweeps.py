@@ -70,6 +70,14 @@ def test_options_reach_every_trial():
     assert sorted({c.seed for c in configs}) == [0, 1]
 
 
+def test_set_with_commas_sweeps_the_field_across_the_study_grid():
+    configs = dry("demo", "--set", "lr=1e-3,5e-4", "--set", "depth=1,2")
+    assert len(configs) == 4 * 2 * 2 and len({c.trial_id for c in configs}) == 16
+    assert {(c.lr, c.model.depth) for c in configs} == {(1e-3, 1), (1e-3, 2), (5e-4, 1), (5e-4, 2)}
+    with pytest.raises(ValueError, match="KEY=V1,V2"):
+        dry("demo", "--set", "lr=1e-3,")
+
+
 def test_dry_run_json_prints_only_json_on_stdout():
     out = subprocess.run([sys.executable, "sweeps/run.py", "demo", "--dry-run", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
