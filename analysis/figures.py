@@ -305,10 +305,10 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
         ncols = min(4, len(protocols))
         fig, axes = _grid(math.ceil(len(protocols) / ncols), ncols, f"{title} ({ds})", w=3.6, h=2.9,
                           sharey=True, sharex=True)
-        heads = max(int(d["head"].max()) + 1, 1)
+        heads = max(int(d["head_index"].max()) + 1, 1)
         for ax, proto in zip(axes.flat, protocols):
             p = d[d["protocol"] == proto]
-            jitter = (p["head"].to_numpy() / max(heads - 1, 1) - 0.5) * 0.5
+            jitter = (p["head_index"].to_numpy() / max(heads - 1, 1) - 0.5) * 0.5
             ax.scatter(p["layer"] + jitter, p["value"], s=5, color="0.55", alpha=0.45, lw=0,
                        label="single heads (all seeds)")
             for how, colour, ls in (("mean", "C0", "-"), ("min", "C3", "--")):
@@ -339,7 +339,7 @@ def mad_entropy(data: StudyData) -> list[Plot]:
     title = "MAD-entropy space (baseline vs modern)"
     mad = data.select("clean", "mad", per_layer=True, per_head=True)
     ent = data.select("clean", "entropy", per_layer=True, per_head=True)
-    keys = ["trial_id", "dataset", "pe", "rpt", "protocol", "layer", "head"]
+    keys = ["trial_id", "dataset", "pe", "rpt", "protocol", "layer", "head_index"]
     if mad.empty or ent.empty:
         raise NoData("needs clean mad and entropy per layer and head")
     both = mad[keys + ["value"]].merge(ent[keys + ["value"]], on=keys, suffixes=("_mad", "_ent"))

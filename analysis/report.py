@@ -9,9 +9,13 @@ inline as base64 PNGs). Any table may be missing or empty: a figure without its 
 by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
 numbers in ``analysis.claims``; this module loads the data, joins it and writes the page.
 
-Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol); a *trial* is
-one seed of a condition and the unit of every spread and test. Only finished trials count. Unless
-a figure is about training time, each trial contributes its last measured checkpoint.
+Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every
+other config field that varies among trials of one factor cell (``condition_fields``: an ``--set
+lr=...`` run, a second launch with other epochs); a *trial* is one seed of a condition and the unit
+of every spread and test. Two trials with the same seed in one condition are not two seeds: one is
+counted and the report's Notes name the rest as an error, never pooled. Figures and claims hold the
+fields they do not show at one value (``StudyData.pin``). Only finished trials count. Unless a
+figure is about training time, each trial contributes its last measured checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ log = logging.getLogger(__name__)
 # Headline severities of Study P's fragility score (FS): JPEG quality 5, blur kernel 5 sigma 2.5.
 HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
 _TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
+# Trials columns that are no part of a condition: outcomes and bookkeeping, settings that change how a
+# run executes but not what it computes, the seed (it makes a condition a trial), the protocol's
+# switches (named by `protocol`) and the preset (its fields are columns of their own).
+_NOT_CONDITION = {*TRIAL_FIELDS.names, *_TRIAL_KEYS, "mlflow_run_id", "started_at", "ended_at", "pack", "error",
+                  "data_root", "device", "num_workers", "checkpoint_every", "compile", "preset", "condition"}
 
 
 @dataclass
@@ -59,6 +68,7 @@ class StudyData:
     measurements: pd.DataFrame
     raw_trials: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
+    condition_fields: list[str] = field(default_factory=list)  # config fields that split a factor cell
 
     @classmethod
     def load(cls, results: str, study: str) -> StudyData:
@@ -80,17 +90,18 @@ class StudyData:
                     *, notes: list[str] | None = None) -> StudyData:
         """Clean and join raw tables (as ``pandas.read_parquet`` returns them)."""
         notes = list(notes or [])
-        clean = _normalise_trials(trials, notes)
-        keys = clean[list(_TRIAL_KEYS)]
+        clean, extra = _normalise_trials(trials, notes)
+        keys = clean[[*_TRIAL_KEYS, *extra]]
         joined_epochs = epochs.merge(keys, on="trial_id") if "trial_id" in epochs else pd.DataFrame()
         if measurements.empty or "trial_id" not in measurements:
-            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *_TRIAL_KEYS[1:]])
+            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *_TRIAL_KEYS[1:], *extra])
         else:
             joined = measurements.merge(keys, on="trial_id")
             if dropped := len(measurements) - len(joined):
                 notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
-        joined["level"] = joined["level"].astype(float)
-        return cls(study, clean, joined_epochs, joined, trials, notes)
+        for column in ("level", "layer", "head_index"):  # null (NaN here): not per level / layer / head
+            joined[column] = joined[column].astype(float)
+        return cls(study, clean, joined_epochs, joined, trials, notes, extra)
 
     # -- views ---------------------------------------------------------------------
     @cached_property
@@ -104,7 +115,7 @@ class StudyData:
     def select(self, intervention: str, metric: str, *, level: float | None = None, per_layer: bool = False,
                per_head: bool = False, final: bool = True) -> pd.DataFrame:
         """Measurement rows of one (intervention, metric), optionally at one level; per_layer/per_head
-        keep only rows with layer >= 0 / head >= 0. ``final=False`` keeps every checkpoint."""
+        keep only rows with a layer / head_index (not null). ``final=False`` keeps every checkpoint."""
         m = self.final if final else self.measurements
         if m.empty:
             return m
@@ -112,9 +123,9 @@ class StudyData:
         if level is not None:
             mask &= np.isclose(m["level"].to_numpy(float), level)
         if per_layer:
-            mask &= m["layer"] >= 0
+            mask &= m["layer"].notna()
         if per_head:
-            mask &= m["head"] >= 0
+            mask &= m["head_index"].notna()
         return m[mask]
 
     @cached_property
@@ -128,7 +139,8 @@ class StudyData:
         and the binomial standard errors test_acc_se, fs_jpeg_se, fs_blur_se (``claims.binomial_se``,
         ``claims.fragility_se``), NaN where the measurements carry no n_images."""
         t = self.trials
-        out = t[list(_TRIAL_KEYS) + ["did_not_learn"] + (["img_size"] if "img_size" in t else [])]
+        extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
+        out = t[[*_TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
         out = out.copy().set_index("trial_id")
 
         def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
@@ -148,7 +160,10 @@ class StudyData:
             out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
         else:
             out["n_images"] = np.nan
-        acc_clean = per(clean).reindex(out.index).combine_first(out["test_acc"])
+        out["acc_clean"] = per(clean).reindex(out.index)  # on the analysis set: test_acc's set unless capped
+        last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
+        out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
+        acc_clean = out["acc_clean"].combine_first(out["test_acc"])
         # test_acc is over the whole test split, the measurements' n_images unless they were capped
         # (then this SE overstates it).
         out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
@@ -159,15 +174,17 @@ class StudyData:
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
         """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
 
-        For pe, rpt and protocol outside ``keep`` that take several values in ``df``, keep only the
-        ``REFERENCE`` value (ape, fixed order, baseline), or the most common one when the reference
-        is absent. Returns the slice and a description such as ``"pe = ape, protocol = baseline"``."""
+        For pe, rpt, protocol and every ``condition_fields`` column outside ``keep`` that takes several
+        values in ``df``, keep only the ``REFERENCE`` value (ape, fixed order, baseline), or the most
+        common one when there is none or it is absent (ties: the smallest). Returns the slice and a
+        description such as ``"pe = ape, protocol = baseline, lr = 0.001"``."""
         said = []
-        for factor in ("pe", "rpt", "protocol"):
+        for factor in ("pe", "rpt", "protocol", *self.condition_fields):
             if factor in keep or factor not in df or df[factor].nunique() < 2:
                 continue
             values = set(df[factor].unique())
-            value = REFERENCE[factor] if REFERENCE[factor] in values else df[factor].mode().iloc[0]
+            ref = REFERENCE.get(factor)
+            value = ref if ref in values else sorted(df[factor].mode(), key=str)[0]
             df = df[df[factor] == value]
             shown = {"rpt": lambda v: "RPT" if v else "fixed"}.get(factor, str)(value)
             said.append(f"{'token order' if factor == 'rpt' else factor} = {shown}")
@@ -181,10 +198,11 @@ class StudyData:
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
 
 
-def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-    """Finished trials with the factor columns filled in and named canonically."""
+def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """Finished trials with the factor columns filled in and named canonically, one per seed of each
+    condition, and the condition fields beyond the factors."""
     if raw.empty or "trial_id" not in raw:
-        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc", "did_not_learn"])
+        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc", "did_not_learn", "condition"]), []
     t = raw.copy()
     if "status" in t:
         others = t.loc[t["status"] != "finished", "status"].fillna("unknown").value_counts()
@@ -208,11 +226,46 @@ def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     t[list(SWITCHES)] = switches
     t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
     t["did_not_learn"] = _did_not_learn(t)
+    extra = condition_fields(t)
+    for column in extra:  # a field some trials lack (added later) is its own value, not a hole in a key
+        t[column] = t[column].astype(object).where(t[column].notna(), "unset")
+    t["condition"] = [_condition_label(row, extra) for row in t.to_dict("records")]
+    t = _one_trial_per_seed(t, notes)
     if t["did_not_learn"].any():
         ids = t.loc[t["did_not_learn"], "trial_id"].tolist()
         notes.append(f"did not learn: {len(ids)} trial(s) ended within 2 points of chance accuracy and are left "
                      f"out of the claims: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}.")
-    return t.reset_index(drop=True)
+    return t.reset_index(drop=True), extra
+
+
+def condition_fields(t: pd.DataFrame) -> list[str]:
+    """Config columns beyond ``FACTORS`` that take two or more values among the trials of one
+    (dataset, pe, rpt, protocol) cell: they make conditions of their own. A field that varies only
+    with the factors (``num_classes`` with the data set) splits nothing and is not one."""
+    if t.empty:
+        return []
+    cells = t.groupby(list(FACTORS), dropna=False)
+    return [c for c in t.columns if c not in _NOT_CONDITION and c not in FACTORS
+            and cells[c].nunique(dropna=False).max() > 1]
+
+
+def _condition_label(row: dict, extra: list[str]) -> str:
+    parts = [str(row["dataset"]), model_label(row["pe"], row["rpt"]), numbers.protocol_label(row["protocol"])]
+    return ", ".join(parts + [f"{c}={row[c]}" for c in extra])
+
+
+def _one_trial_per_seed(t: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    """One trial per (condition, seed): a second trial of one seed is a rerun, not a seed. The latest
+    (``ended_at`` where the table has it, else the last trial id) is kept; the report names the rest."""
+    order = [c for c in ("ended_at", "trial_id") if c in t]
+    t = t.sort_values(order, na_position="first", kind="stable")
+    dup = t.duplicated(["condition", "seed"], keep="last")
+    for (condition, seed), g in t[t.duplicated(["condition", "seed"], keep=False)].groupby(["condition", "seed"]):
+        ids = g["trial_id"].tolist()
+        notes.append(f"ERROR: condition '{condition}' has {len(ids)} trials with seed {seed} ({', '.join(ids)}): "
+                     f"runs of one seed are not independent, so they are not pooled; only {ids[-1]} is counted. "
+                     "Give reruns distinct seeds, or write them to another study.")
+    return t[~dup]
 
 
 def _did_not_learn(t: pd.DataFrame) -> pd.Series:
@@ -306,7 +359,7 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
         f"<h1>vitsweep report: {_e(data.study)}</h1>",
         f"<p class='meta'>results: {_e(str(results))} · generated "
         f"{datetime.datetime.now().isoformat(timespec='seconds')} · code version: {_e(_code_version(data))} · "
-        f"{n_final} finished trial(s), {data.trials['seed'].nunique() if n_final else 0} seed(s)</p>",
+        f"{_counts(data)}</p>",
         "<nav>" + " · ".join(f"<a href='#{k}'>{_e(v.split(':')[0])}</a>" for k, v in
                              [("claims", "Claims"), *SECTIONS.items(), ("config", "Configuration"),
                               ("paper", "Paper numbers"), ("notes", "Notes")]) + "</nav>",
@@ -333,6 +386,16 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
               "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>" if data.notes else "<p>None.</p>",
               "</body></html>"]
     return "\n".join(parts)
+
+
+def _counts(data: StudyData) -> str:
+    """``8 finished trial(s) in 4 condition(s), 2 seed(s) each`` (``1-3 seed(s) each`` where it varies)."""
+    t = data.trials
+    if t.empty:
+        return "0 finished trial(s)"
+    per = t.groupby("condition")["seed"].nunique()
+    seeds = f"{per.min()}" if per.min() == per.max() else f"{per.min()}-{per.max()}"
+    return f"{len(t)} finished trial(s) in {len(per)} condition(s), {seeds} seed(s) each"
 
 
 def _claims_html(claims: pd.DataFrame) -> str:

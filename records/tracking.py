@@ -44,7 +44,8 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
 - ``trial_run(uri, experiment_id, trial_id, *, params, tags=None)``: context
   manager yielding a ``TrialRun``; ends FINISHED, or FAILED on an exception
   (KILLED on KeyboardInterrupt / SystemExit), and re-raises.
-- ``log_metrics(uri, run_id, metrics, step)``, ``set_tags(uri, run_id, tags)``,
+- ``log_metrics(uri, run_id, metrics, step)``, ``log_metric_series(uri, run_id, series)``,
+  ``set_tags(uri, run_id, tags)``,
   ``log_artifact_dict(uri, run_id, name, obj)``,
   ``log_artifact_text(uri, run_id, name, text)``,
   ``log_artifact_file(uri, run_id, path, artifact_dir=None)``,
@@ -52,6 +53,8 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
   ``log_provenance(uri, run_id, config=None) -> dict``,
   ``end_trial_run(uri, run_id, status="FINISHED")``
 - ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=()) -> list[str]``
+- ``study_run(uri, experiment_id, name) -> run_id``: the study's own run (the
+  report and ``claims.csv``), found again by name; not a trial run
 - ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
 - ``trial_tags(config, *, code_version=None) -> dict``,
   ``measurement_metric_key(intervention, level, layer, head, metric) -> str``
@@ -266,6 +269,22 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
                       lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
 
 
+def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]],
+                      *, timestamp_ms: int | None = None) -> int:
+    """Log ``{key: {step: number}}``: several steps of each key in one batched call, e.g. a
+    per-layer profile with the layer as the step (``ssdc_rpi/epoch_0100``: step l = layer l),
+    which the MLflow UI plots as a curve over depth. None values are skipped; returns the
+    number of points logged."""
+    from mlflow.entities import Metric
+
+    timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    points = [Metric(str(key), float(value), timestamp, int(step))
+              for key, values in series.items() for step, value in values.items() if value is not None]
+    for batch in chunks(points, _MAX_METRICS_PER_BATCH):
+        with_retries("log_metric_series", uri, lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
+    return len(points)
+
+
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     """Set run tags (overwrites earlier values)."""
     from mlflow.entities import RunTag
@@ -377,7 +396,7 @@ def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[
     ended = []
     for run in runs:
         trial_id = run.data.tags.get(TRIAL_ID_TAG, run.info.run_id)
-        if trial_id in keep:
+        if trial_id in keep or STUDY_RUN_TAG in run.data.tags:  # a report being written is no orphan
             continue
         set_tags(uri, run.info.run_id, {ERROR_TAG: "orphaned: its process ended without ending the run"})
         end_trial_run(uri, run.info.run_id, "FAILED")
@@ -385,8 +404,30 @@ def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[
     return ended
 
 
+STUDY_RUN_TAG = "vitsweep.study_run"  # marks a study's own run (the report), which is no trial
+
+
+def study_run(uri: str, experiment_id: str, name: str) -> str:
+    """The run named ``name`` (e.g. ``demo-report``) in the study's experiment, created (and
+    tagged ``vitsweep.study_run``) if missing, so a second report overwrites the first one's
+    artifacts instead of adding a run. It carries no trial-id tag: ``search_trial_runs`` and
+    ``end_orphaned_runs`` never see it. The caller ends it (``end_trial_run``)."""
+    _check_trial_id(name)
+
+    def find_or_create(client):
+        runs = _search_all(client, experiment_id, f"tags.`{STUDY_RUN_TAG}` = '{name}'",
+                           order_by=["attributes.start_time ASC"])
+        if runs:
+            client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+        return client.create_run(experiment_id, run_name=name, tags={STUDY_RUN_TAG: name}).info.run_id
+
+    return with_retries(f"study_run({name!r})", uri, find_or_create)
+
+
 def search_trial_runs(uri: str, experiment_name: str):
-    """All live runs of an experiment as a pandas DataFrame, one row per run, like
+    """All live trial runs of an experiment (runs without a trial-id tag, such as the
+    report's, are left out) as a pandas DataFrame, one row per run, like
     ``mlflow.search_runs`` but with an explicit URI: run_id, run_name, trial_id,
     experiment_id, status, start_time, end_time (UTC timestamps), artifact_uri,
     then ``metrics.<key>`` (latest value), ``params.<key>``, ``tags.<key>``.
@@ -405,6 +446,8 @@ def search_trial_runs(uri: str, experiment_name: str):
     rows = []
     for run in runs:
         info, data = run.info, run.data
+        if TRIAL_ID_TAG not in data.tags:
+            continue
         row = {
             "run_id": info.run_id, "run_name": info.run_name,
             "trial_id": data.tags.get(TRIAL_ID_TAG), "experiment_id": info.experiment_id,
@@ -434,19 +477,25 @@ def trial_tags(config: Mapping[str, Any], *, code_version: str | None = None) ->
     return tags
 
 
-def measurement_metric_key(intervention: str, level: float | None, layer: int, head: int, metric: str) -> str:
+def _given(x: Any) -> bool:
+    """A level / layer / head_index that is set: not None, not NaN (pandas reads nulls as NaN)."""
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def measurement_metric_key(intervention: str, level: float | None, layer: int | None, head_index: int | None,
+                           metric: str) -> str:
     """MLflow metric key of one measurements row, grouped in the UI by intervention:
-    ('clean', None, -1, -1, 'acc') -> 'clean/acc'; ('jpeg', 5.0, -1, -1, 'fs') -> 'jpeg_5/fs';
-    ('clean', None, 3, 2, 'mad') -> 'clean/mad/layer3/head2'; ('pe_scale', 0.5, 1, -1, 'ssdc')
-    -> 'pe_scale_0.5/ssdc/layer1'."""
+    ('clean', None, None, None, 'acc') -> 'clean/acc'; ('jpeg', 5.0, None, None, 'fs') -> 'jpeg_5/fs';
+    ('clean', None, 3, 2, 'mad') -> 'clean/mad/layer3/head2'; ('pe_scale', 0.5, 1, None, 'ssdc')
+    -> 'pe_scale_0.5/ssdc/layer1'. Null (None or NaN) layer / head_index: not per layer / head."""
     group = intervention
-    if level is not None and not (isinstance(level, float) and math.isnan(level)):
+    if _given(level):
         group += f"_{float(level):g}"
     key = f"{group}/{metric}"
-    if layer is not None and layer >= 0:
+    if _given(layer):
         key += f"/layer{int(layer)}"
-    if head is not None and head >= 0:
-        key += f"/head{int(head)}"
+    if _given(head_index):
+        key += f"/head{int(head_index)}"
     return key
 
 
@@ -455,7 +504,7 @@ def log_measurements(uri: str, run_id: str, rows, *, per_head: bool = False) -> 
     Table or an iterable of dicts) as metrics with step = checkpoint_epoch and keys
     from ``measurement_metric_key``. The run may have ended already (the analysis
     job runs after training and finds it with ``find_trial_run``). Per-head rows
-    (head >= 0, hundreds per checkpoint) are skipped unless ``per_head``: they stay
+    (head_index set, hundreds per checkpoint) are skipped unless ``per_head``: they stay
     in Parquet, where they are queryable, and out of the MLflow runs table.
     Returns the number of points logged."""
     if hasattr(rows, "to_pylist"):  # pyarrow Table
@@ -464,10 +513,10 @@ def log_measurements(uri: str, run_id: str, rows, *, per_head: bool = False) -> 
         rows = rows.to_dict("records")
     by_step: dict[int, dict[str, float]] = {}
     for row in rows:
-        head = row.get("head", -1)
-        if head is not None and head >= 0 and not per_head:
+        head = row.get("head_index")
+        if _given(head) and not per_head:
             continue
-        key = measurement_metric_key(row["intervention"], row.get("level"), row.get("layer", -1), head,
+        key = measurement_metric_key(row["intervention"], row.get("level"), row.get("layer"), head,
                                      row["metric"])
         by_step.setdefault(int(row["checkpoint_epoch"]), {})[key] = row["value"]
     for step, metrics in sorted(by_step.items()):
