@@ -4,8 +4,10 @@
     build_report("results", "study_l")           # -> results/study_l/report/index.html
 
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
-``<results>/<study>/report/``: one PNG per figure and one self-contained ``index.html`` (figures
-inline as base64 PNGs). Any table may be missing or empty: a figure without its data is replaced
+``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, ``claims.csv`` and
+one self-contained ``index.html`` (figures inline as base64 PNGs). Given a tracking URI, it logs
+the page and ``claims.csv`` to the study's run ``<study>-report`` in the study's MLflow experiment,
+and where the URI is an http(s) server the per-trial table links each trial's run. Any table may be missing or empty: a figure without its data is replaced
 by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
 numbers in ``analysis.claims``; this module loads the data, joins it and writes the page.
 
@@ -308,11 +310,14 @@ td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f
 """
 
 
-def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None = None) -> Path:
+def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None = None,
+                 mlflow_uri: str | None = None) -> Path:
     """Write the report of ``study`` and return the path of its ``index.html``.
 
     results: the results folder (or a pyarrow URI such as ``s3://bucket/results``; then ``out_dir``,
-    a local folder, is required). out_dir defaults to ``<results>/<study>/report``."""
+    a local folder, is required). out_dir defaults to ``<results>/<study>/report``. mlflow_uri: where
+    to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
+    logs nothing."""
     if out_dir is None:
         if "://" in results and not results.startswith("file://"):
             raise ValueError(f"results {results!r} is remote: pass out_dir, a local folder for the report")
@@ -337,22 +342,97 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
         for plot in plots:
             png = figures.render_png(plot.figure)
             (out / f"{_slug(plot.title)}.png").write_bytes(png)
+            (out / f"{_slug(plot.title)}.svg").write_bytes(figures.render_svg(plot.figure))
             src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
             body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}">'
-                                 f"<figcaption>{_e(plot.caption)}</figcaption></figure>")
+                                 f"<figcaption>{_e(plot.caption)} (<a href='{_slug(plot.title)}.svg'>SVG</a>)"
+                                 "</figcaption></figure>")
     body["L"].extend(_ablation_html(data))
     body["T"].insert(0, _conditions_html(data))
+    experiment_id = _experiment(mlflow_uri, study)
+    body["T"].insert(1, _trials_html(data, _run_links(mlflow_uri, experiment_id)))
 
     claims = numbers.evaluate_claims(data)
     claims.to_csv(out / "claims.csv", index=False)
     page = _page(data, results, claims, body)
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
+    if experiment_id is not None:
+        _log_report(mlflow_uri, experiment_id, study, index, out / "claims.csv")
     return index
 
 
+def _experiment(uri: str | None, study: str) -> str | None:
+    """The study's MLflow experiment id (created if missing), or None without a URI or store."""
+    if not uri:
+        return None
+    from records import tracking
+
+    try:
+        return tracking.ensure_experiment(uri, study)
+    except Exception as err:  # noqa: BLE001 - a tracking outage must not cost the report
+        log.warning("MLflow %s unreachable, report not logged: %s", uri, err)
+        return None
+
+
+def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
+    """{run_id: URL} base for a tracking server (http/https): the UI's run page; {} otherwise."""
+    if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
+        return {}
+    return {"base": f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/"}
+
+
+def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: Path) -> None:
+    from records import tracking
+
+    try:
+        run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
+        tracking.log_artifact_file(uri, run_id, index)
+        tracking.log_artifact_file(uri, run_id, claims)
+        tracking.end_trial_run(uri, run_id)
+    except Exception as err:  # noqa: BLE001
+        log.warning("could not log the report to MLflow %s: %s", uri, err)
+
+
+def _trials_html(data: StudyData, links: dict[str, str]) -> str:
+    """Every trial of the table (all statuses): condition, seed, status, accuracies, MLflow run."""
+    raw = data.raw_trials
+    if raw.empty or "trial_id" not in raw:
+        return '<p class="omitted">Trials table: omitted (no trials table).</p>'
+    pt = data.per_trial.set_index("trial_id") if not data.per_trial.empty else pd.DataFrame()
+    rows = []
+    for t in raw.drop_duplicates("trial_id", keep="last").sort_values("trial_id").to_dict("records"):
+        tid = t["trial_id"]
+        counted = tid in pt.index
+        p = pt.loc[tid] if counted else {}
+        condition = p["condition"] if counted else ", ".join(str(t.get(c, "?")) for c in ("dataset", "pe", "protocol"))
+        status = t.get("status") or "unknown"
+        if status == "finished" and not counted:
+            status = "finished (not counted: a second trial of its seed)"
+        elif counted and p["did_not_learn"]:
+            status = "finished (did not learn)"
+        row = {"trial": tid, "condition": condition, "seed": t.get("seed"), "status": status,
+               "test acc (test split)": _fmt(p["test_acc"] if counted else t.get("test_acc")),
+               "clean acc (analysis set)": _fmt(p["acc_clean"]) if counted else "—",
+               "n images": "—" if not counted or pd.isna(p["n_images"]) else int(p["n_images"])}
+        run_id = t.get("mlflow_run_id")
+        if links and isinstance(run_id, str) and run_id:
+            row["MLflow run"] = f"<a href='{_e(links['base'] + run_id)}'>{_e(run_id[:8])}</a>"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    caption = ("<h3>Trials</h3><p class='caption'>Every trial in the trials table. <i>test acc</i>: top-1 on the "
+               "full test split, from training; <i>clean acc</i>: top-1 of the analysis job on its <i>n images</i> "
+               "at the last measured checkpoint: the same number on the same set when n images is the whole test "
+               "split (the default), a subset's accuracy when the analysis was capped (--eval-size).</p>")
+    return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,
+                                   formatters={c: _e for c in table.columns if c != "MLflow run"})
+
+
+def _fmt(v) -> str:
+    return "—" if v is None or pd.isna(v) else f"{float(v):.3f}"
+
+
 def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, list[str]]) -> str:
-    n_final = len(data.trials)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>vitsweep report: {_e(data.study)}</title>"
         f"<style>{_CSS}</style></head><body>",
@@ -371,7 +451,9 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
         f"{numbers.ALPHA}. A claim of <i>no</i> effect is never 'supported' by a test that fails to reject: it is "
         "reported as 'no significant difference (consistent with the claim)'; read the CI of the effect for how "
         "large a difference the seeds still allow. Trials that did not learn (final accuracy within 2 points of "
-        "chance) are left out and counted in <i>did not learn (excluded)</i>.</p>",
+        "chance) are left out and counted in <i>did not learn (excluded)</i>. <i>paper A / B</i>: the paper's "
+        "numbers for the two groups where this data set's setting matches the paper's (Study P: ImageNet-100 or "
+        "224 px; Study L: CIFAR-100).</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -399,6 +481,19 @@ def _counts(data: StudyData) -> str:
 
 
 def _claims_html(claims: pd.DataFrame) -> str:
+    """The claims with data in the main table; those without folded away below it."""
+    if claims.empty:
+        return _table(claims)
+    missing = claims["verdict"] == "no data"
+    main = _verdict_table(claims[~missing]) if (~missing).any() else "<p class='omitted'>No claim has data.</p>"
+    if not missing.any():
+        return main
+    folded = claims.loc[missing, ["paper", "claim", "metric", "A", "B"]]
+    return (main + f"<details><summary>{int(missing.sum())} claim(s) without data in this study</summary>"
+            + _table(folded) + "</details>")
+
+
+def _verdict_table(claims: pd.DataFrame) -> str:
     fmt = claims.copy()
     for col in ("mean A", "mean B", "effect (A - B)"):
         fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
@@ -485,10 +580,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study name: the folder <results>/<study>")
     parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
     parser.add_argument("--out", default=None, help="report folder (default: <results>/<study>/report)")
+    parser.add_argument("--mlflow-uri", default=None,
+                        help="log the report to run <study>-report there; an http(s) server's runs are linked "
+                             "(default: <results>/mlflow.db when it exists, else none)")
 
 
 def run(args: argparse.Namespace) -> int:
-    index = build_report(args.results, args.study, out_dir=args.out)
+    uri = args.mlflow_uri
+    if uri is None and "://" not in args.results and (Path(args.results) / "mlflow.db").exists():
+        from records.stores import default_tracking_uri
+
+        uri = default_tracking_uri(args.results)
+    index = build_report(args.results, args.study, out_dir=args.out, mlflow_uri=uri)
     print(index)
     return 0
 
