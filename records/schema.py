@@ -41,7 +41,7 @@ clean ``acc`` row is then the same number as ``trials.test_acc``, under a cap
 it is the accuracy on that subset.
 
 ``summary`` is wide: one row per finished trial, written by the analysis stage
-(``analysis.report.summary_rows``): the trial's config and final accuracies
+(``analysis.trial_record.write_summary_table``): the trial's config and final accuracies
 beside its headline measurements at its last measured checkpoint.
 """
 
