@@ -465,6 +465,18 @@ CONDITION_METRICS = ("test_acc", "min_mad", "dssdc", "fs_jpeg", "fs_blur")
 SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "fs_blur_se"}  # per_trial columns
 
 
+def _paper_numbers(data: StudyData, dataset: str, model: str, protocol: str) -> str:
+    """The paper's numbers for one condition where the setting matches (Study P: ImageNet-100 or 224 px,
+    its models at the baseline protocol; Study L: CIFAR-100), else a dash."""
+    said = []
+    if protocol == "baseline" and model in PAPER_P_MODELS and data.matches_paper_p(dataset):
+        p = PAPER_P_MODELS[model]
+        said.append(f"acc {p['test_acc']:.3f}, FS JPEG {p['fs_jpeg']:.3f}, FS blur {p['fs_blur']:.3f}")
+    if dataset == "cifar100" and model == "ape" and protocol in PAPER_L_MIN_MAD:
+        said.append(f"min MAD {PAPER_L_MIN_MAD[protocol]:.3f}")
+    return "; ".join(said) or "—"
+
+
 def conditions_table(data: StudyData) -> pd.DataFrame:
     """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
     and each metric as mean ± std, test accuracy also with its 95% bootstrap CI over seeds.
@@ -492,5 +504,6 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
             se = SAMPLING_SE.get(m)
             if se in g and g[se].notna().any():
                 row[f"{METRIC_LABELS[m]}: binomial SE"] = f"{g[se].mean():.3f}"
+        row["paper"] = _paper_numbers(data, str(dataset), model_label(pe, rpt), proto)
         rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto), *map(str, key[4:]))})
     return pd.DataFrame(rows).sort_values("_key").drop(columns="_key").reset_index(drop=True)

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
 
 from analysis import plotting as pl
 from analysis.claims import (
@@ -356,6 +357,9 @@ def emergence(data: StudyData) -> list[pl.Plot]:
                     pl.line(ax, g["checkpoint_epoch"], g, f"{model_label(pe, rpt)} ({pl.n_label(g['n'])})",
                           **pl.model_style(pe, rpt))
             ax.set_xscale("symlog", linthresh=1)  # epoch 0 (untrained) stays on the axis
+            epochs = sorted({int(e) for e in per["checkpoint_epoch"]})  # log-spaced snapshots: every one fits
+            ax.set_xticks(epochs, [str(e) for e in epochs])
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set(title=ds, xlabel="checkpoint epoch (0 = untrained)", ylabel=label)
             pl.style(ax)
             pl.legend(ax)

@@ -438,7 +438,7 @@ def _conditions_html(data: StudyData) -> str:
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
             "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
             "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
-            "trials within 2 points of chance accuracy.</p>" + _table(table))
+            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting matches.</p>" + _table(table))
 
 
 def _config_html(data: StudyData) -> str:
