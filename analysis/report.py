@@ -179,7 +179,7 @@ class StudyData:
                 continue
             values = set(df[factor].unique())
             ref = REFERENCE.get(factor)
-            value = ref if ref in values else sorted(df[factor].mode(), key=str)[0]
+            value = ref if ref in values else min(df[factor].mode(), key=str)
             df = df[df[factor] == value]
             shown = {"rpt": lambda v: "RPT" if v else "fixed"}.get(factor, str)(value)
             said.append(f"{'token order' if factor == 'rpt' else factor} = {shown}")

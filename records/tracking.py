@@ -12,10 +12,12 @@ is the trial id and its tag ``vitsweep.trial_id`` holds the same id, so a Ray
 retry or ``--resume`` finds and continues the run instead of making a second
 one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
 tags are study / dataset / pe / protocol / rpt / seed / code_version; metrics
-are per epoch (step = epoch) and the analysis measurements (step = checkpoint
-epoch); artifacts are ``config.json``, ``provenance/environment.json``,
+are per epoch (step = epoch), the analysis scalars (step = checkpoint epoch)
+and per-layer curves (step = layer, the epoch in the key: ``ssdc_rpi/epoch_0100``,
+see ``analysis.trial_record``); artifacts are ``config.json``, ``provenance/environment.json``,
 ``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
-tree is dirty) and figures.
+tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``). The
+study's report sits on a run of its own, ``<study>-report`` (``study_run``).
 
 Stores, and the checks that run before any trial, are in ``records.stores``;
 the client and its retries in ``records.client``; provenance in

@@ -123,3 +123,18 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     assert len(report) == 1 and {a.path for a in client.list_artifacts(report[0].info.run_id)} >= {
         "index.html", "claims.csv"}
     assert list(tracking.search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
+
+
+def test_trials_table_links_each_run_on_a_tracking_server():
+    from analysis import report
+
+    trials = pd.DataFrame({"trial_id": ["a", "b"], "dataset": "cifar10", "pe": "ape", "rpt": False,
+                           "protocol": "baseline", "seed": [0, 1], "status": ["finished", "failed"],
+                           "test_acc": [0.5, None], "mlflow_run_id": ["0123456789abcdef", None]})
+    data = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame())
+    links = report._run_links("http://mlflow:5000/", "7")
+    html = report._trials_html(data, links)
+    assert "<a href='http://mlflow:5000/#/experiments/7/runs/0123456789abcdef'>01234567</a>" in html
+    assert "failed" in html and html.count("<a href") == 1
+    assert report._run_links("sqlite:////tmp/m.db", "7") == {}  # a file store has no page to link
+    assert "<a href" not in report._trials_html(data, {})
