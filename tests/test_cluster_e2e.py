@@ -377,7 +377,8 @@ def test_trials_table_has_the_final_metrics(job):
     assert (trials["epochs_completed"] == EPOCHS).all(), shown
     assert trials["test_acc"].between(0, 1).all(), shown
     measurements = pq.read_table(cluster.results / STUDY / "measurements").to_pandas()
-    assert set(measurements["checkpoint_epoch"]) == set(range(EPOCHS + 1)), sorted(set(measurements["checkpoint_epoch"]))
+    measured = set(measurements["checkpoint_epoch"])
+    assert measured == set(range(EPOCHS + 1)), sorted(measured)
     assert (measurements.groupby("trial_id")["checkpoint_epoch"].max() == EPOCHS).all()
 
 
