@@ -298,7 +298,8 @@ def evaluate_checkpoint(
     rpi_index = rpi_pass.ssdc()
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "acc", rpi_pass.accuracy))
     rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc", v) for layer, v in enumerate(rpi_index))
-    rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_content", v) for layer, v in enumerate(rpi_pass.ssdc(content=True)))
+    rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_content", v)
+                for layer, v in enumerate(rpi_pass.ssdc(content=True)))
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(rpi_index)))
 
     name = scale.name

@@ -185,7 +185,8 @@ def accuracy_fragility(data: StudyData) -> list[pl.Plot]:
             pl.style(ax)
             if data.matches_paper_p(ds):
                 pl.legend(ax, handles=[pl.paper_handle(PAPER_P_SETTING)])
-    return [pl.Plot(title, fig, pl.caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: ± "
+    return [pl.Plot(title, fig, pl.caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: "
+                                           "± "
                                       "binomial SE of one trial's value from its n evaluation images (every seed "
                                       "sees the same images, so the seed spread holds no test-set sampling error). "
                                       "Accuracy on the full test split; FS at JPEG q5 and blur sigma 2.5.", pinned,

@@ -7,9 +7,10 @@ Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema
 ``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, ``claims.csv`` and
 one self-contained ``index.html`` (figures inline as base64 PNGs). Given a tracking URI, it logs
 the page and ``claims.csv`` to the study's run ``<study>-report`` in the study's MLflow experiment,
-and where the URI is an http(s) server the per-trial table links each trial's run. Any table may be missing or empty: a figure without its data is replaced
-by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
-numbers in ``analysis.claims``; this module loads the data, joins it and writes the page.
+and where the URI is an http(s) server the per-trial table links each trial's run. Any table may
+be missing or empty: a figure without its data is replaced by a one-line note, never an error.
+Figures live in ``analysis.figures``, claims and tables of numbers in ``analysis.claims``, what a
+condition is in ``analysis.conditions``; this module loads the data, joins it and writes the page.
 
 Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every
 other config field that varies among trials of one factor cell (``condition_fields``: an ``--set
@@ -438,7 +439,8 @@ def _conditions_html(data: StudyData) -> str:
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
             "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
             "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
-            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting matches.</p>" + _table(table))
+            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting "
+            "matches.</p>" + _table(table))
 
 
 def _config_html(data: StudyData) -> str:
