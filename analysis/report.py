@@ -6,7 +6,7 @@
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
 ``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, ``claims.csv`` and
 one self-contained ``index.html`` (figures inline as base64 PNGs). Given a tracking URI, it logs
-the page and ``claims.csv`` to the study's run ``<study>-report`` in the study's MLflow experiment,
+the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in its experiment,
 and where the URI is an http(s) server the per-trial table links each trial's run. Any table may
 be missing or empty: a figure without its data is replaced by a one-line note, never an error.
 Figures live in ``analysis.figures``, claims and tables of numbers in ``analysis.claims``, what a
@@ -301,6 +301,8 @@ def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: P
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
         tracking.log_artifact_file(uri, run_id, claims)
+        for figure in sorted(index.parent.glob("*.png")) + sorted(index.parent.glob("*.svg")):
+            tracking.log_artifact_file(uri, run_id, figure, "figures")
         tracking.end_trial_run(uri, run_id)
     except Exception as err:  # noqa: BLE001
         log.warning("could not log the report to MLflow %s: %s", uri, err)

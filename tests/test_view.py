@@ -121,7 +121,9 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     build_report(str(report_results), "layers", mlflow_uri=uri)
     report = client.search_runs([experiment_id], "attributes.run_name = 'layers-report'")
     assert len(report) == 1 and {a.path for a in client.list_artifacts(report[0].info.run_id)} >= {
-        "index.html", "claims.csv"}
+        "index.html", "claims.csv", "figures"}
+    build_report(str(report_results), "layers", mlflow_uri=uri)  # again: the same run, not a second one
+    assert len(client.search_runs([experiment_id], "attributes.run_name = 'layers-report'")) == 1
     assert list(tracking.search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
 
 
