@@ -133,6 +133,16 @@ def mean_std(values: Any, digits: int = 3) -> str:
     return f"{s.mean:.{digits}f}" if s.n == 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
 
 
+def mean_ci(values: Any, digits: int = 3) -> str:
+    """``0.481 [0.470, 0.492]``: mean over seeds with its 95% bootstrap CI; one seed has no CI."""
+    s = seed_summary(values)
+    if s.n == 0:
+        return "—"
+    if s.n == 1 or not np.isfinite(s.low):
+        return f"{s.mean:.{digits}f}"
+    return f"{s.mean:.{digits}f} [{s.low:.{digits}f}, {s.high:.{digits}f}]"
+
+
 def binomial_se(p: Any, n: Any) -> Any:
     """Binomial standard error sqrt(p (1 - p) / n) of an accuracy p over n images (NaN where n is unknown)."""
     p, n = np.asarray(p, dtype=float), np.asarray(n, dtype=float)
@@ -324,6 +334,19 @@ def verdict(claim: Claim, a: np.ndarray, b: np.ndarray, p: float) -> str:
     return "supported" if p < ALPHA else "not supported"
 
 
+def paper_value(claim: Claim, group: dict, dataset: str, matches_p: bool) -> float | None:
+    """The paper's number for one group of a claim where this data set's setting matches the
+    paper's (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100), else None."""
+    if claim.paper == "Study P" and matches_p and "pe" in group:
+        label = model_label(group["pe"], group.get("rpt", False))
+        if claim.metric == "dssdc":
+            return PAPER_P_APE_SCALING[1.0][0] if label == "ape" else None
+        return PAPER_P_MODELS.get(label, {}).get(claim.metric)
+    if claim.paper == "Study L" and dataset == "cifar100" and claim.metric == "min_mad":
+        return PAPER_L_MIN_MAD.get(canonical_protocol(group.get("protocol", "")))
+    return None
+
+
 def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
     mask = pd.Series(True, index=df.index)
     for key, value in filters.items():
@@ -352,10 +375,15 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
                 b = g.loc[in_b & ~flagged, claim.metric].to_numpy(float)
                 excluded = int(((in_a | in_b) & flagged).sum())
                 if (in_a.any() and in_b.any()) and (a.size and b.size or excluded):
-                    rows.append(_claim_row(claim, a, b, ", ".join(filter(None, [str(dataset), setting])), excluded))
+                    row = _claim_row(claim, a, b, ", ".join(filter(None, [str(dataset), setting])), excluded)
+                    papers = [paper_value(claim, grp, str(dataset), data.matches_paper_p(str(dataset)))
+                              for grp in (claim.a, claim.b)]
+                    row["paper A / B"] = ("—" if all(v is None for v in papers) else
+                                          " / ".join("—" if v is None else f"{v:.3f}" for v in papers))
+                    rows.append(row)
                     evaluated = True
         if not evaluated:
-            rows.append(_claim_row(claim, np.array([]), np.array([]), "—"))
+            rows.append({**_claim_row(claim, np.array([]), np.array([]), "—"), "paper A / B": "—"})
     return pd.DataFrame(rows)
 
 
@@ -412,7 +440,7 @@ def ablation_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
             sw = protocol_switches(proto)
             rows.append({"protocol": protocol_label(proto),
                          **{_SHORT[s]: "✓" if sw[s] else "" for s in SWITCHES},
-                         "min MAD": mean_std(t["min_mad"]), "test acc": mean_std(t["test_acc"]),
+                         "min MAD": mean_std(t["min_mad"]), "test acc [95% CI]": mean_ci(t["test_acc"]),
                          "n": len(t), "_mean": t["min_mad"].mean(), "_cutmix": sw["cutmix"]})
         table = pd.DataFrame(rows)
         note = _separation_note(table, g) + (f" Other factors: {setting}." if setting else "")
@@ -437,8 +465,21 @@ CONDITION_METRICS = ("test_acc", "min_mad", "dssdc", "fs_jpeg", "fs_blur")
 SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "fs_blur_se"}  # per_trial columns
 
 
+def _paper_numbers(data: StudyData, dataset: str, model: str, protocol: str) -> str:
+    """The paper's numbers for one condition where the setting matches (Study P: ImageNet-100 or 224 px,
+    its models at the baseline protocol; Study L: CIFAR-100), else a dash."""
+    said = []
+    if protocol == "baseline" and model in PAPER_P_MODELS and data.matches_paper_p(dataset):
+        p = PAPER_P_MODELS[model]
+        said.append(f"acc {p['test_acc']:.3f}, FS JPEG {p['fs_jpeg']:.3f}, FS blur {p['fs_blur']:.3f}")
+    if dataset == "cifar100" and model == "ape" and protocol in PAPER_L_MIN_MAD:
+        said.append(f"min MAD {PAPER_L_MIN_MAD[protocol]:.3f}")
+    return "; ".join(said) or "—"
+
+
 def conditions_table(data: StudyData) -> pd.DataFrame:
-    """Every condition (dataset x pe x token order x protocol) with n and each metric as mean ± std.
+    """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
+    and each metric as mean ± std, test accuracy also with its 95% bootstrap CI over seeds.
 
     Beside accuracy and fragility: their binomial standard error from ``n images`` (mean over the
     condition's trials), the test-set sampling error the seed spread does not contain; and how many
@@ -447,16 +488,22 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
     if pt.empty:
         return pd.DataFrame()
     metrics = [m for m in CONDITION_METRICS if m in pt and pt[m].notna().any()]
+    extra = [c for c in data.condition_fields if c in pt]  # fields beyond the factors that split a cell
     rows = []
-    for (dataset, pe, rpt, proto), g in pt.groupby(list(FACTORS), sort=False):
-        row = {"dataset": dataset, "model": model_label(pe, rpt), "protocol": protocol_label(proto), "n": len(g),
+    for key, g in pt.groupby([*FACTORS, *extra], sort=False):
+        dataset, pe, rpt, proto = key[:4]
+        row = {"dataset": dataset, "model": model_label(pe, rpt), "protocol": protocol_label(proto),
+               **dict(zip(extra, key[4:])), "n": len(g),
                "did not learn": int(g["did_not_learn"].sum()) if "did_not_learn" in g else 0}
         if "n_images" in g and g["n_images"].notna().any():
             row["n images"] = "/".join(str(int(v)) for v in sorted(g["n_images"].dropna().unique()))
         for m in metrics:
             row[METRIC_LABELS[m]] = mean_std(g[m])
+            if m == "test_acc":
+                row["test accuracy [95% CI]"] = mean_ci(g[m])
             se = SAMPLING_SE.get(m)
             if se in g and g[se].notna().any():
                 row[f"{METRIC_LABELS[m]}: binomial SE"] = f"{g[se].mean():.3f}"
-        rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto))})
+        row["paper"] = _paper_numbers(data, str(dataset), model_label(pe, rpt), proto)
+        rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto), *map(str, key[4:]))})
     return pd.DataFrame(rows).sort_values("_key").drop(columns="_key").reset_index(drop=True)

@@ -2,7 +2,7 @@
 
 ``evaluate_checkpoint`` runs a model over a fixed evaluation set (by default the
 whole test split) under every condition and returns rows ``{intervention, level,
-layer, head, metric, value, n_images}`` in the measurements vocabulary; the
+layer, head_index, metric, value, n_images}`` in the measurements vocabulary; the
 caller adds ``trial_id``, ``study`` and ``checkpoint_epoch`` and hands them to
 ``records.tables``.
 
@@ -177,12 +177,16 @@ def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | No
             run.ssdc_content[layer].update(patches, perm=perm)
 
 
-def _row(intervention: str, level: float | None, layer: int, head: int, metric: str, value: float) -> dict[str, Any]:
+_WHOLE = None  # layer / head_index of a row that is not per layer / not per head (null in Parquet)
+
+
+def _row(intervention: str, level: float | None, layer: int | None, head: int | None, metric: str,
+         value: float) -> dict[str, Any]:
     return {
         "intervention": intervention,
         "level": None if level is None else float(level),
-        "layer": int(layer),
-        "head": int(head),
+        "layer": None if layer is None else int(layer),
+        "head_index": None if head is None else int(head),
         "metric": metric,
         "value": float(value),
     }
@@ -219,8 +223,8 @@ def evaluate_checkpoint(
     ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``):
     ``pe_scale`` rows for additive PEs, ``rope_scale`` rows (position interpolation) for rotary ones.
 
-    Returns rows {intervention, level, layer, head, metric, value, n_images} (layer -1 =
-    whole model, head -1 = not per head; n_images = len(labels), the images behind every row):
+    Returns rows {intervention, level, layer, head_index, metric, value, n_images} (layer None =
+    whole model, head_index None = not per head; n_images = len(labels), the images behind every row):
       clean/None:    acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
       jpeg/quality:  acc, fs          blur/sigma: acc, fs
       rpi/None:      acc; ssdc (index coordinates), ssdc_content per layer; dssdc
@@ -273,9 +277,9 @@ def evaluate_checkpoint(
 
     rows: list[dict[str, Any]] = []
     acc_clean = clean_pass.accuracy
-    rows.append(_row("clean", None, -1, -1, "acc", acc_clean))
+    rows.append(_row("clean", None, _WHOLE, _WHOLE, "acc", acc_clean))
     for layer, value in enumerate(clean_pass.ssdc()):
-        rows.append(_row("clean", None, layer, -1, "ssdc", value))
+        rows.append(_row("clean", None, layer, _WHOLE, "ssdc", value))
     for layer, stats in enumerate(clean_pass.attention_stats):
         per_head = {
             "mad": stats.mean_attention_distance(normalize=True),
@@ -288,23 +292,24 @@ def evaluate_checkpoint(
 
     for name, passes in (("jpeg", jpeg_passes), ("blur", blur_passes)):
         for level, run in passes.items():
-            rows.append(_row(name, level, -1, -1, "acc", run.accuracy))
-            rows.append(_row(name, level, -1, -1, "fs", metrics.fragility(acc_clean, run.accuracy)))
+            rows.append(_row(name, level, _WHOLE, _WHOLE, "acc", run.accuracy))
+            rows.append(_row(name, level, _WHOLE, _WHOLE, "fs", metrics.fragility(acc_clean, run.accuracy)))
 
     rpi_index = rpi_pass.ssdc()
-    rows.append(_row("rpi", None, -1, -1, "acc", rpi_pass.accuracy))
-    rows.extend(_row("rpi", None, layer, -1, "ssdc", v) for layer, v in enumerate(rpi_index))
-    rows.extend(_row("rpi", None, layer, -1, "ssdc_content", v) for layer, v in enumerate(rpi_pass.ssdc(content=True)))
-    rows.append(_row("rpi", None, -1, -1, "dssdc", _delta_ssdc(rpi_index)))
+    rows.append(_row("rpi", None, _WHOLE, _WHOLE, "acc", rpi_pass.accuracy))
+    rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc", v) for layer, v in enumerate(rpi_index))
+    rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_content", v)
+                for layer, v in enumerate(rpi_pass.ssdc(content=True)))
+    rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(rpi_index)))
 
     name = scale.name
     for alpha, (plain, jpeg, blur, rpi) in alpha_passes.items():
-        rows.append(_row(name, alpha, -1, -1, "acc", plain.accuracy))
-        rows.append(_row(name, alpha, -1, -1, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
-        rows.append(_row(name, alpha, -1, -1, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
+        rows.append(_row(name, alpha, _WHOLE, _WHOLE, "acc", plain.accuracy))
+        rows.append(_row(name, alpha, _WHOLE, _WHOLE, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
+        rows.append(_row(name, alpha, _WHOLE, _WHOLE, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
         ssdc_rpi = rpi.ssdc()
-        rows.extend(_row(name, alpha, layer, -1, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
-        rows.append(_row(name, alpha, -1, -1, "dssdc", _delta_ssdc(ssdc_rpi)))
+        rows.extend(_row(name, alpha, layer, _WHOLE, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
+        rows.append(_row(name, alpha, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(ssdc_rpi)))
     for row in rows:  # every value here is over the same images: the n behind its binomial standard error
         row["n_images"] = len(labels)
     return rows

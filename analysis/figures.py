@@ -4,32 +4,24 @@ Every figure draws the mean over seeds with a 95% bootstrap CI (band or bar) and
 of seeds behind each line or point (``n=5``; ``n=3-5`` where it varies along the line). A figure
 whose data is absent raises ``NoData``; the report shows the reason in its place. Rows of a
 figure are data sets (the factorial's facets); factors a figure does not show are held at one
-value by ``StudyData.pin`` and named in the caption, so nothing is pooled silently.
-
-Figures are ``matplotlib.figure.Figure`` objects rendered by the Agg canvas: no pyplot, no global
-state, nothing left open.
+value by ``StudyData.pin`` and named in the caption, so nothing is pooled silently. Style (fonts,
+ticks, y ranges, PNG and SVG) is ``analysis.plotting``'s.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import NullLocator
 
+from analysis import plotting as pl
 from analysis.claims import (
-    MODERN,
     PAPER_L_MIN_MAD,
     PAPER_L_SETTING,
     PAPER_P_APE_SCALING,
@@ -43,203 +35,110 @@ from analysis.claims import (
     seed_summary,
     summarise,
 )
+from analysis.plotting import NoData, Plot, render_png, render_svg  # noqa: F401 - the report's entry points
 
 if TYPE_CHECKING:
     from analysis.report import StudyData
 
-SPREAD = "Lines: mean over seeds; bands/bars: 95% bootstrap CI of the mean; n = seeds."
-PE_COLOURS = {"none": "#7f7f7f", "ape": "#1f77b4", "sincos2d": "#ff7f0e", "rope2d": "#2ca02c",
-              "rope2d_mixed": "#9467bd"}
-PAPER_MARKER = {"marker": "*", "ms": 12, "mec": "k", "mew": 0.7, "ls": "none", "zorder": 5}
-
-
-class NoData(Exception):
-    """A figure's inputs are absent; the message is the note shown in its place."""
-
-
-@dataclass
-class Plot:
-    title: str
-    figure: Figure
-    caption: str
-
-
-def render_png(fig: Figure, dpi: int = 100) -> bytes:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
-# -- helpers -------------------------------------------------------------------------
-def _grid(nrows: int, ncols: int, title: str, w: float = 4.4, h: float = 3.3, **kw) -> tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=(w * ncols, h * nrows + 0.4), layout="constrained")
-    fig.suptitle(title)
-    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
-
-
-def _n(ns) -> str:
-    ns = [int(n) for n in ns]
-    lo, hi = min(ns), max(ns)
-    return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
-
-
-def _caption(text: str, pinned: str, spread: str = SPREAD) -> str:
-    pinned = "; ".join(dict.fromkeys(p for p in pinned.split("; ") if p))  # panels often pin alike
-    return f"{text} {spread}".strip() + (f" Other factors held at: {pinned}." if pinned else "")
-
-
-def _model_style(pe: str, rpt: bool) -> dict:
-    return {"color": PE_COLOURS.get(pe, "#8c564b"), "ls": "--" if rpt else "-", "marker": "s" if rpt else "o"}
-
-
-def _protocol_colour(name: str) -> str:
-    order = sorted(["baseline", "autoaugment", "cutmix", "label_smoothing", "autoaugment+cutmix",
-                    "autoaugment+label_smoothing", "cutmix+label_smoothing", MODERN], key=protocol_key)
-    return colormaps["tab10"](order.index(name) if name in order else 9)
-
-
-def _line(ax, x, s: pd.DataFrame, label: str, **style) -> None:
-    """Mean line with its CI band; x and s aligned."""
-    x = np.asarray(x, dtype=float)
-    ax.plot(x, s["mean"], label=label, ms=3.5, lw=1.5, **style)
-    low, high = s["low"].to_numpy(float), s["high"].to_numpy(float)
-    ok = np.isfinite(low) & np.isfinite(high)
-    if ok.any():
-        ax.fill_between(x[ok], low[ok], high[ok], color=style.get("color"), alpha=0.15, lw=0)
-
-
-def _ci_bar(s) -> list | None:
-    """Asymmetric error bar [[below], [above]] of a ``Summary``'s CI; none for a single seed."""
-    return [[s.mean - s.low], [s.high - s.mean]] if s.n > 1 else None
-
-
-def _points(ax, x: float, values, colour, label: str | None = None, se: float = float("nan")) -> None:
-    """Every seed as a dot beside the mean ± 95% CI bar; ``se``, when known, as a grey ± bar beside it."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    s = seed_summary(v)
-    if s.n == 0:
-        return
-    offsets = np.linspace(-0.12, 0.12, v.size) if v.size > 1 else np.zeros(1)
-    ax.plot(x - 0.2 + offsets, v, "o", ms=3, color=colour, alpha=0.45, mew=0)
-    ax.errorbar([x], [s.mean], yerr=_ci_bar(s), fmt="o", color=colour, ms=6, capsize=4, lw=1.5, label=label)
-    if np.isfinite(se):
-        ax.errorbar([x + 0.14], [s.mean], yerr=[[se], [se]], fmt="none", ecolor="0.45", capsize=2, lw=1)
-
-
-def _by_model(s: pd.DataFrame):
-    groups = {k: g for k, g in s.groupby(["pe", "rpt"])}
-    for key in sorted(groups, key=lambda k: model_key(*k)):
-        yield key, groups[key]
-
-
-def _datasets(df: pd.DataFrame) -> list[str]:
-    return sorted(map(str, df["dataset"].unique()))
-
-
-def _paper_handle(label: str) -> Line2D:
-    return Line2D([], [], color="w", markerfacecolor="w", label=label, **{k: v for k, v in PAPER_MARKER.items()
-                                                                         if k != "ls"})
-
-
 # -- Study P -------------------------------------------------------------------------------
-def _ssdc_depth(data: StudyData, intervention: str, title: str, text: str) -> list[Plot]:
+def _ssdc_depth(data: StudyData, intervention: str, title: str, text: str) -> list[pl.Plot]:
     df = data.select(intervention, "ssdc", per_layer=True)
     if df.empty:
-        raise NoData(f"no ({intervention}, ssdc) rows at the final checkpoint")
+        raise pl.NoData(f"no ({intervention}, ssdc) rows at the final checkpoint")
     df, pinned = data.pin(df, {"pe", "rpt"})
-    datasets = _datasets(df)
-    fig, axes = _grid(1, len(datasets), title, sharey=True)
+    datasets = pl.datasets(df)
+    fig, axes = pl.grid(1, len(datasets), sharey=True)
     for ax, ds in zip(axes[0], datasets):
         s = summarise(df[df["dataset"] == ds], ["pe", "rpt", "layer"])
-        for (pe, rpt), g in _by_model(s):
-            _line(ax, g["layer"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})", **_model_style(pe, rpt))
+        for (pe, rpt), g in pl.by_model(s):
+            pl.line(ax, g["layer"], g, f"{model_label(pe, rpt)} ({pl.n_label(g['n'])})", **pl.model_style(pe, rpt))
         ax.axhline(0, color="k", lw=0.6)
         ax.set(title=ds, xlabel="layer l (input of block l)", ylabel="SSDC")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=7)
-    return [Plot(title, fig, _caption(text, pinned))]
+        pl.style(ax, layer_axis="x")
+        pl.legend(ax)
+    return [pl.Plot(title, fig, pl.caption(text, pinned))]
 
 
-def ssdc_clean(data: StudyData) -> list[Plot]:
+def ssdc_clean(data: StudyData) -> list[pl.Plot]:
     return _ssdc_depth(data, "clean", "SSDC vs depth (clean)",
                        "Spearman correlation of token cosine similarity with negative grid distance, per layer.")
 
 
-def ssdc_rpi(data: StudyData) -> list[Plot]:
+def ssdc_rpi(data: StudyData) -> list[pl.Plot]:
     return _ssdc_depth(data, "rpi", "SSDC vs depth under RPI (index coordinates)",
                        "Patch tokens permuted at inference, SSDC scored against index coordinates: structure that "
                        "survives is anchored to indices (PE), content-driven structure falls to ~0. Solid: fixed "
                        "token order in training; dashed: RPT.")
 
 
-def fragility_severity(data: StudyData) -> list[Plot]:
+def fragility_severity(data: StudyData) -> list[pl.Plot]:
     title = "Fragility vs severity (JPEG and blur)"
     kinds = [(k, label) for k, label in (("jpeg", "JPEG quality (lower = harsher)"), ("blur", "blur sigma (kernel 5)"))
              if not data.select(k, "fs").empty]
     if not kinds:
-        raise NoData("no (jpeg, fs) or (blur, fs) rows at the final checkpoint")
+        raise pl.NoData("no (jpeg, fs) or (blur, fs) rows at the final checkpoint")
     frames = {k: data.pin(data.select(k, "fs"), {"pe", "rpt"}) for k, _ in kinds}
-    datasets = sorted(set().union(*(_datasets(f) for f, _ in frames.values())))
-    fig, axes = _grid(len(datasets), len(kinds), title)
+    datasets = sorted(set().union(*(pl.datasets(f) for f, _ in frames.values())))
+    fig, axes = pl.grid(len(datasets), len(kinds))
     for row, ds in enumerate(datasets):
         for col, (kind, xlabel) in enumerate(kinds):
             ax, df = axes[row, col], frames[kind][0]
             s = summarise(df[df["dataset"] == ds], ["pe", "rpt", "level"])
-            for (pe, rpt), g in _by_model(s):
-                _line(ax, g["level"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})", **_model_style(pe, rpt))
+            for (pe, rpt), g in pl.by_model(s):
+                pl.line(ax, g["level"], g, f"{model_label(pe, rpt)} ({pl.n_label(g['n'])})", **pl.model_style(pe, rpt))
                 paper = PAPER_P_MODELS.get(model_label(pe, rpt))
                 if paper and data.matches_paper_p(ds):
                     x = 5.0 if kind == "jpeg" else 2.5
-                    ax.plot([x], [paper[f"fs_{kind}"]], color=_model_style(pe, rpt)["color"], **PAPER_MARKER)
+                    ax.plot([x], [paper[f"fs_{kind}"]], color=pl.model_style(pe, rpt)["color"], **pl.PAPER_MARKER)
             handles, _ = ax.get_legend_handles_labels()
             if data.matches_paper_p(ds):
-                handles.append(_paper_handle(PAPER_P_SETTING))
+                handles.append(pl.paper_handle(PAPER_P_SETTING))
             if kind == "jpeg":
                 ax.invert_xaxis()
             ax.axhline(0, color="k", lw=0.6)
             ax.set(title=f"{ds}: {kind}", xlabel=xlabel, ylabel="FS = 1 - acc_shift / acc_clean")
-            ax.legend(handles=handles, fontsize=7)
+            pl.style(ax)
+            pl.legend(ax, handles=handles)
     pinned = "; ".join(p for _, p in frames.values() if p)
-    return [Plot(title, fig, _caption("Fragility score per severity level. Paper stars (JPEG q5, blur sigma 2.5) "
+    return [pl.Plot(title, fig, pl.caption("Fragility score per severity level. Paper stars (JPEG q5, blur sigma 2.5) "
                                       "only where the setting matches (ImageNet-100 / 224 px).", pinned))]
 
 
 def _alpha_scaling(data: StudyData, intervention: str, title: str, xlabel: str, text: str, *,
-                   paper: bool) -> list[Plot]:
+                   paper: bool) -> list[pl.Plot]:
     metrics = [(m, label) for m, label in (("dssdc", "dSSDC under RPI"), ("fs_jpeg", "FS JPEG q5"),
                                             ("fs_blur", "FS blur sigma 2.5")) if not data.select(intervention, m).empty]
     if not metrics:
-        raise NoData(f"no {intervention} rows at the final checkpoint")
+        raise pl.NoData(f"no {intervention} rows at the final checkpoint")
     frames = {m: data.pin(data.select(intervention, m), {"pe", "rpt"}) for m, _ in metrics}
-    datasets = sorted(set().union(*(_datasets(f) for f, _ in frames.values())))
-    fig, axes = _grid(len(datasets), len(metrics), title)
+    datasets = sorted(set().union(*(pl.datasets(f) for f, _ in frames.values())))
+    fig, axes = pl.grid(len(datasets), len(metrics))
     for row, ds in enumerate(datasets):
         for col, (metric, ylabel) in enumerate(metrics):
             ax, df = axes[row, col], frames[metric][0]
             s = summarise(df[df["dataset"] == ds], ["pe", "rpt", "level"])
-            for (pe, rpt), g in _by_model(s):
-                _line(ax, g["level"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})", **_model_style(pe, rpt))
+            for (pe, rpt), g in pl.by_model(s):
+                pl.line(ax, g["level"], g, f"{model_label(pe, rpt)} ({pl.n_label(g['n'])})", **pl.model_style(pe, rpt))
             handles, _ = ax.get_legend_handles_labels()
             if paper and metric in ("dssdc", "fs_jpeg") and data.matches_paper_p(ds):
                 alphas = np.array(sorted(PAPER_P_APE_SCALING))
                 vals = np.array([PAPER_P_APE_SCALING[a] for a in alphas])
-                colour = PE_COLOURS["ape"]
+                colour = pl.PE_COLOURS["ape"]
                 if metric == "dssdc":
-                    ax.plot(alphas, vals[:, 0], color=colour, **PAPER_MARKER)
+                    ax.plot(alphas, vals[:, 0], color=colour, **pl.PAPER_MARKER)
                 else:  # alpha <= 0.4 is one published range: draw it as a bar, not a point
                     mid = vals[:, 1:].mean(1)
                     ax.errorbar(alphas, mid, yerr=(vals[:, 2] - vals[:, 1]) / 2, color=colour, capsize=3,
-                                **PAPER_MARKER)
-                handles.append(_paper_handle(f"{PAPER_P_SETTING}, ape"))
+                                **pl.PAPER_MARKER)
+                handles.append(pl.paper_handle(f"{PAPER_P_SETTING}, ape"))
             ax.set(title=ds, xlabel=xlabel, ylabel=ylabel)
-            ax.legend(handles=handles, fontsize=7)
+            pl.style(ax)
+            pl.legend(ax, handles=handles)
     pinned = "; ".join(p for _, p in frames.values() if p)
-    return [Plot(title, fig, _caption(text, pinned))]
+    return [pl.Plot(title, fig, pl.caption(text, pinned))]
 
 
-def pe_scaling(data: StudyData) -> list[Plot]:
+def pe_scaling(data: StudyData) -> list[pl.Plot]:
     return _alpha_scaling(
         data, "pe_scale", "PE scaling: dSSDC and FS vs alpha", "alpha (additive PE multiplier at inference)",
         "Study P's PE scaling: the additive PE table (ape, sincos2d) scaled by alpha at inference, no retraining; "
@@ -247,7 +146,7 @@ def pe_scaling(data: StudyData) -> list[Plot]:
         "table covers 0.1-1.0. RoPE is not on these axes: see RoPE angle scaling.", paper=True)
 
 
-def rope_scaling(data: StudyData) -> list[Plot]:
+def rope_scaling(data: StudyData) -> list[pl.Plot]:
     return _alpha_scaling(
         data, "rope_scale", "RoPE angle scaling (position interpolation): dSSDC and FS vs alpha",
         "alpha (RoPE angle multiplier at inference)",
@@ -257,7 +156,7 @@ def rope_scaling(data: StudyData) -> list[Plot]:
         "(equal to none).", paper=False)
 
 
-def accuracy_fragility(data: StudyData) -> list[Plot]:
+def accuracy_fragility(data: StudyData) -> list[pl.Plot]:
     title = "Clean accuracy and fragility per model"
     pt = data.per_trial
     metrics = [(m, label) for m, label in (("test_acc", "clean test accuracy"), ("fs_jpeg", "FS JPEG q5"),
@@ -265,27 +164,29 @@ def accuracy_fragility(data: StudyData) -> list[Plot]:
     pt, pinned = data.pin(pt, {"pe", "rpt"})
     models = sorted({(pe, rpt) for pe, rpt in zip(pt["pe"], pt["rpt"])}, key=lambda k: model_key(*k))
     if not metrics or len(models) < 2:
-        raise NoData("needs accuracy or fragility for two or more models")
-    datasets = _datasets(pt)
-    fig, axes = _grid(len(datasets), len(metrics), title, w=1.0 + 0.75 * len(models))
+        raise pl.NoData("needs accuracy or fragility for two or more models")
+    datasets = pl.datasets(pt)
+    fig, axes = pl.grid(len(datasets), len(metrics), w=1.0 + 0.75 * len(models))
     for row, ds in enumerate(datasets):
         g = pt[pt["dataset"] == ds]
         for col, (metric, ylabel) in enumerate(metrics):
             ax, ticks = axes[row, col], []
             for x, (pe, rpt) in enumerate(models):
                 t = g[(g["pe"] == pe) & (g["rpt"] == rpt)]
-                colour = _model_style(pe, rpt)["color"]
+                colour = pl.model_style(pe, rpt)["color"]
                 se = t[f"{metric}_se"].mean() if f"{metric}_se" in t else float("nan")
-                _points(ax, x, t[metric], colour, se=se)
+                pl.points(ax, x, t[metric], colour, se=se)
                 paper = PAPER_P_MODELS.get(model_label(pe, rpt))
                 if paper and data.matches_paper_p(ds):
-                    ax.plot([x + 0.25], [paper[metric]], color=colour, **PAPER_MARKER)
+                    ax.plot([x + 0.25], [paper[metric]], color=colour, **pl.PAPER_MARKER)
                 ticks.append(f"{model_label(pe, rpt)}\nn={t[metric].notna().sum()}")
-            ax.set_xticks(range(len(models)), ticks, fontsize=7)
+            ax.set_xticks(range(len(models)), ticks, fontsize=pl.SMALL)
             ax.set(title=ds, ylabel=ylabel)
+            pl.style(ax)
             if data.matches_paper_p(ds):
-                ax.legend(handles=[_paper_handle(PAPER_P_SETTING)], fontsize=7)
-    return [Plot(title, fig, _caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: ± "
+                pl.legend(ax, handles=[pl.paper_handle(PAPER_P_SETTING)])
+    return [pl.Plot(title, fig, pl.caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: "
+                                           "± "
                                       "binomial SE of one trial's value from its n evaluation images (every seed "
                                       "sees the same images, so the seed spread holds no test-set sampling error). "
                                       "Accuracy on the full test split; FS at JPEG q5 and blur sigma 2.5.", pinned,
@@ -293,94 +194,103 @@ def accuracy_fragility(data: StudyData) -> list[Plot]:
 
 
 # -- Study L -----------------------------------------------------------------------------
-def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) -> list[Plot]:
+def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) -> list[pl.Plot]:
     df = data.select("clean", metric, per_layer=True, per_head=True)
     if df.empty:
-        raise NoData(f"no (clean, {metric}) rows per layer and head")
+        raise pl.NoData(f"no (clean, {metric}) rows per layer and head")
     df, pinned = data.pin(df, {"protocol"})
     plots = []
-    for ds in _datasets(df):
+    for ds in pl.datasets(df):
         d = df[df["dataset"] == ds]
         protocols = sorted(d["protocol"].unique(), key=protocol_key)
         ncols = min(4, len(protocols))
-        fig, axes = _grid(math.ceil(len(protocols) / ncols), ncols, f"{title} ({ds})", w=3.6, h=2.9,
+        fig, axes = pl.grid(math.ceil(len(protocols) / ncols), ncols, w=3.6, h=2.9,
                           sharey=True, sharex=True)
-        heads = max(int(d["head"].max()) + 1, 1)
+        heads = max(int(d["head_index"].max()) + 1, 1)
         for ax, proto in zip(axes.flat, protocols):
             p = d[d["protocol"] == proto]
-            jitter = (p["head"].to_numpy() / max(heads - 1, 1) - 0.5) * 0.5
+            jitter = (p["head_index"].to_numpy() / max(heads - 1, 1) - 0.5) * 0.5
             ax.scatter(p["layer"] + jitter, p["value"], s=5, color="0.55", alpha=0.45, lw=0,
                        label="single heads (all seeds)")
             for how, colour, ls in (("mean", "C0", "-"), ("min", "C3", "--")):
                 per_layer = p.groupby(["trial_id", "layer"])["value"].agg(how).reset_index()
                 s = summarise(per_layer, ["layer"])
-                _line(ax, s["layer"], s, f"{how} over heads ({_n(s['n'])})", color=colour, ls=ls, marker="o")
-            ax.set_title(f"{protocol_label(proto)} (n={p['trial_id'].nunique()})", fontsize=9)
+                pl.line(ax, s["layer"], s, f"{how} over heads ({pl.n_label(s['n'])})", color=colour, ls=ls, marker="o")
+            ax.set_title(f"{protocol_label(proto)} (n={p['trial_id'].nunique()})")
             ax.set_xlabel("layer")
             ax.set_ylabel(ylabel)
+            pl.style(ax, layer_axis="x")
         for ax in axes.flat[len(protocols):]:
             ax.set_visible(False)
-        axes.flat[0].legend(fontsize=6)
-        plots.append(Plot(f"{title} ({ds})", fig, _caption(
+        pl.legend(axes.flat[0])
+        plots.append(pl.Plot(f"{title} ({ds})", fig, pl.caption(
             "Grey dots: every head of every seed (head index is arbitrary across seeds, so heads are not averaged "
             "by index); blue: mean over heads per layer; red dashed: the layer's most local head.", pinned)))
     return plots
 
 
-def mad_per_layer(data: StudyData) -> list[Plot]:
-    return _attention_per_layer(data, "mad", "Mean attention distance per layer and head", "MAD (normalised)")
+def mad_per_layer(data: StudyData) -> list[pl.Plot]:
+    return _attention_per_layer(data, "mad", "Mean attention distance per layer and head", pl.MAD_LABEL)
 
 
-def entropy_per_layer(data: StudyData) -> list[Plot]:
+def entropy_per_layer(data: StudyData) -> list[pl.Plot]:
     return _attention_per_layer(data, "entropy", "Attention entropy per layer and head", "normalised entropy")
 
 
-def mad_entropy(data: StudyData) -> list[Plot]:
-    title = "MAD-entropy space (baseline vs modern)"
+def mad_entropy(data: StudyData) -> list[pl.Plot]:
+    title = "MAD-entropy space per protocol"
     mad = data.select("clean", "mad", per_layer=True, per_head=True)
     ent = data.select("clean", "entropy", per_layer=True, per_head=True)
-    keys = ["trial_id", "dataset", "pe", "rpt", "protocol", "layer", "head"]
+    keys = ["trial_id", "dataset", "pe", "rpt", "protocol", *data.condition_fields, "layer", "head_index"]
     if mad.empty or ent.empty:
-        raise NoData("needs clean mad and entropy per layer and head")
+        raise pl.NoData("needs clean mad and entropy per layer and head")
     both = mad[keys + ["value"]].merge(ent[keys + ["value"]], on=keys, suffixes=("_mad", "_ent"))
     both, pinned = data.pin(both, {"protocol"})
-    protocols = [p for p in ("baseline", MODERN) if p in set(both["protocol"])]
-    if not protocols:
-        raise NoData("needs the baseline or modern protocol")
-    datasets = _datasets(both)
-    fig, axes = _grid(len(datasets), len(protocols), title, w=4.2, h=3.4, sharex=True, sharey=True)
-    layers = np.arange(int(both["layer"].max()) + 2) - 0.5
+    protocols = sorted(both["protocol"].unique(), key=protocol_key)  # every protocol: one panel each
+    datasets = pl.datasets(both)
+    ncols = min(4, len(protocols))
+    rows_per_ds = math.ceil(len(protocols) / ncols)
+    fig, axes = pl.grid(len(datasets) * rows_per_ds, ncols, w=3.6, h=3.2, sharex=True, sharey=True)
+    n_layers = int(both["layer"].max()) + 1
     cmap = colormaps["viridis"]
-    norm = BoundaryNorm(layers, cmap.N)
+    norm = BoundaryNorm(np.arange(n_layers + 1) - 0.5, cmap.N)
     for row, ds in enumerate(datasets):
-        for col, proto in enumerate(protocols):
-            ax = axes[row, col]
+        panels = axes[row * rows_per_ds:(row + 1) * rows_per_ds].flat
+        for i, ax in enumerate(panels):
+            if i >= len(protocols):
+                ax.set_visible(False)
+                continue
+            proto = protocols[i]
             p = both[(both["dataset"] == ds) & (both["protocol"] == proto)]
             ax.scatter(p["value_mad"], p["value_ent"], c=p["layer"], cmap=cmap, norm=norm, s=7, alpha=0.35, lw=0)
             # Per layer: mean over heads within a seed, then mean ± CI over seeds on both axes.
             per = p.groupby(["trial_id", "layer"])[["value_mad", "value_ent"]].mean().reset_index()
             for layer, g in per.groupby("layer"):
                 sx, sy = seed_summary(g["value_mad"]), seed_summary(g["value_ent"])
-                ax.errorbar([sx.mean], [sy.mean], xerr=_ci_bar(sx), yerr=_ci_bar(sy), fmt="o", ms=6,
+                ax.errorbar([sx.mean], [sy.mean], xerr=pl.ci_bar(sx), yerr=pl.ci_bar(sy), fmt="o", ms=6,
                             color=cmap(norm(layer)), mec="k", mew=0.6, elinewidth=1)
-            ax.set(title=f"{ds}: {protocol_label(proto)} (n={p['trial_id'].nunique()})", xlabel="MAD (normalised)",
+            ax.set(title=f"{ds}: {protocol_label(proto)} (n={p['trial_id'].nunique()})", xlabel=pl.MAD_LABEL,
                    ylabel="normalised entropy", xlim=(0, None), ylim=(0, 1.02))
-    fig.colorbar(ScalarMappable(norm, cmap), ax=axes, label="layer", ticks=layers[:-1] + 0.5)
+            pl.style(ax, min_span=None)
+    handles = [Line2D([], [], marker="o", ls="none", color=cmap(norm(layer)), mec="k", mew=0.6, label=f"layer {layer}")
+               for layer in range(n_layers)]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=pl.SMALL, title="layer", title_fontsize=pl.SMALL)
     text = ("Small dots: every head of every seed, coloured by layer; large dots: per-layer mean over heads, "
-            "averaged over seeds, with 95% CI on both axes; n = seeds.")
-    return [Plot(title, fig, _caption(text, pinned, spread=""))]
+            "averaged over seeds, with 95% CI on both axes; n = seeds. MAD is divided by the largest grid "
+            "distance √2(G−1) (Study L's own normalisation is unpublished); entropy by log N.")
+    return [pl.Plot(title, fig, pl.caption(text, pinned, spread=""))]
 
 
-def protocol_summary(data: StudyData) -> list[Plot]:
+def protocol_summary(data: StudyData) -> list[pl.Plot]:
     title = "Minimum MAD and accuracy per protocol"
     pt, pinned = data.pin(data.per_trial, {"protocol"})
     metrics = [(m, label) for m, label in (("min_mad", "minimum MAD (most local head)"),
                                             ("test_acc", "test accuracy")) if pt[m].notna().any()]
     protocols = sorted(pt["protocol"].unique(), key=protocol_key)
     if not metrics or len(protocols) < 2:
-        raise NoData("needs minimum MAD or accuracy for two or more protocols")
-    datasets = _datasets(pt)
-    fig, axes = _grid(len(datasets), len(metrics), title, w=1.2 + 0.62 * len(protocols), h=3.6)
+        raise pl.NoData("needs minimum MAD or accuracy for two or more protocols")
+    datasets = pl.datasets(pt)
+    fig, axes = pl.grid(len(datasets), len(metrics), w=1.2 + 0.62 * len(protocols), h=3.6)
     colours = {True: "tab:red", False: "tab:blue"}
     for row, ds in enumerate(datasets):
         g = pt[pt["dataset"] == ds]
@@ -388,32 +298,33 @@ def protocol_summary(data: StudyData) -> list[Plot]:
             ax, ticks = axes[row, col], []
             for x, proto in enumerate(protocols):
                 t = g.loc[g["protocol"] == proto, metric]
-                _points(ax, x, t, colours[protocol_switches(proto)["cutmix"]])
+                pl.points(ax, x, t, colours[protocol_switches(proto)["cutmix"]])
                 if metric == "min_mad" and ds == "cifar100" and proto in PAPER_L_MIN_MAD:
-                    ax.plot([x + 0.25], [PAPER_L_MIN_MAD[proto]], color="0.3", **PAPER_MARKER)
+                    ax.plot([x + 0.25], [PAPER_L_MIN_MAD[proto]], color="0.3", **pl.PAPER_MARKER)
                 ticks.append(f"{protocol_label(proto)}\nn={t.notna().sum()}")
-            ax.set_xticks(range(len(protocols)), ticks, fontsize=7, rotation=30, ha="right")
+            ax.set_xticks(range(len(protocols)), ticks, fontsize=pl.SMALL, rotation=30, ha="right")
             ax.set(title=ds, ylabel=ylabel)
+            pl.style(ax)
             handles = [Line2D([], [], marker="o", ls="none", color=c, label=f"{'with' if k else 'without'} CutMix")
                        for k, c in colours.items()]
             if metric == "min_mad" and ds == "cifar100":
-                handles.append(_paper_handle(PAPER_L_SETTING))
-            ax.legend(handles=handles, fontsize=7)
-    return [Plot(title, fig, _caption("Dots: single seeds; bars: mean ± 95% bootstrap CI. Minimum MAD = smallest "
+                handles.append(pl.paper_handle(PAPER_L_SETTING))
+            pl.legend(ax, handles=handles)
+    return [pl.Plot(title, fig, pl.caption("Dots: single seeds; bars: mean ± 95% bootstrap CI. Minimum MAD = smallest "
                                       "per-head MAD in the network; paper stars only on CIFAR-100 (its MAD "
                                       "normalisation is unpublished: compare shape, not digits).", pinned, spread=""))]
 
 
 # -- training time -----------------------------------------------------------------------
-def emergence(data: StudyData) -> list[Plot]:
+def emergence(data: StudyData) -> list[pl.Plot]:
     title = "Emergence over training (measured checkpoints)"
     m = data.measurements
     if m.empty:
-        raise NoData("no measurements")
+        raise pl.NoData("no measurements")
     counts = m.groupby("trial_id")["checkpoint_epoch"].nunique()
     several = set(counts[counts > 1].index)
     if not several:
-        raise NoData("every trial has a single measured checkpoint")
+        raise pl.NoData("every trial has a single measured checkpoint")
     panels = []
     for label, rows, how, keep in (
         ("minimum MAD", data.select("clean", "mad", per_layer=True, per_head=True, final=False), "min", {"protocol"}),
@@ -424,14 +335,15 @@ def emergence(data: StudyData) -> list[Plot]:
         rows = rows[rows["trial_id"].isin(several)]
         if not rows.empty:
             series = ["protocol"] if keep == {"protocol"} else ["pe", "rpt"]
-            keys = ["trial_id", "dataset", "pe", "rpt", "protocol", "checkpoint_epoch"]  # all factors, for pin
+            keys = ["trial_id", "dataset", "pe", "rpt", "protocol", *data.condition_fields,
+                    "checkpoint_epoch"]  # every condition field, for pin
             per = rows.groupby(keys)["value"].agg(how).reset_index()
             per, pinned = data.pin(per, keep)
             panels.append((label, per, series, pinned))
     if not panels:
-        raise NoData("no MAD or SSDC rows at several checkpoints")
-    datasets = sorted(set().union(*(_datasets(p[1]) for p in panels)))
-    fig, axes = _grid(len(datasets), len(panels), title)
+        raise pl.NoData("no MAD or SSDC rows at several checkpoints")
+    datasets = sorted(set().union(*(pl.datasets(p[1]) for p in panels)))
+    fig, axes = pl.grid(len(datasets), len(panels))
     for row, ds in enumerate(datasets):
         for col, (label, per, series, _) in enumerate(panels):
             ax = axes[row, col]
@@ -439,32 +351,36 @@ def emergence(data: StudyData) -> list[Plot]:
             if series == ["protocol"]:
                 for proto in sorted(s["protocol"].unique(), key=protocol_key):
                     g = s[s["protocol"] == proto]
-                    _line(ax, g["checkpoint_epoch"], g, f"{protocol_label(proto)} ({_n(g['n'])})",
-                          color=_protocol_colour(proto), marker="o")
+                    pl.line(ax, g["checkpoint_epoch"], g, f"{protocol_label(proto)} ({pl.n_label(g['n'])})",
+                          color=pl.protocol_colour(proto), marker="o")
             else:
-                for (pe, rpt), g in _by_model(s):
-                    _line(ax, g["checkpoint_epoch"], g, f"{model_label(pe, rpt)} ({_n(g['n'])})",
-                          **_model_style(pe, rpt))
+                for (pe, rpt), g in pl.by_model(s):
+                    pl.line(ax, g["checkpoint_epoch"], g, f"{model_label(pe, rpt)} ({pl.n_label(g['n'])})",
+                          **pl.model_style(pe, rpt))
             ax.set_xscale("symlog", linthresh=1)  # epoch 0 (untrained) stays on the axis
+            epochs = sorted({int(e) for e in per["checkpoint_epoch"]})  # log-spaced snapshots: every one fits
+            ax.set_xticks(epochs, [str(e) for e in epochs])
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set(title=ds, xlabel="checkpoint epoch (0 = untrained)", ylabel=label)
-            ax.legend(fontsize=7)
+            pl.style(ax)
+            pl.legend(ax)
     pinned = "; ".join(p[3] for p in panels if p[3])
-    return [Plot(title, fig, _caption("Trials measured at two or more checkpoints; x is symmetric-log.", pinned))]
+    return [pl.Plot(title, fig, pl.caption("Trials measured at two or more checkpoints; x is symmetric-log.", pinned))]
 
 
-def training_curves(data: StudyData) -> list[Plot]:
+def training_curves(data: StudyData) -> list[pl.Plot]:
     title = "Training curves (accuracy per epoch)"
     e = data.epochs
     value = next((c for c in ("eval_acc", "train_acc") if c in e and e[c].notna().any()), None)
     if e.empty or value is None:
-        raise NoData("no epochs rows with eval_acc or train_acc")
+        raise pl.NoData("no epochs rows with eval_acc or train_acc")
     e = e.rename(columns={value: "value"})
-    pinned = ""
-    if e.groupby(["pe", "rpt", "protocol"]).ngroups > 10:
-        e, pinned = data.pin(e, {"protocol"})
+    # Condition fields beyond the factors are always held at one value; the factors too past 10 lines.
+    e, pinned = data.pin(e, {"protocol"} if e.groupby(["pe", "rpt", "protocol"]).ngroups > 10
+                         else {"pe", "rpt", "protocol"})
     varying = [f for f in ("pe", "rpt", "protocol") if e[f].nunique() > 1] or ["protocol"]
-    datasets = _datasets(e)
-    fig, axes = _grid(1, len(datasets), title, w=5.2, h=3.6, sharey=True)
+    datasets = pl.datasets(e)
+    fig, axes = pl.grid(1, len(datasets), w=5.2, h=3.6, sharey=True)
     cmap = colormaps["tab10" if e.groupby(varying).ngroups <= 10 else "tab20"]
     for ax, ds in zip(axes[0], datasets):
         s = summarise(e[e["dataset"] == ds], [*varying, "epoch"])
@@ -475,15 +391,16 @@ def training_curves(data: StudyData) -> list[Plot]:
             name = " / ".join(filter(None, [
                 model_label(key["pe"], key.get("rpt", False)) if "pe" in key else ("RPT" if key.get("rpt") else ""),
                 protocol_label(key["protocol"]) if "protocol" in key else ""]))
-            colour = _protocol_colour(key["protocol"]) if varying == ["protocol"] else cmap(i % cmap.N)
-            _line(ax, g["epoch"], g, f"{name} ({_n(g['n'])})", color=colour)
+            colour = pl.protocol_colour(key["protocol"]) if varying == ["protocol"] else cmap(i % cmap.N)
+            pl.line(ax, g["epoch"], g, f"{name} ({pl.n_label(g['n'])})", color=colour)
         ax.set(title=ds, xlabel="epoch", ylabel=value.replace("_", " "))
-        ax.legend(fontsize=6)
-    return [Plot(title, fig, _caption(f"{value} after each epoch.", pinned))]
+        pl.style(ax, layer_axis="x")  # integer epochs
+        pl.legend(ax)
+    return [pl.Plot(title, fig, pl.caption(f"{value} after each epoch.", pinned))]
 
 
 # (section, title for the omission note, function) in page order; sections are report.SECTIONS keys.
-FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[Plot]]], ...] = (
+FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[pl.Plot]]], ...] = (
     ("P", "SSDC vs depth (clean)", ssdc_clean),
     ("P", "SSDC vs depth under RPI (index coordinates)", ssdc_rpi),
     ("P", "Fragility vs severity (JPEG and blur)", fragility_severity),
@@ -492,7 +409,7 @@ FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[Plot]]], ...] = (
     ("P", "RoPE angle scaling (position interpolation): dSSDC and FS vs alpha", rope_scaling),
     ("L", "Mean attention distance per layer and head", mad_per_layer),
     ("L", "Attention entropy per layer and head", entropy_per_layer),
-    ("L", "MAD-entropy space (baseline vs modern)", mad_entropy),
+    ("L", "MAD-entropy space per protocol", mad_entropy),
     ("L", "Minimum MAD and accuracy per protocol", protocol_summary),
     ("T", "Emergence over training (measured checkpoints)", emergence),
     ("T", "Training curves (accuracy per epoch)", training_curves),

@@ -9,8 +9,10 @@ once (the whole test split; ``--eval-size`` caps it at a seeded subset) and a
 model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
 interventions of both studies; the interventions share each transformed
 image batch, so a checkpoint, not a checkpoint x intervention pair, is the
-unit of work) and writes that checkpoint's measurement rows to Parquet and a
-scalar summary to the trial's MLflow run. A corrupt or missing checkpoint is
+unit of work) and writes that checkpoint's measurement rows to Parquet and, on the
+trial's MLflow run, its scalars, per-layer curves and figure
+(``analysis.trial_record``). Last, the wide ``summary`` table (one row per
+trial) is rewritten from everything measured so far. A corrupt or missing checkpoint is
 reported and skipped; the others are still measured. Re-running skips
 checkpoints already measured unless ``force``.
 
@@ -136,7 +138,9 @@ class Measurer:
         if self.mlflow_uri:
             run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
             if run_id is not None:
-                tracking.log_metrics(self.mlflow_uri, run_id, summarize(rows), step=epoch)
+                from analysis.trial_record import log_checkpoint
+
+                log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows)
         return len(rows)
 
 
@@ -153,35 +157,6 @@ def _fetch(path: str) -> str:
     os.close(fd)
     pafs.copy_files(remote, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     return local
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Scalar MLflow metrics from measurement rows, e.g. ``ssdc_rpi/layer_3``, ``fs_jpeg_q5``, ``mad_min``."""
-    from analysis.interventions import BLUR_HEADLINE, JPEG_HEADLINE
-
-    out: dict[str, float] = {}
-    mads = []
-    for r in rows:
-        iv, lvl, layer, metric, value = r["intervention"], r.get("level"), r["layer"], r["metric"], r["value"]
-        if iv == "clean" and metric == "acc":
-            out["acc_clean"] = value
-        elif iv == "clean" and metric == "ssdc":
-            out[f"ssdc/layer_{layer}"] = value
-        elif iv == "clean" and metric == "mad":
-            mads.append(value)
-        elif iv == "rpi" and metric == "ssdc":
-            out[f"ssdc_rpi/layer_{layer}"] = value
-        elif iv == "rpi" and metric == "ssdc_content":
-            out[f"ssdc_rpi_content/layer_{layer}"] = value
-        elif iv == "rpi" and metric == "dssdc":
-            out["dssdc_rpi"] = value
-        elif iv == "jpeg" and metric == "fs" and lvl == JPEG_HEADLINE:
-            out[f"fs_jpeg_q{JPEG_HEADLINE}"] = value
-        elif iv == "blur" and metric == "fs" and lvl == BLUR_HEADLINE[1]:
-            out[f"fs_blur_s{BLUR_HEADLINE[1]}"] = value
-    if mads:
-        out["mad_min"] = float(min(mads))
-    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
 
 
 def pool_size(max_actors: int | None, gpus_per_actor: float) -> tuple[int, float, float]:
@@ -207,12 +182,15 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
+    from analysis.trial_record import write_summary_table
+
     rows = list_checkpoints(results, study, checkpoints)
     if not force:
         done = tables.measured(results, study)
         rows = [r for r in rows if (r["trial_id"], r["epoch"]) not in done]
     log.info("analysis of %s: %d checkpoint(s) to measure", study, len(rows))
     if not rows:
+        write_summary_table(results, study)
         return []
     from trainables.ray_trainable import init_ray
 
@@ -239,6 +217,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
+    log.info("summary table of %s: %d trial(s)", study, write_summary_table(results, study))
     return statuses
 
 

@@ -4,14 +4,21 @@
     build_report("results", "study_l")           # -> results/study_l/report/index.html
 
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
-``<results>/<study>/report/``: one PNG per figure and one self-contained ``index.html`` (figures
-inline as base64 PNGs). Any table may be missing or empty: a figure without its data is replaced
-by a one-line note, never an error. Figures live in ``analysis.figures``, claims and tables of
-numbers in ``analysis.claims``; this module loads the data, joins it and writes the page.
+``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, ``claims.csv`` and
+one self-contained ``index.html`` (figures inline as base64 PNGs). Given a tracking URI, it logs
+the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in its experiment,
+and where the URI is an http(s) server the per-trial table links each trial's run. Any table may
+be missing or empty: a figure without its data is replaced by a one-line note, never an error.
+Figures live in ``analysis.figures``, claims and tables of numbers in ``analysis.claims``, what a
+condition is in ``analysis.conditions``; this module loads the data, joins it and writes the page.
 
-Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol); a *trial* is
-one seed of a condition and the unit of every spread and test. Only finished trials count. Unless
-a figure is about training time, each trial contributes its last measured checkpoint.
+Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every
+other config field that varies among trials of one factor cell (``condition_fields``: an ``--set
+lr=...`` run, a second launch with other epochs); a *trial* is one seed of a condition and the unit
+of every spread and test. Two trials with the same seed in one condition are not two seeds: one is
+counted and the report's Notes name the rest as an error, never pooled. Figures and claims hold the
+fields they do not show at one value (``StudyData.pin``). Only finished trials count. Unless a
+figure is about training time, each trial contributes its last measured checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ import pandas as pd
 from pyarrow import fs as pafs
 
 from analysis import claims as numbers
-from analysis.claims import FACTORS, REFERENCE, SWITCHES, canonical_protocol, model_label
+from analysis.claims import REFERENCE
+from analysis.conditions import TRIAL_KEYS, normalise_trials
 from records.schema import MEASUREMENTS, TRIAL_FIELDS
 from records.tables import filesystem, read_table, table_path
 
@@ -40,9 +48,6 @@ log = logging.getLogger(__name__)
 
 # Headline severities of Study P's fragility score (FS): JPEG quality 5, blur kernel 5 sigma 2.5.
 HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
-_TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
-
-
 @dataclass
 class StudyData:
     """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
@@ -59,6 +64,7 @@ class StudyData:
     measurements: pd.DataFrame
     raw_trials: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
+    condition_fields: list[str] = field(default_factory=list)  # config fields that split a factor cell
 
     @classmethod
     def load(cls, results: str, study: str) -> StudyData:
@@ -80,17 +86,18 @@ class StudyData:
                     *, notes: list[str] | None = None) -> StudyData:
         """Clean and join raw tables (as ``pandas.read_parquet`` returns them)."""
         notes = list(notes or [])
-        clean = _normalise_trials(trials, notes)
-        keys = clean[list(_TRIAL_KEYS)]
+        clean, extra = normalise_trials(trials, notes)
+        keys = clean[[*TRIAL_KEYS, *extra]]
         joined_epochs = epochs.merge(keys, on="trial_id") if "trial_id" in epochs else pd.DataFrame()
         if measurements.empty or "trial_id" not in measurements:
-            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *_TRIAL_KEYS[1:]])
+            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *TRIAL_KEYS[1:], *extra])
         else:
             joined = measurements.merge(keys, on="trial_id")
             if dropped := len(measurements) - len(joined):
                 notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
-        joined["level"] = joined["level"].astype(float)
-        return cls(study, clean, joined_epochs, joined, trials, notes)
+        for column in ("level", "layer", "head_index"):  # null (NaN here): not per level / layer / head
+            joined[column] = joined[column].astype(float)
+        return cls(study, clean, joined_epochs, joined, trials, notes, extra)
 
     # -- views ---------------------------------------------------------------------
     @cached_property
@@ -104,7 +111,7 @@ class StudyData:
     def select(self, intervention: str, metric: str, *, level: float | None = None, per_layer: bool = False,
                per_head: bool = False, final: bool = True) -> pd.DataFrame:
         """Measurement rows of one (intervention, metric), optionally at one level; per_layer/per_head
-        keep only rows with layer >= 0 / head >= 0. ``final=False`` keeps every checkpoint."""
+        keep only rows with a layer / head_index (not null). ``final=False`` keeps every checkpoint."""
         m = self.final if final else self.measurements
         if m.empty:
             return m
@@ -112,9 +119,9 @@ class StudyData:
         if level is not None:
             mask &= np.isclose(m["level"].to_numpy(float), level)
         if per_layer:
-            mask &= m["layer"] >= 0
+            mask &= m["layer"].notna()
         if per_head:
-            mask &= m["head"] >= 0
+            mask &= m["head_index"].notna()
         return m[mask]
 
     @cached_property
@@ -128,7 +135,8 @@ class StudyData:
         and the binomial standard errors test_acc_se, fs_jpeg_se, fs_blur_se (``claims.binomial_se``,
         ``claims.fragility_se``), NaN where the measurements carry no n_images."""
         t = self.trials
-        out = t[list(_TRIAL_KEYS) + ["did_not_learn"] + (["img_size"] if "img_size" in t else [])]
+        extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
+        out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
         out = out.copy().set_index("trial_id")
 
         def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
@@ -148,7 +156,10 @@ class StudyData:
             out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
         else:
             out["n_images"] = np.nan
-        acc_clean = per(clean).reindex(out.index).combine_first(out["test_acc"])
+        out["acc_clean"] = per(clean).reindex(out.index)  # on the analysis set: test_acc's set unless capped
+        last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
+        out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
+        acc_clean = out["acc_clean"].combine_first(out["test_acc"])
         # test_acc is over the whole test split, the measurements' n_images unless they were capped
         # (then this SE overstates it).
         out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
@@ -159,15 +170,17 @@ class StudyData:
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
         """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
 
-        For pe, rpt and protocol outside ``keep`` that take several values in ``df``, keep only the
-        ``REFERENCE`` value (ape, fixed order, baseline), or the most common one when the reference
-        is absent. Returns the slice and a description such as ``"pe = ape, protocol = baseline"``."""
+        For pe, rpt, protocol and every ``condition_fields`` column outside ``keep`` that takes several
+        values in ``df``, keep only the ``REFERENCE`` value (ape, fixed order, baseline), or the most
+        common one when there is none or it is absent (ties: the smallest). Returns the slice and a
+        description such as ``"pe = ape, protocol = baseline, lr = 0.001"``."""
         said = []
-        for factor in ("pe", "rpt", "protocol"):
+        for factor in ("pe", "rpt", "protocol", *self.condition_fields):
             if factor in keep or factor not in df or df[factor].nunique() < 2:
                 continue
             values = set(df[factor].unique())
-            value = REFERENCE[factor] if REFERENCE[factor] in values else df[factor].mode().iloc[0]
+            ref = REFERENCE.get(factor)
+            value = ref if ref in values else min(df[factor].mode(), key=str)
             df = df[df[factor] == value]
             shown = {"rpt": lambda v: "RPT" if v else "fixed"}.get(factor, str)(value)
             said.append(f"{'token order' if factor == 'rpt' else factor} = {shown}")
@@ -180,52 +193,6 @@ class StudyData:
         t = self.trials[self.trials["dataset"] == dataset]
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
 
-
-def _normalise_trials(raw: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-    """Finished trials with the factor columns filled in and named canonically."""
-    if raw.empty or "trial_id" not in raw:
-        return pd.DataFrame(columns=[*_TRIAL_KEYS, "test_acc", "did_not_learn"])
-    t = raw.copy()
-    if "status" in t:
-        others = t.loc[t["status"] != "finished", "status"].fillna("unknown").value_counts()
-        if len(others):
-            notes.append("not counted: " + ", ".join(f"{n} {s} trial(s)" for s, n in others.items()) + ".")
-        t = t[t["status"] == "finished"]
-    t = t.drop_duplicates("trial_id", keep="last")
-    if "protocol" not in t and all(s in t for s in SWITCHES):
-        t["protocol"] = [
-            "+".join(s for s in SWITCHES if row[s]) or "baseline" for row in t[list(SWITCHES)].to_dict("records")
-        ]
-    for column, default in (("dataset", "unknown"), ("pe", "unknown"), ("protocol", "unknown"), ("seed", -1)):
-        if column not in t:
-            notes.append(f"trials have no {column!r} column: every trial counted as {column} = {default}.")
-            t[column] = default
-        t[column] = t[column].fillna(default)
-    t["rpt"] = t["rpt"].fillna(False).astype(bool) if "rpt" in t else False
-    t["protocol"] = t["protocol"].map(canonical_protocol)
-    # The switches follow the protocol name, so a claim about "CutMix on" and one about protocol agree.
-    switches = pd.DataFrame([numbers.protocol_switches(p) for p in t["protocol"]], index=t.index)
-    t[list(SWITCHES)] = switches
-    t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
-    t["did_not_learn"] = _did_not_learn(t)
-    if t["did_not_learn"].any():
-        ids = t.loc[t["did_not_learn"], "trial_id"].tolist()
-        notes.append(f"did not learn: {len(ids)} trial(s) ended within 2 points of chance accuracy and are left "
-                     f"out of the claims: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}.")
-    return t.reset_index(drop=True)
-
-
-def _did_not_learn(t: pd.DataFrame) -> pd.Series:
-    """The trials table's flag; where it is absent (tables written before it existed), recomputed
-    from the final eval_acc and num_classes as the training loop does."""
-    from trainables.config import did_not_learn  # here: trainables imports torch, `vitsweep --help` must not
-
-    stored = t["did_not_learn"] if "did_not_learn" in t else pd.Series(None, index=t.index, dtype=object)
-    if "eval_acc" in t and "num_classes" in t:
-        again = [did_not_learn(a, int(c)) if pd.notna(a) and pd.notna(c) else None
-                 for a, c in zip(t["eval_acc"], t["num_classes"])]
-        stored = stored.where(stored.notna(), pd.Series(again, index=t.index, dtype=object))
-    return stored.map(lambda v: bool(v) if pd.notna(v) else False).astype(bool)
 
 
 def list_studies(results: str) -> list[str]:
@@ -252,11 +219,14 @@ td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f
 """
 
 
-def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None = None) -> Path:
+def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None = None,
+                 mlflow_uri: str | None = None) -> Path:
     """Write the report of ``study`` and return the path of its ``index.html``.
 
     results: the results folder (or a pyarrow URI such as ``s3://bucket/results``; then ``out_dir``,
-    a local folder, is required). out_dir defaults to ``<results>/<study>/report``."""
+    a local folder, is required). out_dir defaults to ``<results>/<study>/report``. mlflow_uri: where
+    to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
+    logs nothing."""
     if out_dir is None:
         if "://" in results and not results.startswith("file://"):
             raise ValueError(f"results {results!r} is remote: pass out_dir, a local folder for the report")
@@ -281,29 +251,106 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
         for plot in plots:
             png = figures.render_png(plot.figure)
             (out / f"{_slug(plot.title)}.png").write_bytes(png)
+            (out / f"{_slug(plot.title)}.svg").write_bytes(figures.render_svg(plot.figure))
             src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
             body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}">'
-                                 f"<figcaption>{_e(plot.caption)}</figcaption></figure>")
+                                 f"<figcaption>{_e(plot.caption)} (<a href='{_slug(plot.title)}.svg'>SVG</a>)"
+                                 "</figcaption></figure>")
     body["L"].extend(_ablation_html(data))
     body["T"].insert(0, _conditions_html(data))
+    experiment_id = _experiment(mlflow_uri, study)
+    body["T"].insert(1, _trials_html(data, _run_links(mlflow_uri, experiment_id)))
 
     claims = numbers.evaluate_claims(data)
     claims.to_csv(out / "claims.csv", index=False)
     page = _page(data, results, claims, body)
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
+    if experiment_id is not None:
+        _log_report(mlflow_uri, experiment_id, study, index, out / "claims.csv")
     return index
 
 
+def _experiment(uri: str | None, study: str) -> str | None:
+    """The study's MLflow experiment id (created if missing), or None without a URI or store."""
+    if not uri:
+        return None
+    from records import tracking
+
+    try:
+        return tracking.ensure_experiment(uri, study)
+    except Exception as err:  # noqa: BLE001 - a tracking outage must not cost the report
+        log.warning("MLflow %s unreachable, report not logged: %s", uri, err)
+        return None
+
+
+def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
+    """{run_id: URL} base for a tracking server (http/https): the UI's run page; {} otherwise."""
+    if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
+        return {}
+    return {"base": f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/"}
+
+
+def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: Path) -> None:
+    from records import tracking
+
+    try:
+        run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
+        tracking.log_artifact_file(uri, run_id, index)
+        tracking.log_artifact_file(uri, run_id, claims)
+        for figure in sorted(index.parent.glob("*.png")) + sorted(index.parent.glob("*.svg")):
+            tracking.log_artifact_file(uri, run_id, figure, "figures")
+        tracking.end_trial_run(uri, run_id)
+    except Exception as err:  # noqa: BLE001
+        log.warning("could not log the report to MLflow %s: %s", uri, err)
+
+
+def _trials_html(data: StudyData, links: dict[str, str]) -> str:
+    """Every trial of the table (all statuses): condition, seed, status, accuracies, MLflow run."""
+    raw = data.raw_trials
+    if raw.empty or "trial_id" not in raw:
+        return '<p class="omitted">Trials table: omitted (no trials table).</p>'
+    pt = data.per_trial.set_index("trial_id") if not data.per_trial.empty else pd.DataFrame()
+    rows = []
+    for t in raw.drop_duplicates("trial_id", keep="last").sort_values("trial_id").to_dict("records"):
+        tid = t["trial_id"]
+        counted = tid in pt.index
+        p = pt.loc[tid] if counted else {}
+        condition = p["condition"] if counted else ", ".join(str(t.get(c, "?")) for c in ("dataset", "pe", "protocol"))
+        status = t.get("status") or "unknown"
+        if status == "finished" and not counted:
+            status = "finished (not counted: a second trial of its seed)"
+        elif counted and p["did_not_learn"]:
+            status = "finished (did not learn)"
+        row = {"trial": tid, "condition": condition, "seed": t.get("seed"), "status": status,
+               "test acc (test split)": _fmt(p["test_acc"] if counted else t.get("test_acc")),
+               "clean acc (analysis set)": _fmt(p["acc_clean"]) if counted else "—",
+               "n images": "—" if not counted or pd.isna(p["n_images"]) else int(p["n_images"])}
+        run_id = t.get("mlflow_run_id")
+        if links and isinstance(run_id, str) and run_id:
+            row["MLflow run"] = f"<a href='{_e(links['base'] + run_id)}'>{_e(run_id[:8])}</a>"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    caption = ("<h3>Trials</h3><p class='caption'>Every trial in the trials table. <i>test acc</i>: top-1 on the "
+               "full test split, from training; <i>clean acc</i>: top-1 of the analysis job on its <i>n images</i> "
+               "at the last measured checkpoint: the same number on the same set when n images is the whole test "
+               "split (the default), a subset's accuracy when the analysis was capped (--eval-size).</p>")
+    return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,
+                                   formatters={c: _e for c in table.columns if c != "MLflow run"})
+
+
+def _fmt(v) -> str:
+    return "—" if v is None or pd.isna(v) else f"{float(v):.3f}"
+
+
 def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, list[str]]) -> str:
-    n_final = len(data.trials)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>vitsweep report: {_e(data.study)}</title>"
         f"<style>{_CSS}</style></head><body>",
         f"<h1>vitsweep report: {_e(data.study)}</h1>",
         f"<p class='meta'>results: {_e(str(results))} · generated "
         f"{datetime.datetime.now().isoformat(timespec='seconds')} · code version: {_e(_code_version(data))} · "
-        f"{n_final} finished trial(s), {data.trials['seed'].nunique() if n_final else 0} seed(s)</p>",
+        f"{_counts(data)}</p>",
         "<nav>" + " · ".join(f"<a href='#{k}'>{_e(v.split(':')[0])}</a>" for k, v in
                              [("claims", "Claims"), *SECTIONS.items(), ("config", "Configuration"),
                               ("paper", "Paper numbers"), ("notes", "Notes")]) + "</nav>",
@@ -315,7 +362,9 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
         f"{numbers.ALPHA}. A claim of <i>no</i> effect is never 'supported' by a test that fails to reject: it is "
         "reported as 'no significant difference (consistent with the claim)'; read the CI of the effect for how "
         "large a difference the seeds still allow. Trials that did not learn (final accuracy within 2 points of "
-        "chance) are left out and counted in <i>did not learn (excluded)</i>.</p>",
+        "chance) are left out and counted in <i>did not learn (excluded)</i>. <i>paper A / B</i>: the paper's "
+        "numbers for the two groups where this data set's setting matches the paper's (Study P: ImageNet-100 or "
+        "224 px; Study L: CIFAR-100).</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -332,7 +381,30 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
     return "\n".join(parts)
 
 
+def _counts(data: StudyData) -> str:
+    """``8 finished trial(s) in 4 condition(s), 2 seed(s) each`` (``1-3 seed(s) each`` where it varies)."""
+    t = data.trials
+    if t.empty:
+        return "0 finished trial(s)"
+    per = t.groupby("condition")["seed"].nunique()
+    seeds = f"{per.min()}" if per.min() == per.max() else f"{per.min()}-{per.max()}"
+    return f"{len(t)} finished trial(s) in {len(per)} condition(s), {seeds} seed(s) each"
+
+
 def _claims_html(claims: pd.DataFrame) -> str:
+    """The claims with data in the main table; those without folded away below it."""
+    if claims.empty:
+        return _table(claims)
+    missing = claims["verdict"] == "no data"
+    main = _verdict_table(claims[~missing]) if (~missing).any() else "<p class='omitted'>No claim has data.</p>"
+    if not missing.any():
+        return main
+    folded = claims.loc[missing, ["paper", "claim", "metric", "A", "B"]]
+    return (main + f"<details><summary>{int(missing.sum())} claim(s) without data in this study</summary>"
+            + _table(folded) + "</details>")
+
+
+def _verdict_table(claims: pd.DataFrame) -> str:
     fmt = claims.copy()
     for col in ("mean A", "mean B", "effect (A - B)"):
         fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
@@ -366,7 +438,8 @@ def _conditions_html(data: StudyData) -> str:
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
             "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
             "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
-            "trials within 2 points of chance accuracy.</p>" + _table(table))
+            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting "
+            "matches.</p>" + _table(table))
 
 
 def _config_html(data: StudyData) -> str:
@@ -419,10 +492,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study name: the folder <results>/<study>")
     parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
     parser.add_argument("--out", default=None, help="report folder (default: <results>/<study>/report)")
+    parser.add_argument("--mlflow-uri", default=None,
+                        help="log the report to run <study>-report there; an http(s) server's runs are linked "
+                             "(default: <results>/mlflow.db when it exists, else none)")
 
 
 def run(args: argparse.Namespace) -> int:
-    index = build_report(args.results, args.study, out_dir=args.out)
+    uri = args.mlflow_uri
+    if uri is None and "://" not in args.results and (Path(args.results) / "mlflow.db").exists():
+        from records.stores import default_tracking_uri
+
+        uri = default_tracking_uri(args.results)
+    index = build_report(args.results, args.study, out_dir=args.out, mlflow_uri=uri)
     print(index)
     return 0
 

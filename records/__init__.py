@@ -2,11 +2,13 @@
 
 | module | holds |
 | --- | --- |
-| `schema` | the Parquet schemas of the `trials`, `epochs` and `measurements` tables |
+| `schema` | the Parquet schemas of the `trials`, `epochs`, `measurements` and `summary` tables |
 | `tables` | reading and writing those tables (local folders or object storage, through pyarrow) |
 | `stores` | which MLflow tracking URIs are accepted, checked before any trial starts |
+| `manifest` | the sweep manifest (planned trials, launch command) and the launcher heartbeat |
 | `client` | the MLflow client of a URI and the retries every write goes through |
-| `tracking` | experiments, one MLflow run per trial, metrics, tags, artifacts, measurements |
+| `tracking` | experiments, one MLflow run per trial, metrics, tags, artifacts |
+| `measurements` | the analysis measurements in MLflow: metric keys, per-layer curves |
 | `provenance` | code version, git state, packages and machine of a run |
 | `server` | a local `mlflow server` (tests, single-machine sweeps) |
 

@@ -9,14 +9,15 @@ instead of appending duplicate rows. Read a whole table as a directory::
     pandas.read_parquet("results/demo/epochs")
     duckdb.sql("SELECT * FROM read_parquet('results/demo/measurements/*.parquet', union_by_name=true)")
 
-``trials`` carries every flat run-config field as a column (see
-``trainables.config.RunConfig.to_flat``), so its schema is the fixed columns
+``trials`` and ``summary`` carry every flat run-config field as a column (see
+``trainables.config.RunConfig.to_flat``), so their schema is the fixed columns
 below plus the config's; ``epochs`` and ``measurements`` are fully fixed.
 
 measurements is long format: one row per trial x checkpoint epoch x
-intervention x level x layer x head x metric. ``layer == -1`` means the row is
-about the whole model, ``head == -1`` that it is not per head. The vocabulary
-(intervention, level -> metrics) is:
+intervention x level x layer x head x metric. ``layer`` is null when the row
+is about the whole model, ``head_index`` null when it is not per head (not
+``head``: that name is ``DataFrame.head``), like ``level``, which is null when
+the intervention has no level. The vocabulary (intervention, level -> metrics):
 
 ==========  ===============  ==============================================================
 intervention level            metrics
@@ -29,15 +30,26 @@ pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per lay
 rope_scale  alpha            as pe_scale, for RoPE: angles times alpha (position interpolation)
 ==========  ===============  ==============================================================
 
+``level`` per intervention: ``jpeg`` the JPEG quality (1-100, lower is
+harsher); ``blur`` the Gaussian sigma in pixels at kernel size 5; ``pe_scale``
+the multiplier alpha of the additive PE table at inference; ``rope_scale`` the
+multiplier alpha of RoPE's rotation angles; null for ``clean`` and ``rpi``.
+
 Every measurement row carries ``n_images``, the number of evaluation images
-behind it (the whole test split unless the analysis job was given a cap).
+behind it (the whole test split unless the analysis job was given a cap); the
+clean ``acc`` row is then the same number as ``trials.test_acc``, under a cap
+it is the accuracy on that subset.
+
+``summary`` is wide: one row per finished trial, written by the analysis stage
+(``analysis.trial_record.write_summary_table``): the trial's config and final accuracies
+beside its headline measurements at its last measured checkpoint.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-TABLES = ("trials", "epochs", "measurements")
+TABLES = ("trials", "epochs", "measurements", "summary")
 
 # Columns of `trials` beside the flat run config.
 TRIAL_FIELDS = pa.schema(
@@ -83,11 +95,31 @@ MEASUREMENTS = pa.schema(
         ("checkpoint_epoch", pa.int64()),  # 0 = untrained snapshot
         ("intervention", pa.string()),
         ("level", pa.float64()),  # null when the intervention has no level
-        ("layer", pa.int64()),  # -1: whole model
-        ("head", pa.int64()),  # -1: not per head
+        ("layer", pa.int64()),  # null: whole model
+        ("head_index", pa.int64()),  # null: not per head
         ("metric", pa.string()),
         ("value", pa.float64()),
         ("n_images", pa.int64()),  # evaluation images behind the value
+    ]
+)
+
+# Columns of `summary` beside the flat run config (one row per finished trial).
+SUMMARY_FIELDS = pa.schema(
+    [
+        ("trial_id", pa.string()),
+        ("study", pa.string()),
+        ("condition", pa.string()),  # every varying config field but the seed, e.g. "ape, baseline, lr=0.001"
+        ("test_acc", pa.float64()),  # top-1 on the full official test split (trials.test_acc)
+        ("eval_acc", pa.float64()),  # final-epoch accuracy on the evaluation split of training
+        ("did_not_learn", pa.bool_()),
+        ("checkpoint_epoch", pa.int64()),  # the last measured checkpoint, source of the columns below
+        ("acc_clean", pa.float64()),  # clean accuracy on the analysis set of n_images images
+        ("n_images", pa.int64()),  # images of the analysis set (== the test split unless capped)
+        ("min_mad", pa.float64()),  # smallest per-head MAD in the network (Study L's minimum MAD)
+        ("dssdc", pa.float64()),  # dSSDC under RPI
+        ("fs_jpeg", pa.float64()),  # FS at JPEG q5 (PE-scaling alpha 1 where the grid lacks it)
+        ("fs_blur", pa.float64()),  # FS at blur sigma 2.5, kernel 5
+        ("mlflow_run_id", pa.string()),
     ]
 )
 

@@ -1,7 +1,8 @@
 """The one module that writes Parquet (layout and columns: ``records.schema``).
 
 Each writer unit owns one file: ``trials/<trial_id>.parquet``,
-``epochs/<trial_id>.parquet`` and ``measurements/<trial_id>-e<epoch>.parquet``.
+``epochs/<trial_id>.parquet``, ``measurements/<trial_id>-e<epoch>.parquet`` and
+``summary/<trial_id>.parquet``.
 A retried or resumed trial overwrites its own files, so no table ever holds
 duplicate rows, concurrent trials never touch the same file, and no file is
 rewritten per *other* trial (nothing grows quadratically with the sweep).
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from records.schema import EPOCHS, MEASUREMENTS, TABLES, TRIAL_FIELDS
+from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TABLES, TRIAL_FIELDS
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -65,16 +66,29 @@ def _scalar_type(value: Any) -> pa.DataType:
     return pa.string()
 
 
+def _wide_row(fields: pa.Schema, config: Mapping[str, Any], outcome: Mapping[str, Any]) -> pa.Table:
+    columns = {f.name: pa.array([outcome.get(f.name, config.get(f.name))], type=f.type) for f in fields}
+    for key, value in config.items():
+        if key not in columns:
+            columns[key] = pa.array([value], type=_scalar_type(value))
+    return pa.table(columns)
+
+
 def write_trial(results: str, study: str, config: Mapping[str, Any], outcome: Mapping[str, Any]) -> str:
     """Write (or overwrite) the one ``trials`` row of a trial.
 
     ``config`` is ``RunConfig.to_flat()``; ``outcome`` holds the fixed columns of
     ``schema.TRIAL_FIELDS`` (missing ones are null)."""
-    columns = {f.name: pa.array([outcome.get(f.name, config.get(f.name))], type=f.type) for f in TRIAL_FIELDS}
-    for key, value in config.items():
-        if key not in columns:
-            columns[key] = pa.array([value], type=_scalar_type(value))
-    return _write(pa.table(columns), results, study, "trials", outcome["trial_id"])
+    return _write(_wide_row(TRIAL_FIELDS, config, outcome), results, study, "trials", outcome["trial_id"])
+
+
+def write_summary(results: str, study: str, config: Mapping[str, Any], headline: Mapping[str, Any]) -> str:
+    """Write (or overwrite) the one ``summary`` row of a trial: ``headline`` holds the fixed
+    columns of ``schema.SUMMARY_FIELDS`` (missing ones, NaN or None, are null), ``config`` the
+    flat run config beside them."""
+    clean = {k: None if _isnan(v) else v for k, v in headline.items()}
+    config = {k: v for k, v in config.items() if v is not None and not _isnan(v)}
+    return _write(_wide_row(SUMMARY_FIELDS, config, clean), results, study, "summary", clean["trial_id"])
 
 
 def write_epochs(results: str, study: str, trial_id: str, rows: Iterable[Mapping[str, Any]]) -> str:

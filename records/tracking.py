@@ -12,10 +12,12 @@ is the trial id and its tag ``vitsweep.trial_id`` holds the same id, so a Ray
 retry or ``--resume`` finds and continues the run instead of making a second
 one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
 tags are study / dataset / pe / protocol / rpt / seed / code_version; metrics
-are per epoch (step = epoch) and the analysis measurements (step = checkpoint
-epoch); artifacts are ``config.json``, ``provenance/environment.json``,
+are per epoch (step = epoch), the analysis scalars (step = checkpoint epoch)
+and per-layer curves (step = layer, the epoch in the key: ``ssdc_rpi/epoch_0100``,
+see ``analysis.trial_record``); artifacts are ``config.json``, ``provenance/environment.json``,
 ``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
-tree is dirty) and figures.
+tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``). The
+study's report sits on a run of its own, ``<study>-report`` (``study_run``).
 
 Stores, and the checks that run before any trial, are in ``records.stores``;
 the client and its retries in ``records.client``; provenance in
@@ -44,17 +46,20 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
 - ``trial_run(uri, experiment_id, trial_id, *, params, tags=None)``: context
   manager yielding a ``TrialRun``; ends FINISHED, or FAILED on an exception
   (KILLED on KeyboardInterrupt / SystemExit), and re-raises.
-- ``log_metrics(uri, run_id, metrics, step)``, ``set_tags(uri, run_id, tags)``,
+- ``log_metrics(uri, run_id, metrics, step)``, ``log_metric_series(uri, run_id, series)``,
+  ``set_tags(uri, run_id, tags)``,
   ``log_artifact_dict(uri, run_id, name, obj)``,
   ``log_artifact_text(uri, run_id, name, text)``,
   ``log_artifact_file(uri, run_id, path, artifact_dir=None)``,
-  ``log_measurements(uri, run_id, rows, *, per_head=False)``,
   ``log_provenance(uri, run_id, config=None) -> dict``,
   ``end_trial_run(uri, run_id, status="FINISHED")``
 - ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=()) -> list[str]``
+- ``study_run(uri, experiment_id, name) -> run_id``: the study's own run (the
+  report and ``claims.csv``), found again by name; not a trial run
 - ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
-- ``trial_tags(config, *, code_version=None) -> dict``,
-  ``measurement_metric_key(intervention, level, layer, head, metric) -> str``
+- ``trial_tags(config, *, code_version=None) -> dict``
+
+The analysis measurements (metric keys, per-layer curves) are written by ``records.measurements``.
 """
 
 from __future__ import annotations
@@ -63,7 +68,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 import urllib.parse
@@ -338,9 +342,6 @@ class TrialRun:
     def log_artifact_file(self, path: str | os.PathLike, artifact_dir: str | None = None) -> None:
         log_artifact_file(self.uri, self.run_id, path, artifact_dir)
 
-    def log_measurements(self, rows, *, per_head: bool = False) -> int:
-        return log_measurements(self.uri, self.run_id, rows, per_head=per_head)
-
     def log_provenance(self, config: Mapping[str, Any] | None = None) -> dict:
         return log_provenance(self.uri, self.run_id, config)
 
@@ -388,7 +389,7 @@ def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[
     ended = []
     for run in runs:
         trial_id = run.data.tags.get(TRIAL_ID_TAG, run.info.run_id)
-        if trial_id in keep:
+        if trial_id in keep or STUDY_RUN_TAG in run.data.tags:  # a report being written is no orphan
             continue
         set_tags(uri, run.info.run_id, {ERROR_TAG: "orphaned: its process ended without ending the run"})
         end_trial_run(uri, run.info.run_id, "FAILED")
@@ -396,8 +397,30 @@ def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[
     return ended
 
 
+STUDY_RUN_TAG = "vitsweep.study_run"  # marks a study's own run (the report), which is no trial
+
+
+def study_run(uri: str, experiment_id: str, name: str) -> str:
+    """The run named ``name`` (e.g. ``demo-report``) in the study's experiment, created (and
+    tagged ``vitsweep.study_run``) if missing, so a second report overwrites the first one's
+    artifacts instead of adding a run. It carries no trial-id tag: ``search_trial_runs`` and
+    ``end_orphaned_runs`` never see it. The caller ends it (``end_trial_run``)."""
+    _check_trial_id(name)
+
+    def find_or_create(client):
+        runs = _search_all(client, experiment_id, f"tags.`{STUDY_RUN_TAG}` = '{name}'",
+                           order_by=["attributes.start_time ASC"])
+        if runs:
+            client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+        return client.create_run(experiment_id, run_name=name, tags={STUDY_RUN_TAG: name}).info.run_id
+
+    return with_retries(f"study_run({name!r})", uri, find_or_create)
+
+
 def search_trial_runs(uri: str, experiment_name: str):
-    """All live runs of an experiment as a pandas DataFrame, one row per run, like
+    """All live trial runs of an experiment (runs without a trial-id tag, such as the
+    report's, are left out) as a pandas DataFrame, one row per run, like
     ``mlflow.search_runs`` but with an explicit URI: run_id, run_name, trial_id,
     experiment_id, status, start_time, end_time (UTC timestamps), artifact_uri,
     then ``metrics.<key>`` (latest value), ``params.<key>``, ``tags.<key>``.
@@ -416,6 +439,8 @@ def search_trial_runs(uri: str, experiment_name: str):
     rows = []
     for run in runs:
         info, data = run.info, run.data
+        if TRIAL_ID_TAG not in data.tags:
+            continue
         row = {
             "run_id": info.run_id, "run_name": info.run_name,
             "trial_id": data.tags.get(TRIAL_ID_TAG), "experiment_id": info.experiment_id,
@@ -433,7 +458,7 @@ def search_trial_runs(uri: str, experiment_name: str):
     return pd.DataFrame(rows, columns=None if rows else base)
 
 
-# --------------------------------------------------------------- tags and measurement keys
+# ------------------------------------------------------------------------------- tags
 
 
 def trial_tags(config: Mapping[str, Any], *, code_version: str | None = None) -> dict[str, str]:
@@ -443,48 +468,6 @@ def trial_tags(config: Mapping[str, Any], *, code_version: str | None = None) ->
     if code_version is not None:
         tags["code_version"] = code_version
     return tags
-
-
-def measurement_metric_key(intervention: str, level: float | None, layer: int, head: int, metric: str) -> str:
-    """MLflow metric key of one measurements row, grouped in the UI by intervention:
-    ('clean', None, -1, -1, 'acc') -> 'clean/acc'; ('jpeg', 5.0, -1, -1, 'fs') -> 'jpeg_5/fs';
-    ('clean', None, 3, 2, 'mad') -> 'clean/mad/layer3/head2'; ('pe_scale', 0.5, 1, -1, 'ssdc')
-    -> 'pe_scale_0.5/ssdc/layer1'."""
-    group = intervention
-    if level is not None and not (isinstance(level, float) and math.isnan(level)):
-        group += f"_{float(level):g}"
-    key = f"{group}/{metric}"
-    if layer is not None and layer >= 0:
-        key += f"/layer{int(layer)}"
-    if head is not None and head >= 0:
-        key += f"/head{int(head)}"
-    return key
-
-
-def log_measurements(uri: str, run_id: str, rows, *, per_head: bool = False) -> int:
-    """Log measurements rows (schema ``measurements``: a pandas DataFrame, a pyarrow
-    Table or an iterable of dicts) as metrics with step = checkpoint_epoch and keys
-    from ``measurement_metric_key``. The run may have ended already (the analysis
-    job runs after training and finds it with ``find_trial_run``). Per-head rows
-    (head >= 0, hundreds per checkpoint) are skipped unless ``per_head``: they stay
-    in Parquet, where they are queryable, and out of the MLflow runs table.
-    Returns the number of points logged."""
-    if hasattr(rows, "to_pylist"):  # pyarrow Table
-        rows = rows.to_pylist()
-    elif hasattr(rows, "to_dict"):  # pandas DataFrame
-        rows = rows.to_dict("records")
-    by_step: dict[int, dict[str, float]] = {}
-    for row in rows:
-        head = row.get("head", -1)
-        if head is not None and head >= 0 and not per_head:
-            continue
-        key = measurement_metric_key(row["intervention"], row.get("level"), row.get("layer", -1), head,
-                                     row["metric"])
-        by_step.setdefault(int(row["checkpoint_epoch"]), {})[key] = row["value"]
-    for step, metrics in sorted(by_step.items()):
-        log_metrics(uri, run_id, metrics, step)
-    return sum(len(m) for m in by_step.values())
-
 
 
 def log_provenance(uri: str, run_id: str, config: Mapping[str, Any] | None = None,

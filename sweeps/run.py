@@ -525,14 +525,16 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 
+        study = load_study(args.study)
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
-                           eval_size=getattr(load_study(args.study), "EVAL_SIZE", None), verbose=args.verbose)
+                           eval_size=getattr(study, "EVAL_SIZE", None),
+                           checkpoints=getattr(study, "CHECKPOINTS", "final"), verbose=args.verbose)
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
     if args.stage in ("report", "all"):
         from analysis.report import build_report
 
-        path = build_report(results, args.study)
+        path = build_report(results, args.study, mlflow_uri=mlflow_uri)
         log.info("report: %s", path)
     print(progress.closing_lines(results, args.study, mlflow_uri), flush=True)  # the summary comes last
     return status

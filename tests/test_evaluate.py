@@ -45,7 +45,7 @@ NO_SHIFTS = dict(jpeg_levels=(), blur_levels=())
 def _values(rows, intervention, metric, level=None):
     """{(layer, head): value} of the rows matching (intervention, metric[, level])."""
     return {
-        (r["layer"], r["head"]): r["value"]
+        (r["layer"], r["head_index"]): r["value"]
         for r in rows
         if r["intervention"] == intervention and r["metric"] == metric and (level is None or r["level"] == level)
     }
@@ -53,7 +53,7 @@ def _values(rows, intervention, metric, level=None):
 
 def _layers(rows, intervention, metric, level=None) -> list[float]:
     values = _values(rows, intervention, metric, level)
-    return [values[(layer, -1)] for layer in range(len(values))]
+    return [values[(layer, None)] for layer in range(len(values))]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -153,10 +153,10 @@ def test_rows_have_the_full_vocabulary(ape_rows):
     assert {r["level"] for r in ape_rows if r["intervention"] == "jpeg"} == {float(q) for q in JPEG_LEVELS}
     assert {r["level"] for r in ape_rows if r["intervention"] == "blur"} == set(BLUR_LEVELS)
     assert all(r["level"] is None for r in ape_rows if r["intervention"] in ("clean", "rpi"))
-    # Heads only on attention metrics; layer -1 exactly on whole-model metrics.
+    # Heads only on attention metrics; a null layer exactly on whole-model metrics.
     for r in ape_rows:
-        assert (r["head"] >= 0) == (r["metric"] in ("mad", "mad_raw", "entropy", "cls_mass"))
-        assert (r["layer"] == -1) == (r["metric"] in ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc"))
+        assert (r["head_index"] is not None) == (r["metric"] in ("mad", "mad_raw", "entropy", "cls_mass"))
+        assert (r["layer"] is None) == (r["metric"] in ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc"))
     # The caller adds trial_id, study and checkpoint_epoch; then the rows fit the Parquet schema as they are.
     keyed = [{"trial_id": "t", "study": "s", "checkpoint_epoch": 0, **r} for r in ape_rows]
     table = pa.Table.from_pylist(keyed, MEASUREMENTS)
@@ -177,16 +177,16 @@ def test_rows_have_sane_ranges_and_consistent_derived_values(ape_rows):
             assert math.isnan(value) or value <= 1.0, r
     mad, mad_raw = _values(ape_rows, "clean", "mad"), _values(ape_rows, "clean", "mad_raw")
     assert all(mad[k] == pytest.approx(mad_raw[k] / max_distance) for k in mad)
-    acc = _values(ape_rows, "clean", "acc")[(-1, -1)]
+    acc = _values(ape_rows, "clean", "acc")[(None, None)]
     for level in JPEG_LEVELS:
-        shifted = _values(ape_rows, "jpeg", "acc", float(level))[(-1, -1)]
-        fs = _values(ape_rows, "jpeg", "fs", float(level))[(-1, -1)]
+        shifted = _values(ape_rows, "jpeg", "acc", float(level))[(None, None)]
+        fs = _values(ape_rows, "jpeg", "fs", float(level))[(None, None)]
         assert fs == pytest.approx(metrics.fragility(acc, shifted), nan_ok=True)
     # alpha = 1 is the trained model: the same numbers as the unscaled conditions.
-    assert _values(ape_rows, "pe_scale", "acc", 1.0)[(-1, -1)] == acc
+    assert _values(ape_rows, "pe_scale", "acc", 1.0)[(None, None)] == acc
     assert _layers(ape_rows, "pe_scale", "ssdc", 1.0) == _layers(ape_rows, "rpi", "ssdc")
     rpi = _layers(ape_rows, "rpi", "ssdc")
-    assert _values(ape_rows, "rpi", "dssdc")[(-1, -1)] == pytest.approx(rpi[1] - rpi[0])
+    assert _values(ape_rows, "rpi", "dssdc")[(None, None)] == pytest.approx(rpi[1] - rpi[0])
 
 
 def test_attention_rows_match_one_shot_metrics_on_the_whole_subset(images):

@@ -46,6 +46,15 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_acc")] == [1, 2]
     assert "mad_min" in run.data.metrics and "dssdc_rpi" in run.data.metrics  # from the analysis stage
     assert run.data.tags["study"] == "demo"
+    # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
+    for epoch in (0, 1, 2):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, f"ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "mad_min/epoch_0002")] == [0, 1]
+    figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    assert {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"} <= figures
+    # The report and claims.csv sit on the study's own run, beside (not among) the trial runs.
+    (report,) = client.search_runs([run.info.experiment_id], "attributes.run_name = 'demo-report'")
+    assert {"index.html", "claims.csv"} <= {a.path for a in client.list_artifacts(report.info.run_id)}
 
 
 def test_trials_ran_concurrently(demo_results):
@@ -58,18 +67,30 @@ def test_trials_ran_concurrently(demo_results):
 
 def test_analysis_rows_cover_the_vocabulary(demo_results):
     m = pq.read_table(demo_results / "demo" / "measurements").to_pandas()
-    assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {2}
+    assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {0, 1, 2}  # every snapshot
     assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(m["intervention"])
     assert not m[m["trial_id"].str.contains("-none-")]["intervention"].eq("pe_scale").any()
     assert (m["n_images"] == demo.EVAL_SIZE).all()  # every row names its images: the demo's capped set
     mad = m[(m.metric == "mad") & (m.intervention == "clean")]
-    assert mad["value"].between(0, 1).all() and (mad["head"] >= 0).all()
+    assert mad["value"].between(0, 1).all() and mad["head_index"].notna().all()
+    whole = m[m.metric.isin(["acc", "fs", "dssdc"])]
+    assert whole["layer"].isna().all() and whole["head_index"].isna().all()  # null, not -1
+
+
+def test_summary_table_has_one_row_per_trial(demo_results):
+    summary = pq.read_table(demo_results / "demo" / "summary").to_pandas()
+    trials = pq.read_table(demo_results / "demo" / "trials").to_pandas()
+    assert sorted(summary["trial_id"]) == sorted(trials["trial_id"])
+    assert (summary["checkpoint_epoch"] == 2).all() and (summary["n_images"] == demo.EVAL_SIZE).all()
+    assert summary["min_mad"].notna().all() and {"pe", "protocol", "lr", "test_acc", "fs_jpeg"} <= set(summary)
 
 
 def test_report_was_built(demo_results):
     html = (demo_results / "demo" / "report" / "index.html").read_text()
     assert "<img" in html and "claims" in html.lower() and "could not be drawn" not in html
     assert "<h3>PE scaling" in html and "did not learn (excluded)" in html
+    assert "<h3>Emergence over training" in html and "<h3>Trials</h3>" in html
+    assert "4 finished trial(s) in 4 condition(s), 1 seed(s) each" in html
 
 
 def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):

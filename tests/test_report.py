@@ -49,8 +49,8 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
         if sw["cutmix"] and layer < 2:  # the planted CutMix effect: local heads in early layers
             mad = 0.45 * (1 - progress) + progress * (0.005 + 0.01 * rng.random())
         ent = min(1.0, 0.25 + 1.6 * mad + 0.02 * rng.random())
-        rows += [{"intervention": "clean", "level": None, "layer": layer, "head": head, "metric": "mad", "value": mad},
-                 {"intervention": "clean", "level": None, "layer": layer, "head": head, "metric": "entropy",
+        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "mad", "value": mad},
+                 {"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "entropy",
                   "value": ent}]
     anchored = pe in ("ape", "sincos2d") and not rpt
     rpi = []
@@ -63,28 +63,28 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
         else:
             r = 0.0
         rpi.append(r + 0.01 * rng.standard_normal())
-        rows += [{"intervention": "clean", "level": None, "layer": layer, "head": -1, "metric": "ssdc", "value": clean},
-                 {"intervention": "rpi", "level": None, "layer": layer, "head": -1, "metric": "ssdc",
+        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": None, "metric": "ssdc", "value": clean},
+                 {"intervention": "rpi", "level": None, "layer": layer, "head_index": None, "metric": "ssdc",
                   "value": rpi[-1]}]
-    rows.append({"intervention": "rpi", "level": None, "layer": -1, "head": -1, "metric": "dssdc",
+    rows.append({"intervention": "rpi", "level": None, "layer": None, "head_index": None, "metric": "dssdc",
                  "value": rpi[1] - rpi[0]})
     if not full:
         return rows
     base = FS_JPEG[pe + ("+RPT" if rpt else "")]
     for q in (5.0, 10.0, 30.0, 75.0):
-        rows.append({"intervention": "jpeg", "level": q, "layer": -1, "head": -1, "metric": "fs",
+        rows.append({"intervention": "jpeg", "level": q, "layer": None, "head_index": None, "metric": "fs",
                      "value": base * (1 - q / 100) ** 2 + 0.01 * rng.standard_normal()})
     for sigma in (0.5, 1.0, 2.5):
-        rows.append({"intervention": "blur", "level": sigma, "layer": -1, "head": -1, "metric": "fs",
+        rows.append({"intervention": "blur", "level": sigma, "layer": None, "head_index": None, "metric": "fs",
                      "value": 0.5 * base * sigma / 2.5 + 0.01 * rng.standard_normal()})
     scaling = "rope_scale" if pe.startswith("rope") else "pe_scale"  # as analysis.evaluate names them
     for alpha in np.round(np.arange(0, 1.01, 0.1), 1):
         scale = alpha if pe != "none" else 1.0
         for metric, v in (("dssdc", 0.47 * scale**3 * anchored), ("fs_jpeg", 0.65 - (0.65 - base) * scale),
                           ("fs_blur", 0.5 * (0.65 - (0.65 - base) * scale))):
-            rows.append({"intervention": scaling, "level": float(alpha), "layer": -1, "head": -1,
+            rows.append({"intervention": scaling, "level": float(alpha), "layer": None, "head_index": None,
                          "metric": metric, "value": v + 0.01 * rng.standard_normal()})
-    rows.append({"intervention": "clean", "level": None, "layer": -1, "head": -1, "metric": "acc", "value": 0.5})
+    rows.append({"intervention": "clean", "level": None, "layer": None, "head_index": None, "metric": "acc", "value": 0.5})
     return [{**r, "n_images": N_IMAGES} for r in rows]
 
 
@@ -132,7 +132,7 @@ def write_collapsed_trial(results: str, study: str) -> str:
     MAD far below every CutMix run: counted in a claim, it would break the CutMix separation."""
     trial_id = "cifar100-ape-baseline-s5-collapsed"
     config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
-              "protocol": "baseline", "seed": 5, "img_size": 32, "depth": LAYERS, "heads": HEADS, "epochs": 10,
+              "protocol": "baseline", "seed": 5, "img_size": 32, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": 10,
               "code_version": "abc1234"}
     write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
                                          "test_acc": 0.011, "eval_acc": 0.011, "did_not_learn": True,

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from records import client, provenance, server, stores, tracking
+from records import client, measurements, provenance, server, stores, tracking
 from records.stores import TrackingError
 
 
@@ -251,22 +251,22 @@ def test_log_metrics_batches_past_mlflow_limits_and_checks_values(uri):
 
 
 def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
-    key = tracking.measurement_metric_key
-    assert key("clean", None, -1, -1, "acc") == "clean/acc"
-    assert key("jpeg", 5.0, -1, -1, "fs") == "jpeg_5/fs"
-    assert key("pe_scale", 0.5, 1, -1, "ssdc") == "pe_scale_0.5/ssdc/layer1"
+    key = measurements.measurement_metric_key
+    assert key("clean", None, None, None, "acc") == "clean/acc"
+    assert key("jpeg", 5.0, None, float("nan"), "fs") == "jpeg_5/fs"
+    assert key("pe_scale", 0.5, 1, None, "ssdc") == "pe_scale_0.5/ssdc/layer1"
     assert key("clean", float("nan"), 3, 2, "mad") == "clean/mad/layer3/head2"
 
     rows = pd.DataFrame({
         "trial_id": "t", "study": "s", "checkpoint_epoch": [10, 10, 10, 20],
         "intervention": ["clean", "clean", "blur", "clean"], "level": [None, None, 2.5, None],
-        "layer": [-1, 0, -1, -1], "head": [-1, 4, -1, -1], "metric": ["acc", "mad", "acc", "acc"],
+        "layer": [None, 0, None, None], "head_index": [None, 4, None, None], "metric": ["acc", "mad", "acc", "acc"],
         "value": [0.5, 1.7, 0.25, 0.75],
     })
     experiment_id = tracking.ensure_experiment(uri, "measurements")
     tracking.end_trial_run(uri, tracking.start_trial_run(uri, experiment_id, "measured", params={}))
     run_id = tracking.find_trial_run(uri, experiment_id, "measured")  # as the analysis job does
-    assert tracking.log_measurements(uri, run_id, rows) == 3  # the per-head row stays in Parquet
+    assert measurements.log_measurements(uri, run_id, rows) == 3  # the per-head row stays in Parquet
     client = MlflowClient(tracking_uri=uri)
     def history(key):
         return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
@@ -274,7 +274,7 @@ def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
     assert history("clean/acc") == [(10, 0.5), (20, 0.75)]
     assert history("blur_2.5/acc") == [(10, 0.25)]
     assert client.get_metric_history(run_id, "clean/mad/layer0/head4") == []
-    assert tracking.log_measurements(uri, run_id, rows.iloc[[1]], per_head=True) == 1
+    assert measurements.log_measurements(uri, run_id, rows.iloc[[1]], per_head=True) == 1
     assert client.get_metric_history(run_id, "clean/mad/layer0/head4")[0].value == 1.7
 
 

@@ -1,0 +1,186 @@
+"""One checkpoint's measurements on its trial's MLflow run: scalars, per-layer curves, a figure.
+
+The analysis job (``analysis.job``) calls ``log_checkpoint`` after writing a checkpoint's rows to
+Parquet. On the trial's run it logs
+
+- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of
+  ``n_images`` images: ``test_acc``'s set when it is the whole test split, the default),
+  ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min``;
+- per-layer curves with the layer as the step and the checkpoint epoch in the key
+  (``layer_profiles``): ``ssdc/epoch_0100`` (clean), ``ssdc_rpi/epoch_0100``,
+  ``ssdc_rpi_content/epoch_0100``, ``mad_mean/epoch_0100`` and ``mad_min/epoch_0100`` (over heads),
+  ``entropy_mean/epoch_0100``, so the MLflow UI plots SSDC against depth for each checkpoint;
+- the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and
+  entropy of every head per layer (``trial_figure``).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from records import measurements, tracking
+
+# (intervention, metric) -> MLflow key prefix of a per-layer curve, and how heads are reduced.
+_PROFILES = {
+    ("clean", "ssdc"): ("ssdc", None),
+    ("rpi", "ssdc"): ("ssdc_rpi", None),
+    ("rpi", "ssdc_content"): ("ssdc_rpi_content", None),
+}
+_HEAD_PROFILES = {"mad": (("mad_mean", np.mean), ("mad_min", np.min)), "entropy": (("entropy_mean", np.mean),)}
+
+
+def _set(x: Any) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Scalar MLflow metrics of one checkpoint's rows: acc_clean, n_images, dssdc_rpi, fs_jpeg_q5,
+    fs_blur_s2.5, mad_min (NaNs left out)."""
+    from analysis.interventions import BLUR_HEADLINE, JPEG_HEADLINE
+
+    out: dict[str, float] = {}
+    mads = []
+    for r in rows:
+        iv, lvl, metric, value = r["intervention"], r.get("level"), r["metric"], r["value"]
+        if iv == "clean" and metric == "acc":
+            out["acc_clean"] = value
+            if r.get("n_images") is not None:
+                out["n_images"] = r["n_images"]
+        elif iv == "clean" and metric == "mad":
+            mads.append(value)
+        elif iv == "rpi" and metric == "dssdc":
+            out["dssdc_rpi"] = value
+        elif iv == "jpeg" and metric == "fs" and lvl == JPEG_HEADLINE:
+            out[f"fs_jpeg_q{JPEG_HEADLINE}"] = value
+        elif iv == "blur" and metric == "fs" and lvl == BLUR_HEADLINE[1]:
+            out[f"fs_blur_s{BLUR_HEADLINE[1]}"] = value
+    if mads:
+        out["mad_min"] = float(min(mads))
+    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
+
+
+def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int, float]]:
+    """{``<name>/epoch_<EEEE>``: {layer: value}}: the per-layer curves of one checkpoint."""
+    tag = f"epoch_{int(epoch):04d}"
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    heads: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if not _set(r.get("layer")) or not np.isfinite(r["value"]):
+            continue
+        layer = int(r["layer"])
+        key = (r["intervention"], r["metric"])
+        if key in _PROFILES and not _set(r.get("head_index")):
+            out[f"{_PROFILES[key][0]}/{tag}"][layer] = float(r["value"])
+        elif r["intervention"] == "clean" and r["metric"] in _HEAD_PROFILES and _set(r.get("head_index")):
+            heads[r["metric"]][layer].append(float(r["value"]))
+    for metric, per_layer in heads.items():
+        for name, how in _HEAD_PROFILES[metric]:
+            out[f"{name}/{tag}"] = {layer: float(how(v)) for layer, v in sorted(per_layer.items())}
+    return dict(out)
+
+
+def trial_figure(rows: list[dict[str, Any]], title: str):
+    """Three panels of one checkpoint: SSDC per layer (clean, under RPI), MAD and entropy per head."""
+    from analysis import plotting as pl
+
+    fig, axes = pl.grid(1, 3, w=3.8, h=3.2)
+    ssdc = {k: {} for k in (("clean", "ssdc"), ("rpi", "ssdc"))}
+    per_head: dict[str, dict[int, dict[int, float]]] = {"mad": defaultdict(dict), "entropy": defaultdict(dict)}
+    for r in rows:
+        if not _set(r.get("layer")):
+            continue
+        key = (r["intervention"], r["metric"])
+        if key in ssdc and not _set(r.get("head_index")):
+            ssdc[key][int(r["layer"])] = r["value"]
+        elif r["intervention"] == "clean" and r["metric"] in per_head and _set(r.get("head_index")):
+            per_head[r["metric"]][int(r["head_index"])][int(r["layer"])] = r["value"]
+    ax = axes[0, 0]
+    for (iv, _), label, colour in ((("clean", "ssdc"), "clean", "C0"), (("rpi", "ssdc"), "under RPI", "C3")):
+        layers = sorted(ssdc[(iv, "ssdc")])
+        ax.plot(layers, [ssdc[(iv, "ssdc")][layer] for layer in layers], "o-", color=colour, label=label)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(title="SSDC per layer", xlabel="layer", ylabel="SSDC")
+    pl.style(ax, layer_axis="x")
+    pl.legend(ax)
+    for ax, (metric, ylabel) in zip(axes[0, 1:], (("mad", pl.MAD_LABEL), ("entropy", "normalised entropy"))):
+        cmap = pl.colormaps["tab10"]
+        for head, values in sorted(per_head[metric].items()):
+            layers = sorted(values)
+            ax.plot(layers, [values[layer] for layer in layers], "o-", ms=3, lw=1, color=cmap(head % 10),
+                    label=f"head {head}")
+        ax.set(title=f"{'MAD' if metric == 'mad' else 'entropy'} per head", xlabel="layer", ylabel=ylabel,
+               ylim=(0, 1.02))
+        pl.style(ax, layer_axis="x", min_span=None)
+    pl.legend(axes[0, 2], ncols=2)
+    fig.suptitle(title, fontsize=pl.FONT)  # shown alone in MLflow, so it names its trial and checkpoint
+    return fig
+
+
+def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int, rows: list[dict[str, Any]]) -> None:
+    """Scalars, per-layer curves and the figure of one checkpoint on the trial's run."""
+    from analysis import plotting as pl
+
+    tracking.log_metrics(uri, run_id, summarize(rows), step=epoch)
+    measurements.log_metric_series(uri, run_id, layer_profiles(rows, epoch))
+    fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}")
+    with tempfile.TemporaryDirectory(prefix="vitsweep-fig-") as tmp:
+        for ext, render in (("png", pl.render_png), ("svg", pl.render_svg)):
+            path = Path(tmp) / f"layers_epoch_{int(epoch):04d}.{ext}"
+            path.write_bytes(render(fig))
+            tracking.log_artifact_file(uri, run_id, path, "figures")
+
+
+def write_summary_table(results: str, study: str) -> int:
+    """Write the wide ``summary`` table (one row per counted finished trial: its flat config, final
+    accuracies and headline metrics at its last measured checkpoint) through ``records.tables``;
+    returns the number of rows. Trials no longer counted (a rerun of a seed) lose their row."""
+    from analysis.report import StudyData
+    from records import tables
+    from records.schema import SUMMARY_FIELDS, TRIAL_FIELDS
+
+    data = StudyData.load(results, study)
+    if data.trials.empty:
+        return 0
+    raw = data.raw_trials.drop_duplicates("trial_id", keep="last").set_index("trial_id")
+    fixed = set(TRIAL_FIELDS.names) | set(SUMMARY_FIELDS.names)
+    config_columns = [c for c in raw.columns if c not in fixed]
+    pt = data.per_trial.set_index("trial_id")
+    for trial_id, p in pt.iterrows():
+        stored = raw.loc[trial_id]
+        config = {c: _plain(stored[c]) for c in config_columns}
+        headline = {"trial_id": trial_id, "study": study, "eval_acc": _plain(stored.get("eval_acc")),
+                    "mlflow_run_id": _plain(stored.get("mlflow_run_id")),
+                    **{f.name: _plain(p[f.name]) for f in SUMMARY_FIELDS if f.name in p.index}}
+        for name in ("checkpoint_epoch", "n_images"):
+            if headline.get(name) is not None:
+                headline[name] = int(headline[name])
+        headline["did_not_learn"] = bool(headline.get("did_not_learn"))
+        tables.write_summary(results, study, config, headline)
+    _drop_stale_summaries(results, study, set(pt.index))
+    return len(pt)
+
+
+def _plain(v: Any) -> Any:
+    """A Python scalar for the Parquet writer (numpy scalars as int / float / bool; NaN and NA as None)."""
+    import pandas as pd
+
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
+        return None
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _drop_stale_summaries(results: str, study: str, keep: set[str]) -> None:
+    from pyarrow import fs as pafs
+
+    from records import tables
+
+    fs, root = tables.filesystem(tables.table_path(results, study, "summary"))
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.base_name.endswith(".parquet") and info.base_name.removesuffix(".parquet") not in keep:
+            fs.delete_file(info.path)
