@@ -70,6 +70,9 @@ TRIAL_FIELDS = pa.schema(
         ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
         ("pack", pa.string()),  # id of the pack it trained in (sweeps/packs.py); null when trained alone
         ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
+        ("mlflow_run_id", pa.string()),  # the trial's MLflow run: joins Parquet to MLflow without a search
+        ("started_at", pa.timestamp("us", tz="UTC")),  # when its (latest) launch started it
+        ("ended_at", pa.timestamp("us", tz="UTC")),  # when it finished or failed; null while running
     ]
 )
 

@@ -153,3 +153,11 @@ def test_console_is_one_line_per_trial_and_checkpoint_with_the_summary_last(demo
     assert lines[-1].strip().startswith("MLflow:") and any(line.strip().startswith("status:") for line in lines[-6:])
     for chatter in ("Trial status", "Checkpoint successfully created", "Reporting training result", "Total Progress"):
         assert chatter not in text, chatter
+
+
+def test_trials_join_mlflow_by_run_id_and_carry_their_times(demo_results):
+    trials = tables.read_table(str(demo_results), "demo", "trials").to_pandas()
+    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
+    joined = trials.merge(runs[["run_id", "trial_id"]], left_on="mlflow_run_id", right_on="run_id")
+    assert len(joined) == 4 and (joined["trial_id_x"] == joined["trial_id_y"]).all()
+    assert (trials["started_at"] < trials["ended_at"]).all()

@@ -45,7 +45,7 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from trainables.ray_trainable import UNRETRIABLE, _close_run, _close_trial
+    from trainables.ray_trainable import UNRETRIABLE, _close_run, _close_trial, utc_now
 
     todo = []
     for trial_id in member_ids:
@@ -64,7 +64,8 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
         tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
         run_ids[cfg.trial_id] = run_id
         try:
-            tables.write_trial(settings.results, settings.study, flat, _outcome(settings, cfg, "running", pack_id))
+            tables.write_trial(settings.results, settings.study, flat,
+                               _outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now()))
         except OSError as exc:  # a storage fault before training: no run may stay RUNNING
             for started in run_ids.values():
                 _close_run(settings, started, "FAILED", {"vitsweep.error": f"storage fault: {exc}"[:5000]})
@@ -99,8 +100,10 @@ def run_pack(pack_id: str, member_ids: list[str], settings, trials: dict[str, di
                 row, errors = None, [*errors, exc]
             if row is None or row["status"] == "running":
                 try:
-                    _close_trial(settings, cfg.to_flat(), _outcome(settings, cfg, "failed", pack_id, error=why),
-                                 run_ids[cfg.trial_id], "FAILED", {"vitsweep.error": why[:5000]})
+                    outcome = _outcome(settings, cfg, "failed", pack_id, error=why,
+                                       started_at=(row or {}).get("started_at"))
+                    _close_trial(settings, cfg.to_flat(), outcome, run_ids[cfg.trial_id], "FAILED",
+                                 {"vitsweep.error": why[:5000]})
                 except Exception as exc:  # noqa: BLE001 - the first is raised once every member is closed
                     errors.append(exc)
         if errors:
@@ -130,11 +133,12 @@ def _pack_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
         error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
         ray.train.report(error)  # for Tune's result (the launcher counts the pack as failed)
         return error  # for the pack's driver, which closes every member with it
-    cfgs = []
+    cfgs, started = [], {}
     for flat in loop_config["trials"]:  # a retried worker skips members an earlier attempt closed
         row = tables.read_trial(settings.results, settings.study, RunConfig.from_flat(flat).trial_id)
         if row is None or row["status"] == "running":
             cfgs.append(RunConfig.from_flat(flat))
+            started[cfgs[-1].trial_id] = (row or {}).get("started_at")
     root = Path(tempfile.mkdtemp(prefix=f"vitsweep-{loop_config['pack_id']}-"))
     workdirs = {c.trial_id: root / c.trial_id for c in cfgs}
     histories: dict[str, list[dict[str, Any]]] = {}
@@ -172,7 +176,7 @@ def _pack_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
             settings, cfg, "failed" if error else "finished", loop_config["pack_id"], error=error,
             checkpoint_path=checkpoint_uri(settings, cfg.trial_id), wall_time_s=time.perf_counter() - t0,
             epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
-            did_not_learn=final.get("did_not_learn"),
+            did_not_learn=final.get("did_not_learn"), started_at=started[cfg.trial_id],
             **{k: final.get(k) for k in _SUMMARY},
         )
         run_id = run_ids[cfg.trial_id]

@@ -27,6 +27,7 @@ latest checkpoint: Train V2 restores its checkpoint list from storage.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import tempfile
@@ -214,8 +215,8 @@ def run_trial(
     run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, trial_id, params=flat, tags=tags)
     # Sets the code_version tag from the launcher's provenance (which carries `version`).
     tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
-    outcome = {"trial_id": trial_id, "study": settings.study, "status": "running",
-               "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
+    outcome = {"trial_id": trial_id, "study": settings.study, "status": "running", "mlflow_run_id": run_id,
+               "started_at": utc_now(), "snapshot_dir": settings.snapshot_uri(trial_id), "code_version": version}
     try:
         tables.write_trial(settings.results, settings.study, flat, outcome)
     except BaseException as exc:  # storage fault: the MLflow run must not stay RUNNING
@@ -265,6 +266,10 @@ def run_trial(
                                                               "snapshot_dir": outcome["snapshot_dir"]})
 
 
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def _close_trial(settings: LaunchSettings, flat: dict[str, Any], outcome: dict[str, Any], run_id: str,
                  status: str, tags: dict[str, str] | None = None) -> None:
     """Write the trial's final row and end its MLflow run, each whatever happens to the
@@ -272,6 +277,7 @@ def _close_trial(settings: LaunchSettings, flat: dict[str, Any], outcome: dict[s
     MLflow outage the row "running"); then raise the first error. A trial whose row
     could not be written is not finished: its run ends FAILED and --resume reruns it."""
     error = None
+    outcome = {**outcome, "mlflow_run_id": outcome.get("mlflow_run_id") or run_id, "ended_at": utc_now()}
     try:
         tables.write_trial(settings.results, settings.study, flat, outcome)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, after the run is closed
