@@ -29,6 +29,9 @@ def configure_console(verbose: bool) -> None:
         # Ray Data logs a status block every few seconds on a non-terminal stdout unless its progress
         # output is off (the analysis job prints its own line per checkpoint).
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+        # Tune's default output engine prints its experiment header even at verbose=0 (and ignores a
+        # custom reporter); the classic engine at verbose=0 prints nothing.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
 def tune_verbosity(verbose: bool) -> int:

@@ -409,7 +409,7 @@ def hparam_tuner(args, base, trainable, tune_dir: str, name: str):
             metric=hparam.METRIC,
             mode=hparam.MODE,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=1),
+        run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=progress.tune_verbosity(args.verbose)),
     )
 
 

@@ -145,13 +145,14 @@ def test_console_is_one_line_per_trial_and_checkpoint_with_the_summary_last(demo
 
     text = (demo_results / "console.txt").read_text()
     lines = [line for line in text.splitlines() if line.strip()]
-    trials = [line for line in lines if re.match(r"^\[\d/4\] demo-", line)]
+    trials = [line for line in lines if re.match(r"^\[\d/4\] shapes-\S+: ", line)]
     assert len(trials) == 4 and all(re.search(r": test \d\.\d{3}", line) for line in trials), trials
     assert "ETA" in trials[0] and "ETA" not in trials[-1]
-    checkpoints = [line for line in lines if re.match(r"^\[\d+/\d+\] checkpoints: demo-", line)]
+    checkpoints = [line for line in lines if re.match(r"^\[\d+/\d+\] checkpoints: shapes-", line)]
     assert checkpoints and "images/s" in checkpoints[0]
     assert lines[-1].strip().startswith("MLflow:") and any(line.strip().startswith("status:") for line in lines[-6:])
-    for chatter in ("Trial status", "Checkpoint successfully created", "Reporting training result", "Total Progress"):
+    for chatter in ("Trial status", "Configuration for experiment", "Checkpoint successfully created",
+                    "Reporting training result", "Total Progress"):
         assert chatter not in text, chatter
 
 
