@@ -354,12 +354,23 @@ class SeededSampler(Sampler):
         return -(-self.length // self.num_replicas)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(item_seed(self.seed, self.epoch, -1))
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        total = len(self) * self.num_replicas
-        order = (order * (1 + total // max(len(order), 1)))[:total] if total > len(order) else order[:total]
-        for index in order[self.rank::self.num_replicas]:
+        order = epoch_order(self.length, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                            num_replicas=self.num_replicas, rank=self.rank, drop_last=self.drop_last)
+        for index in order.tolist():
             yield index, item_seed(self.seed, self.epoch, index)
+
+
+def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,
+                drop_last: bool = False) -> torch.Tensor:
+    """This rank's image indices of `epoch`, int64: the shuffle from (seed, epoch), sharded like
+    DistributedSampler (padded by repetition so every rank gets the same count, or the tail dropped)."""
+    if shuffle:
+        g = torch.Generator().manual_seed(item_seed(seed, epoch, -1))
+        order = torch.randperm(length, generator=g)
+    else:
+        order = torch.arange(length)
+    per_rank = length // num_replicas if drop_last else -(-length // num_replicas)
+    total = per_rank * num_replicas
+    if total > length:
+        order = order.repeat(1 + total // max(length, 1))
+    return order[:total][rank::num_replicas]

@@ -4,9 +4,13 @@
 
 One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
 
-* per step: per-image augmentation (in the DataLoader), then on the device
-  CutMix (soft targets), normalisation, RPT (a fresh patch permutation through
-  the model's ``perm``), cross-entropy with optional label smoothing;
+* per step, all on the device: the batch's images, augmented per image in
+  chunks of several steps (``trainables.inputs``: in-memory splits live on the
+  device; folder-backed ones are decoded by workers or on the GPU), then CutMix
+  (soft targets; a share ``cutmix_prob`` of the batches), normalisation, RPT (a
+  fresh patch permutation through the model's ``perm``), cross-entropy with
+  optional label smoothing; bf16 autocast on CUDA, no host sync per step, and
+  ``torch.compile`` with CUDA graphs when ``compile`` is set (CUDA only);
 * per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
@@ -14,9 +18,9 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   history, config) every ``checkpoint_every`` epochs and at the end, written
   atomically; only the latest is kept. A run whose ``workdir`` holds one
   continues from it. Every random draw is derived from (seed, epoch): the
-  shuffle and each image's augmentation (``SeededSampler``), CutMix and RPT,
-  so a resumed run draws what an uninterrupted one would have drawn,
-  whatever the number of DataLoader workers;
+  shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
+  and RPT, so a resumed run draws what an uninterrupted one would have drawn,
+  whatever the chunking or the number of workers;
 * small model-only snapshots (fp16) at log-spaced epochs 0, 1, 2, 4, ... and
   the last, for analysing when structure emerges.
 
@@ -38,19 +42,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
+from trainables.augment import augmentation
 from trainables.config import RunConfig
 from trainables.datasets import load_dataset
-from trainables.protocols import (
-    Augmented,
-    SeededSampler,
-    cutmix_batch,
-    eval_transform,
-    normalize,
-    soft_targets,
-    train_transform,
-)
+from trainables.inputs import EvalSource, TrainSource
+from trainables.protocols import cutmix_batch, normalize, soft_targets
 from trainables.vit import ViT
 
 Report = Callable[[dict[str, Any], "str | None"], None]
@@ -115,18 +112,20 @@ def random_permutation(batch: int, n: int, *, per_image: bool, generator: torch.
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader, mean, std, device: torch.device) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 over a loader of (uint8 images, labels)."""
+def evaluate(model: torch.nn.Module, batches, mean, std, device: torch.device) -> tuple[float, float]:
+    """Mean cross-entropy and top-1 over (uint8 images, labels) batches."""
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
-    for images, labels in loader:
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
+    for images, y in batches:
         x = normalize(images.to(device, non_blocking=True), mean, std)
-        y = labels.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
         logits = model(x).logits.float()
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
+        loss_sum += F.cross_entropy(logits, y, reduction="sum")
+        correct += (logits.argmax(1) == y).sum()
         count += y.numel()
-    totals = _all_reduce([loss_sum, correct, count], device)
+    totals = _all_reduce([loss_sum.item(), correct.item(), count], device)
     return totals[0] / max(totals[2], 1), totals[1] / max(totals[2], 1)
 
 
@@ -185,14 +184,15 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     train_split = data.train
     if 0 < cfg.max_train_images < len(train_split):
         train_split = train_split.subset(torch.arange(cfg.max_train_images))
-    train_tf = train_transform(cfg.protocol, data.name, data.img_size)
-    eval_tf = eval_transform(data.name, data.img_size)
-    eval_loader = _loader(data.test if cfg.eval_split == "test" else data.holdout, eval_tf, cfg, world, rank)
+    source = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size), device=device,
+                         num_workers=cfg.num_workers)
+    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
+                             num_workers=cfg.num_workers)
+    batch_size = max(1, cfg.batch_size // world)
 
     model = ViT(cfg.model).to(device)
     optimizer = build_optimizer(model, cfg)
-    loader = _loader(train_split, train_tf, cfg, world, rank, train=True)
-    steps_per_epoch = len(loader)
+    steps_per_epoch = source.steps(batch_size, num_replicas=world)
     if steps_per_epoch == 0:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than the {len(train_split)} training images of {cfg.dataset!r}"
@@ -224,6 +224,9 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     use_amp = cfg.amp and device.type == "cuda"
+    # CUDA graphs (mode "reduce-overhead") replay the whole step's kernels: batch shapes are fixed
+    # (partial batches dropped). On CPU compiling measured slower, so it stays off there.
+    forward = torch.compile(model, mode="reduce-overhead") if cfg.compile and device.type == "cuda" else model
     smoothing = cfg.protocol.smoothing
     snapshots = set(snapshot_epochs(cfg.epochs))
     n_patches = cfg.model.num_patches
@@ -231,7 +234,6 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
 
     for epoch in range(start_epoch, cfg.epochs + 1):
         model.train()
-        loader.sampler.set_epoch(epoch)
         mix_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 2))
         perm_gen = torch.Generator().manual_seed(_epoch_seed(cfg.seed, epoch, 3))
         # Sums stay on the device: a per-step .item() would stall the GPU every step.
@@ -239,17 +241,18 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
         correct = torch.zeros((), device=device, dtype=torch.float64)
         count = 0
         t0 = time.perf_counter()
-        for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        for images, labels in source.epoch(seed=cfg.seed, epoch=epoch, batch_size=batch_size, num_replicas=world,
+                                           rank=rank):
             targets = soft_targets(labels, data.num_classes)
-            if cfg.cutmix:
+            # The coin is drawn only when cutmix_prob < 1, so the default keeps the CutMix stream as it was.
+            if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
                 images, targets = cutmix_batch(images, targets, generator=mix_gen)
             x = normalize(images, data.mean, data.std)
             perm = None
             if cfg.rpt:
                 perm = random_permutation(x.shape[0], n_patches, per_image=cfg.rpt_per_image, generator=perm_gen).to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                logits = model(x, perm=perm).logits
+                logits = forward(x, perm=perm).logits
             loss = F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -261,7 +264,8 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
             count += labels.numel()
         loss_sum, correct, count = _all_reduce([loss_sum.item(), correct.item(), count], device)
         train_time = time.perf_counter() - t0
-        eval_loss, eval_acc = evaluate(model, eval_loader, data.mean, data.std, device)
+        eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
+        eval_loss, eval_acc = evaluate(model, eval_batches, data.mean, data.std, device)
         metrics = {
             "epoch": epoch,
             "train_loss": loss_sum / max(count, 1),
@@ -306,23 +310,6 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     final["epochs_completed"] = len(history)
     final["history"] = history
     return final
-
-
-def _loader(split, transform, cfg: RunConfig, world: int, rank: int, *, train: bool = False) -> DataLoader:
-    """Training: shuffled per epoch, each rank its shard, partial batches dropped.
-    Evaluation: in order, larger batches; under DDP the shards are padded by
-    repetition, which can count a few images twice (at most world - 1)."""
-    sampler = SeededSampler(len(split), seed=cfg.seed, shuffle=train, num_replicas=world, rank=rank, drop_last=train)
-    batch = max(1, cfg.batch_size // world) if train else max(256, cfg.batch_size)
-    return DataLoader(
-        Augmented(split, transform),
-        batch_size=batch,
-        sampler=sampler,
-        drop_last=train,
-        num_workers=cfg.num_workers,
-        persistent_workers=cfg.num_workers > 0,
-        pin_memory=torch.cuda.is_available(),
-    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
