@@ -129,6 +129,31 @@ def evaluate(model: torch.nn.Module, batches, mean, std, device: torch.device) -
     return totals[0] / max(totals[2], 1), totals[1] / max(totals[2], 1)
 
 
+def train_step(cfg: RunConfig, forward, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+               *, num_classes: int, mean, std, mix_gen: torch.Generator, perm_gen: torch.Generator,
+               use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step on augmented uint8 images (B, 3, S, S) and labels (B,), on their device:
+    CutMix (a share cutmix_prob of batches), normalisation, RPT, loss with label smoothing.
+    Returns the loss and the count of images whose dominant label (the CutMix base image's)
+    was predicted, both as device tensors: reading them would sync the device."""
+    targets = soft_targets(labels, num_classes)
+    # The coin is drawn only when cutmix_prob < 1, so the default keeps the CutMix stream as it was.
+    if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
+        images, targets = cutmix_batch(images, targets, generator=mix_gen)
+    x = normalize(images, mean, std)
+    perm = None
+    if cfg.rpt:
+        perm = random_permutation(x.shape[0], cfg.model.num_patches, per_image=cfg.rpt_per_image,
+                                  generator=perm_gen).to(x.device, non_blocking=True)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
+        logits = forward(x, perm=perm).logits
+    loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.protocol.smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), (logits.argmax(1) == targets.argmax(1)).sum()
+
+
 def _all_reduce(values: list[float], device: torch.device) -> list[float]:
     if not (dist.is_available() and dist.is_initialized()):
         return values
@@ -227,9 +252,7 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
     # CUDA graphs (mode "reduce-overhead") replay the whole step's kernels: batch shapes are fixed
     # (partial batches dropped). On CPU compiling measured slower, so it stays off there.
     forward = torch.compile(model, mode="reduce-overhead") if cfg.compile and device.type == "cuda" else model
-    smoothing = cfg.protocol.smoothing
     snapshots = set(snapshot_epochs(cfg.epochs))
-    n_patches = cfg.model.num_patches
     t_run = time.perf_counter()
 
     for epoch in range(start_epoch, cfg.epochs + 1):
@@ -243,24 +266,12 @@ def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None =
         t0 = time.perf_counter()
         for images, labels in source.epoch(seed=cfg.seed, epoch=epoch, batch_size=batch_size, num_replicas=world,
                                            rank=rank):
-            targets = soft_targets(labels, data.num_classes)
-            # The coin is drawn only when cutmix_prob < 1, so the default keeps the CutMix stream as it was.
-            if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
-                images, targets = cutmix_batch(images, targets, generator=mix_gen)
-            x = normalize(images, data.mean, data.std)
-            perm = None
-            if cfg.rpt:
-                perm = random_permutation(x.shape[0], n_patches, per_image=cfg.rpt_per_image, generator=perm_gen).to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                logits = forward(x, perm=perm).logits
-            loss = F.cross_entropy(logits.float(), targets, label_smoothing=smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss, correct_here = train_step(cfg, forward, optimizer, images, labels, num_classes=data.num_classes,
+                                            mean=data.mean, std=data.std, mix_gen=mix_gen, perm_gen=perm_gen,
+                                            use_amp=use_amp)
             scheduler.step()
             loss_sum += loss.detach() * labels.numel()
-            # Accuracy against the dominant label (the CutMix base image's label).
-            correct += (logits.argmax(1) == targets.argmax(1)).sum()
+            correct += correct_here
             count += labels.numel()
         loss_sum, correct, count = _all_reduce([loss_sum.item(), correct.item(), count], device)
         train_time = time.perf_counter() - t0
