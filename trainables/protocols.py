@@ -9,30 +9,35 @@ A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
 * `autoaugment`: torchvision's AutoAugment, CIFAR-10 policy below 128 px and
   ImageNet policy from it; on Tiny-ImageNet ColorJitter(0.4, 0.4, 0.4) instead,
   as Study L does (so this factor changes meaning across data sets);
-* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), probability 1, one box per
-  batch pasted from a shuffled copy of the batch; targets mixed by the pasted
-  area after clipping to the image, as soft targets (B, C);
+* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), one box per batch (as in
+  Lee et al.'s recipe), on a share `cutmix_prob` of the batches (run config,
+  default 1; Lee et al. use 0.5); the box is pasted from a shuffled copy of
+  the batch; targets mixed by the pasted area after clipping to the image, as
+  soft targets (B, C);
 * `label_smoothing`: 0.1, applied by the loss:
   `F.cross_entropy(logits, soft_targets, label_smoothing=protocol.smoothing)`.
 
 Data path (uint8 until the model; B batch, C classes, S image side):
 
-    split[i] -> (uint8 (3, h, w), label)                     datasets.py
-    Augmented(split, train_transform(...))[i] -> uint8 (3, S, S)   per image, DataLoader workers
-    default collate -> uint8 (B, 3, S, S), int64 (B,)
+    split -> uint8 (N, 3, S, S) on the device (in-memory sets)      trainables/inputs.py
+    augment.draw (host, per image) + augment.apply (device, batched) -> uint8 (n, 3, S, S)
     soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C)   per batch, on the device
 
-Per-image randomness is deliberate. torchvision v2 transforms called on a
-batch tensor draw ONE parameter set for the whole batch (every image gets the
-same crop, flip and AutoAugment op), so transforms here only ever see one
-image.
+The per-image transforms below (`TrainTransform`, `Augmented`) are the
+reference that trainables/augment.py is tested and benchmarked against; the
+loop no longer uses them. Per-image randomness is deliberate: torchvision v2
+transforms called on a batch tensor draw ONE parameter set for the whole
+batch (every image gets the same crop, flip and AutoAugment op), so these
+transforms only ever see one image, and augment.py draws per image too.
 
 Seeding. A transform takes an optional `torch.Generator`: with one, every draw
 comes from it (torchvision's own draws run under the default CPU generator
 seeded from it, which is restored afterwards); without one, draws use torch's
 global RNG as torchvision does. `SeededSampler` + `Augmented` give every
-(seed, epoch, index) its own generator, so augmentations are the same for any
-number of DataLoader workers, persistent or not, and after a resume.
+(seed, epoch, index) its own generator (`item_seed`), so augmentations are the
+same for any number of DataLoader workers, persistent or not, and after a
+resume; augment.py keys its draws by the same `item_seed`. The epoch's order
+is `epoch_order` (shared by `SeededSampler` and the device input path).
 """
 
 from __future__ import annotations
@@ -115,7 +120,8 @@ def _global_rng_from(generator: torch.Generator | None):
 
 
 class TrainTransform:
-    """One image in, one augmented image out: uint8 (3, h, w) -> uint8 (3, S, S).
+    """One image in, one augmented image out: uint8 (3, h, w) -> uint8 (3, S, S). The per-image
+    reference of `augment.apply` (tests, bench/input_pipeline.py); training uses augment.py.
 
     Below LARGE_IMAGE_SIZE the input must already be S x S (datasets store it so).
     """

@@ -21,6 +21,10 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
   and RPT, so a resumed run draws what an uninterrupted one would have drawn,
   whatever the chunking or the number of workers;
+  CPU and CUDA runs need not agree bit for bit. A bit-reproducible CUDA run
+  needs ``torch.use_deterministic_algorithms(True)`` and
+  ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` set before CUDA starts (the loop sets
+  neither: bench/gpu_suite.py measures what they cost per step);
 * small model-only snapshots (fp16) at log-spaced epochs 0, 1, 2, 4, ... and
   the last, for analysing when structure emerges.
 
