@@ -304,28 +304,22 @@ def _grouped(images: torch.Tensor, stages: list[np.ndarray], kernel, extra: torc
     """Apply `kernel(stage, code, images_of_group, extra_of_group)` to each group of images
     with the same code, stage after stage (code -1: leave the image as is).
 
-    The chunk is sorted by each stage's code so a group is a contiguous slice; the
-    sort orders (computed on the host) travel to the device in one copy, and the
-    result comes back in the input order."""
-    n = images.shape[0]
-    orders, current = [], np.arange(n)
-    for codes in stages:
-        step = np.argsort(codes[current], kind="stable")
-        current = current[step]
-        orders.append(step)
-    index = torch.from_numpy(np.stack([*orders, np.argsort(current)])).to(images.device, non_blocking=True)
-    x, current = images, np.arange(n)
-    for stage, codes in enumerate(stages):
-        x = x[index[stage]]
-        extra = extra[index[stage]] if extra is not None else None
-        current = current[orders[stage]]
-        sorted_codes = codes[current]
+    Each stage's rows sorted by code (computed on the host) travel to the device in one
+    copy; a group is then a slice of that index, read and written back with
+    index_select / index_copy_, so untouched images are never moved."""
+    orders = [np.argsort(codes, kind="stable") for codes in stages]
+    rows = torch.from_numpy(np.stack(orders)).to(images.device, non_blocking=True)
+    x = images.clone()
+    for stage, (codes, order) in enumerate(zip(stages, orders)):
+        sorted_codes = codes[order]
         values, starts = np.unique(sorted_codes, return_index=True)
-        ends = np.append(starts[1:], n)
+        ends = np.append(starts[1:], len(order))
         for code, a, b in zip(values.tolist(), starts.tolist(), ends.tolist()):
             if code >= 0:
-                x[a:b] = kernel(stage, code, x[a:b], extra[a:b] if extra is not None else None)
-    return x[index[-1]]
+                group = rows[stage, a:b]
+                part = extra.index_select(0, group) if extra is not None else None
+                x.index_copy_(0, group, kernel(stage, code, x.index_select(0, group), part))
+    return x
 
 
 # -- random resized crop (per image, at decode time) -------------------------------------------
