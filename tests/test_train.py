@@ -113,3 +113,28 @@ def test_adam_is_l2_coupled_and_adamw_decoupled():
         assert decayed["weight_decay"] == cfg.weight_decay and plain["weight_decay"] == 0.0
         assert not any(p is model.cls_token for p in decayed["params"])
         assert not math.isnan(sum(p.numel() for p in plain["params"]))
+
+
+def test_cutmix_prob_mixes_that_share_of_batches():
+    from trainables.train import train_step
+
+    class Probe(torch.nn.Module):  # records whether any image of the batch holds two values
+        def __init__(self):
+            super().__init__()
+            self.head, self.mixed = torch.nn.Linear(3, 10), []
+
+        def forward(self, x, perm=None):
+            self.mixed.append(bool((x.amax((1, 2, 3)) != x.amin((1, 2, 3))).any()))
+            return type("Out", (), {"logits": self.head(x.mean((2, 3)))})()
+
+    labels = torch.arange(8)
+    images = (labels * 20).to(torch.uint8).view(8, 1, 1, 1).expand(8, 3, 32, 32).contiguous()
+    for prob, low, high in ((1.0, 1.0, 1.0), (0.5, 0.38, 0.62), (0.0, 0.0, 0.0)):
+        cfg = tiny(cutmix=True, cutmix_prob=prob)
+        probe, gen = Probe(), torch.Generator().manual_seed(0)
+        optimizer = torch.optim.SGD(probe.parameters(), lr=0.0)
+        for _ in range(150):
+            train_step(cfg, probe, optimizer, images, labels, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3,
+                       mix_gen=gen, perm_gen=gen, use_amp=False)
+        share = sum(probe.mixed) / len(probe.mixed)  # a box can miss every pixel change only if lam ~ 1
+        assert low - 0.03 <= share <= high, (prob, share)
