@@ -114,3 +114,26 @@ def test_eval_source_keeps_order_and_pads_shards(split):
 def test_default_workers_follow_the_cpus_the_trial_holds(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "6")  # what Ray sets in a worker holding 6 CPUs
     assert default_workers() == 5 and default_workers(2) == 2 and default_workers(0) == 0
+
+
+def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_and_autoaugment(tmp_path):
+    """From LARGE_IMAGE_SIZE: each file is decoded at its own size and cropped from its key in
+    the worker; flip and AutoAugment (ImageNet policy) then run on the chunk from the same keys."""
+    from trainables.augment import apply, draw, item_keys, resized_crop, resized_crop_params
+
+    g = torch.Generator().manual_seed(0)
+    raw = [torch.randint(0, 256, (3, 130 + 9 * i, 150 - 4 * i), dtype=torch.uint8, generator=g) for i in range(12)]
+    samples = _jpeg_folder(tmp_path, raw)
+    files = ImageFiles(samples, 128, evaluation=False)
+    spec = Augmentation(128, "autoaugment_imagenet")
+    streamed, _ = _epoch(TrainSource(files, spec, num_workers=1), seed=2, epoch=1, batch_size=4)
+    sampler = SeededSampler(12, seed=2, drop_last=True)
+    sampler.set_epoch(1)
+    order = np.array([i for i, _ in sampler])
+    keys = item_keys(2, 1, order)
+    crops = []
+    for index, key in zip(order, keys):
+        image = decode(samples[index][0])
+        box = resized_crop_params(np.array([key]), np.array([image.shape[1]]), np.array([image.shape[2]]))[0]
+        crops.append(resized_crop(image, box, 128))
+    assert torch.equal(streamed, apply(spec, torch.stack(crops), draw(spec, keys)))
