@@ -88,7 +88,7 @@ def time_batched(split, protocol_name: str, like: str, img_size: int, num_classe
     for start in range(0, images, chunk):
         rows = order[start:start + chunk]
         c0 = time.process_time()
-        augmented = apply(spec, split.images[torch.from_numpy(rows)], draw(spec, item_keys(seed, seed, rows)))
+        augmented = apply(spec, split.images, draw(spec, item_keys(seed, seed, rows)), rows=rows)
         labels = split.labels[torch.from_numpy(rows)]
         c1 = time.process_time()
         for x_u8, y in zip(augmented.split(batch_size), labels.split(batch_size)):

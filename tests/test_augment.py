@@ -181,3 +181,16 @@ def test_draws_do_not_depend_on_chunking_or_order(images):
     seeds = np.repeat([2, 9], N)
     packed = apply(spec, torch.cat([images, images]), draw(spec, item_keys(seeds, 4, np.tile(index, 2))))
     assert torch.equal(packed[:N], whole) and not torch.equal(packed[N:], whole)
+
+
+def test_rows_pick_images_from_a_whole_split(images):
+    """apply(split, rows=...) (the loop's fused indexing) equals indexing first, for every stage."""
+    rows = np.array([5, 5, 63, 0, 17, 40, 2, 2, 9])
+    for strong in (None, "autoaugment_cifar10", "color_jitter"):
+        spec = Augmentation(32, strong)
+        p = draw(spec, item_keys(0, 1, rows))
+        assert torch.equal(apply(spec, images, p, rows=rows), apply(spec, images[torch.from_numpy(rows)], p))
+    spec = Augmentation(128, "autoaugment_imagenet")
+    large = torch.randint(0, 256, (6, 3, 128, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    p = draw(spec, item_keys(0, 1, rows[:4]))
+    assert torch.equal(apply(spec, large, p, rows=rows[:4] % 6), apply(spec, large[torch.from_numpy(rows[:4] % 6)], p))

@@ -71,9 +71,9 @@ class TrainSource:
         if not self.in_memory:
             raise TypeError("batch() indexes in-memory splits; folder-backed splits stream through epoch()")
         indices = np.asarray(indices, dtype=np.int64)
-        rows = torch.from_numpy(indices).to(self.device, non_blocking=True)
         params = draw(self.spec, item_keys(seeds, epoch, indices))
-        return apply(self.spec, self.images[rows], params), self.labels[rows]
+        images = apply(self.spec, self.images, params, rows=indices)  # the indexing fused into the crop
+        return images, self.labels[torch.from_numpy(indices).to(self.device, non_blocking=True)]
 
     def steps(self, batch_size: int, *, num_replicas: int = 1) -> int:
         return (self.length // num_replicas) // batch_size
