@@ -20,7 +20,7 @@ def test_gpu_suite_runs_in_tiny_cpu_mode_without_ray_or_mlflow(tmp_path):
     result = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert result["tiny"] and result["device"] == "cpu"
     sections = result["sections"]
-    assert len(sections["augment"]) == 4 and all(r["images_per_s"] > 0 for r in sections["augment"].values())
+    assert len(sections["augment"]) == 7 and all(r["images_per_s"] > 0 for r in sections["augment"].values())
     assert sections["decode"]["decode_images_per_s"] > 0
     assert sections["decode"]["resized_crop_max_level_diff_vs_cpu"] == 0  # the CPU against itself
     assert sections["step"]["eager_step_images_per_s"] > 0

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE
+from trainables.images import LARGE_IMAGE_SIZE, to_device
 from trainables.protocols import COLOR_JITTER, Protocol, augmentation_for
 
 CHUNK_IMAGES = 1024  # images per `apply` call in the training loop: per-call costs dominate below ~1,000
@@ -183,8 +183,8 @@ def apply(spec: Augmentation, images: torch.Tensor, params: Draws, rows: np.ndar
                          f"got {images.dtype} {tuple(images.shape)}")
     if spec.resized_crop:
         if rows is not None:
-            images = images[torch.from_numpy(np.asarray(rows)).to(images.device, non_blocking=True)]
-        flip = torch.from_numpy(params.flip).to(images.device, non_blocking=True)
+            images = images[to_device(torch.from_numpy(np.asarray(rows, dtype=np.int64)), images.device)]
+        flip = to_device(torch.from_numpy(params.flip), images.device)
         images = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)
     else:
         images = crop_flip(images, params, spec.padding, rows)
@@ -209,7 +209,7 @@ def crop_flip(images: torch.Tensor, params: Draws, padding: int, rows: np.ndarra
     code = params.left * 2 + params.flip
     order = np.argsort(code, kind="stable")
     host = torch.from_numpy(np.stack([rows[order], params.top[order], np.argsort(order)]))
-    index, top, inverse = host.to(device, non_blocking=True).unbind(0)
+    index, top, inverse = to_device(host, device).unbind(0)
     word = torch.int64 if S % 8 == 0 else torch.uint8
     source_y = top[:, None] - padding + torch.arange(S, device=device)  # (n, S): source row of each output row
     lines = (index[:, None, None] * 3 + torch.arange(3, device=device)[None, :, None]) * S
@@ -300,7 +300,7 @@ def autoaugment(images: torch.Tensor, params: Draws, strong: str) -> torch.Tenso
 
 def color_jitter(images: torch.Tensor, params: Draws) -> torch.Tensor:
     """ColorJitter(0.4, 0.4, 0.4) with per-image factors and per-image op order."""
-    factors = torch.from_numpy(params.factors).to(images.device, non_blocking=True)
+    factors = to_device(torch.from_numpy(params.factors), images.device)
     kernels = (_brightness, _contrast, _saturation)
     stages = [params.order[:, k] for k in range(3)]
     return _grouped(images, stages, lambda stage, op, x, f: kernels[op](x, f[:, op].view(-1, 1, 1, 1)), factors)
@@ -336,7 +336,7 @@ def _grouped(images: torch.Tensor, stages: list[np.ndarray], kernel, extra: torc
     copy; a group is then a slice of that index, read and written back with
     index_select / index_copy_, so untouched images are never moved."""
     orders = [np.argsort(codes, kind="stable") for codes in stages]
-    rows = torch.from_numpy(np.stack(orders)).to(images.device, non_blocking=True)
+    rows = to_device(torch.from_numpy(np.stack(orders)), images.device)
     x = images.clone()
     for stage, (codes, order) in enumerate(zip(stages, orders)):
         sorted_codes = codes[order]

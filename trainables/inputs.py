@@ -33,7 +33,7 @@ import torchvision.io
 from torch.utils.data import DataLoader, Dataset
 
 from trainables.augment import CHUNK_IMAGES, Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params
-from trainables.images import ImageFiles, TensorImages, decode, eval_resize_size, resize_center_crop
+from trainables.images import ImageFiles, TensorImages, decode, eval_resize_size, resize_center_crop, to_device
 from trainables.protocols import epoch_order
 
 
@@ -73,7 +73,7 @@ class TrainSource:
         indices = np.asarray(indices, dtype=np.int64)
         params = draw(self.spec, item_keys(seeds, epoch, indices))
         images = apply(self.spec, self.images, params, rows=indices)  # the indexing fused into the crop
-        return images, self.labels[torch.from_numpy(indices).to(self.device, non_blocking=True)]
+        return images, self.labels[to_device(torch.from_numpy(indices), self.device)]
 
     def steps(self, batch_size: int, *, num_replicas: int = 1) -> int:
         return (self.length // num_replicas) // batch_size
@@ -209,7 +209,7 @@ class EvalSource:
         order = epoch_order(len(self.split), seed=0, epoch=0, shuffle=False, num_replicas=num_replicas, rank=rank)
         if isinstance(self.split, TensorImages):
             size, resize_to = self.img_size, eval_resize_size(self.img_size)
-            for rows in order.to(self.device).split(batch_size):
+            for rows in to_device(order, self.device).split(batch_size):
                 yield resize_center_crop(self.images[rows], size, resize_to=resize_to), self.labels[rows]
             return
         loader = DataLoader(self.split, batch_size=batch_size, sampler=order.tolist(), num_workers=self.num_workers,

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop
+from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop, to_device
 
 LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
@@ -250,7 +250,7 @@ def cutmix_batch(
     else:
         lam = float(np.random.default_rng(int(torch.randint(2**62, (), generator=generator))).beta(beta, beta))
     top, bottom, left, right = cutmix_box(height, width, lam, generator)
-    perm = torch.randperm(batch, generator=generator).to(images.device)
+    perm = to_device(torch.randperm(batch, generator=generator), images.device)
     mixed = images.clone()
     mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
     area = (bottom - top) * (right - left) / (height * width)

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from trainables.augment import augmentation
 from trainables.config import RunConfig
 from trainables.datasets import load_dataset
+from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource
 from trainables.protocols import cutmix_batch, normalize, soft_targets
 from trainables.vit import ViT
@@ -147,8 +148,8 @@ def train_step(cfg: RunConfig, forward, optimizer: torch.optim.Optimizer, images
     x = normalize(images, mean, std)
     perm = None
     if cfg.rpt:
-        perm = random_permutation(x.shape[0], cfg.model.num_patches, per_image=cfg.rpt_per_image,
-                                  generator=perm_gen).to(x.device, non_blocking=True)
+        perm = to_device(random_permutation(x.shape[0], cfg.model.num_patches, per_image=cfg.rpt_per_image,
+                                            generator=perm_gen), x.device)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
         logits = forward(x, perm=perm).logits
     loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.protocol.smoothing)
