@@ -39,7 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainables.augment import CHUNK_IMAGES, Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params
+from trainables.augment import (
+    CHUNK_IMAGES,
+    Augmentation,
+    apply,
+    draw,
+    item_keys,
+    resized_crop,
+    resized_crop_params,
+)
 from trainables.config import RunConfig
 from trainables.images import TensorImages
 from trainables.inputs import TrainSource, decode_on_device
@@ -90,7 +98,6 @@ def section_augment(device, chunk: int, budget_s: float, tiny: bool) -> dict:
             label = name if images_per_call == chunk else f"{name} (chunk {images_per_call})"
             out[label] = {"images_per_s": _rate(run, images_per_call, device, budget_s), "chunk": images_per_call,
                           "img_size": size}
-            del split
     return out
 
 

@@ -11,7 +11,15 @@ import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 
 from trainables import augment
-from trainables.augment import Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params, uniforms
+from trainables.augment import (
+    Augmentation,
+    apply,
+    draw,
+    item_keys,
+    resized_crop,
+    resized_crop_params,
+    uniforms,
+)
 from trainables.protocols import COLOR_JITTER, item_seed
 from trainables.shapes import make_shapes
 

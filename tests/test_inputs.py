@@ -119,7 +119,13 @@ def test_default_workers_follow_the_cpus_the_trial_holds(monkeypatch):
 def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_and_autoaugment(tmp_path):
     """From LARGE_IMAGE_SIZE: each file is decoded at its own size and cropped from its key in
     the worker; flip and AutoAugment (ImageNet policy) then run on the chunk from the same keys."""
-    from trainables.augment import apply, draw, item_keys, resized_crop, resized_crop_params
+    from trainables.augment import (
+        apply,
+        draw,
+        item_keys,
+        resized_crop,
+        resized_crop_params,
+    )
 
     g = torch.Generator().manual_seed(0)
     raw = [torch.randint(0, 256, (3, 130 + 9 * i, 150 - 4 * i), dtype=torch.uint8, generator=g) for i in range(12)]

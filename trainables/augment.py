@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 
@@ -234,7 +233,7 @@ class _PolicyTable:
     probability: np.ndarray  # float64 (policies, 2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _policy_table(strong: str) -> _PolicyTable:
     # The policies as torchvision defines them (its private `_policies`): the reference is its own.
     name = {"autoaugment_cifar10": v2.AutoAugmentPolicy.CIFAR10, "autoaugment_imagenet": v2.AutoAugmentPolicy.IMAGENET}
@@ -243,7 +242,7 @@ def _policy_table(strong: str) -> _PolicyTable:
     return _PolicyTable(ops, np.array([[p for _, p, _ in sub] for sub in policies], dtype=np.float64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stage_codes(strong: str, height: int, width: int) -> tuple[np.ndarray, tuple[tuple[str, float], ...]]:
     """codes int64 (2 stages, policies, 2 signs) -> index into groups: (op, signed magnitude).
     Images of different sub-policies with the same op and magnitude share a group."""

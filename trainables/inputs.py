@@ -32,8 +32,23 @@ import torch
 import torchvision.io
 from torch.utils.data import DataLoader, Dataset
 
-from trainables.augment import CHUNK_IMAGES, Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params
-from trainables.images import ImageFiles, TensorImages, decode, eval_resize_size, resize_center_crop, to_device
+from trainables.augment import (
+    CHUNK_IMAGES,
+    Augmentation,
+    apply,
+    draw,
+    item_keys,
+    resized_crop,
+    resized_crop_params,
+)
+from trainables.images import (
+    ImageFiles,
+    TensorImages,
+    decode,
+    eval_resize_size,
+    resize_center_crop,
+    to_device,
+)
 from trainables.protocols import epoch_order
 
 

@@ -54,7 +54,12 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop, to_device
+from trainables.images import (
+    LARGE_IMAGE_SIZE,
+    eval_resize_size,
+    resize_center_crop,
+    to_device,
+)
 
 LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
