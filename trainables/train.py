@@ -150,6 +150,8 @@ def train_step(cfg: RunConfig, forward, optimizer: torch.optim.Optimizer, images
     if cfg.rpt:
         perm = to_device(random_permutation(x.shape[0], cfg.model.num_patches, per_image=cfg.rpt_per_image,
                                             generator=perm_gen), x.device)
+    if x.is_cuda:  # a new step for CUDA graphs (compiled forward); nothing for an eager one
+        torch.compiler.cudagraph_mark_step_begin()
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
         logits = forward(x, perm=perm).logits
     loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.protocol.smoothing)
