@@ -198,33 +198,39 @@ def crop_flip(images: torch.Tensor, params: Draws, padding: int, rows: np.ndarra
     """Zero-pad by `padding`, crop back at (top, left), flip; `rows` as in `apply`.
 
     Written as whole-row copies, since a per-pixel gather costs ~3x more on a CPU core:
-    one index_select of image rows (as 8-byte words) does the batch indexing and the
-    vertical shift and sorts the chunk by (left, flip); one slice copy per (left, flip)
-    group (at most 2 (2p + 1)) does the horizontal shift and flip; one index_select
-    restores the order. flip(crop at dx) equals the crop at -dx of the flipped image."""
+    one index_select of image rows does the batch indexing and the vertical shift and
+    sorts the chunk by (left, flip), and zeroes the rows that fall into the padding;
+    one slice copy per (left, flip) group (at most 2 (2p + 1)) does the horizontal
+    shift and flip; one index_select restores the order. flip(crop at dx) equals the
+    crop at -dx of the flipped image."""
     n, S = len(params), images.shape[-1]
     device = images.device
     rows = np.arange(n) if rows is None else np.asarray(rows, dtype=np.int64)
     code = params.left * 2 + params.flip
     order = np.argsort(code, kind="stable")
-    host = torch.from_numpy(np.stack([rows[order], params.top[order], np.argsort(order)]))
-    index, top, inverse = to_device(host, device).unbind(0)
-    word = torch.int64 if S % 8 == 0 else torch.uint8
-    source_y = top[:, None] - padding + torch.arange(S, device=device)  # (n, S): source row of each output row
+    top = params.top[order]
+    # Output rows that fall into the zero padding, as row numbers of `shifted` below (few: |dy| per image).
+    source_y = top[:, None] - padding + np.arange(S)  # (n, S)
+    k, y = np.nonzero((source_y < 0) | (source_y >= S))
+    blank = ((k[:, None] * 3 + np.arange(3)) * S + y[:, None]).reshape(-1)
+    host = torch.from_numpy(np.stack([rows[order], top, np.argsort(order)]))
+    index, top_d, inverse = to_device(host, device).unbind(0)
     lines = (index[:, None, None] * 3 + torch.arange(3, device=device)[None, :, None]) * S
-    lines = lines + source_y.clamp(0, S - 1)[:, None, :]  # (n, 3, S) row numbers in the split
-    words = images.contiguous().view(-1, S).view(word)
-    shifted = words.index_select(0, lines.flatten()).view(n, 3, S, -1)
-    shifted.masked_fill_(((source_y < 0) | (source_y >= S)).view(n, 1, S, 1), 0)  # the zero padding
-    shifted = shifted.view(torch.uint8).view(n, 3, S, S)
-    out = torch.zeros_like(shifted)
+    lines = lines + (top_d[:, None] - padding + torch.arange(S, device=device)).clamp(0, S - 1)[:, None, :]
+    shifted = images.contiguous().view(-1, S).index_select(0, lines.flatten())  # (n * 3 * S, S) image rows
+    if len(blank):
+        shifted.index_fill_(0, to_device(torch.from_numpy(blank), device), 0)
+    shifted = shifted.view(n, 3, S, S)
+    out = torch.empty_like(shifted)
     values, starts = np.unique(code[order], return_index=True)
     for value, a, b in zip(values.tolist(), starts.tolist(), np.append(starts[1:], n).tolist()):
         flip, dx = value % 2, value // 2 - padding
         source = shifted[a:b].flip(-1) if flip else shifted[a:b]
         dx = -dx if flip else dx
         out[a:b, :, :, max(0, -dx):S - max(0, dx)] = source[:, :, :, max(0, dx):S - max(0, -dx)]
-    return out.view(n, -1).view(word).index_select(0, inverse).view(torch.uint8).view(n, 3, S, S)
+        out[a:b, :, :, :max(0, -dx)] = 0  # the zero padding the shift uncovers (one side only)
+        out[a:b, :, :, S - max(0, dx):] = 0
+    return out.view(n, -1).index_select(0, inverse).view(n, 3, S, S)
 
 
 @dataclass(frozen=True)
