@@ -1,9 +1,16 @@
-"""Input-pipeline throughput per CPU core, for each of Study L's 8 protocols.
+"""Input-pipeline throughput per CPU core, for each of Study L's 8 protocols: per-image vs batched.
 
-The pipeline measured is what a training step consumes: per-image transform
-(crop + flip [+ AutoAugment / ColorJitter]) through `Augmented` with seeded
-keys, default collate, then per batch soft targets [+ CutMix] + normalise,
-all on one thread. Beside it, in the same run, the Study L model's training
+The pipeline measured is what a training step consumes, two ways on the same
+images and keys in one run:
+
+* per-image (the reference, how the loop fed itself before the device input
+  path): per-image transform (crop + flip [+ AutoAugment / ColorJitter])
+  through `Augmented` with seeded keys, default collate;
+* batched (what `trainables.inputs` does): `augment.draw` + `augment.apply`
+  on chunks of `--chunk` images (default `augment.CHUNK_IMAGES`, the loop's);
+
+each followed per batch by soft targets [+ CutMix] + normalise, all on one
+thread. `ratio` = batched images/s per core / per-image images/s per core. Beside it, in the same run, the Study L model's training
 step on CPU (forward + backward + AdamW, batch 128) for scale. From the
 per-core rate follows how many cores would feed one GPU at `--target` images/s
 (100,000 by default: roughly what one GPU trains the 2.4M-parameter Study L
@@ -29,11 +36,19 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys
 from trainables.datasets import TensorImages, load_dataset
-from trainables.protocols import PROTOCOLS, Augmented, SeededSampler, prepare_batch, train_transform
+from trainables.protocols import (
+    PROTOCOLS,
+    Augmented,
+    SeededSampler,
+    prepare_batch,
+    train_transform,
+)
 from trainables.shapes import make_shapes
 
 PROTOCOL_NAMES = [n for n in PROTOCOLS if n != "modern"]
@@ -56,6 +71,33 @@ def time_pipeline(split, protocol_name: str, like: str, img_size: int, num_class
         images_u8, labels = default_collate([data[k] for k in keys[start:start + batch_size]])
         c1 = time.process_time()
         x, targets = prepare_batch(images_u8, labels, protocol, num_classes, mean, std, generator)
+        c2 = time.process_time()
+        per_image_cpu += c1 - c0
+        per_batch_cpu += c2 - c1
+    return {"cpu_s": per_image_cpu + per_batch_cpu, "per_image_cpu_s": per_image_cpu,
+            "per_batch_cpu_s": per_batch_cpu, "wall_s": time.perf_counter() - wall}
+
+
+def time_batched(split, protocol_name: str, like: str, img_size: int, num_classes: int, mean, std,
+                 images: int, batch_size: int, seed: int, chunk: int) -> dict[str, float]:
+    """The same images and keys as `time_pipeline`, augmented `chunk` images per call."""
+    protocol = PROTOCOLS[protocol_name]
+    spec = augmentation(protocol, like, img_size)
+    sampler = SeededSampler(len(split), seed=seed)
+    sampler.set_epoch(seed)
+    order = [i for i, _ in sampler]
+    order = np.array((order * (1 + images // len(order)))[:images])
+    generator = torch.Generator().manual_seed(seed)
+    per_image_cpu = per_batch_cpu = 0.0
+    wall = time.perf_counter()
+    for start in range(0, images, chunk):
+        rows = order[start:start + chunk]
+        c0 = time.process_time()
+        augmented = apply(spec, split.images, draw(spec, item_keys(seed, seed, rows)), rows=rows)
+        labels = split.labels[torch.from_numpy(rows)]
+        c1 = time.process_time()
+        for x_u8, y in zip(augmented.split(batch_size), labels.split(batch_size)):
+            prepare_batch(x_u8, y, protocol, num_classes, mean, std, generator)
         c2 = time.process_time()
         per_image_cpu += c1 - c0
         per_batch_cpu += c2 - c1
@@ -93,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--images", type=int, default=2048, help="images per protocol and repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--chunk", type=int, default=CHUNK_IMAGES, help="images per batched augmentation call")
     parser.add_argument("--img-size", type=int, default=32)
     parser.add_argument("--like", default="cifar10", help="data-set name that picks the strong augmentation")
     parser.add_argument("--target", type=float, default=100_000, help="images/s one GPU consumes")
@@ -110,18 +153,25 @@ def main(argv: list[str] | None = None) -> dict:
 
     results: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "pipelines": {}}
     print(f"torch {torch.__version__}, 1 thread; {args.images} images x {args.repeats} repeats per protocol; "
-          f"batch {args.batch_size}; target {args.target:,.0f} img/s per GPU")
+          f"batch {args.batch_size}; batched in chunks of {args.chunk}; target {args.target:,.0f} img/s per GPU")
     model = time_model_step(args.img_size, 10, args.batch_size, args.model_steps) if args.model_steps else None
     for source, (split, num_classes, mean, std, like) in sources.items():
+        if not isinstance(split, TensorImages):  # decode once: the batched path indexes memory
+            split = TensorImages(torch.stack([split[i][0] for i in range(min(len(split), 4096))]),
+                                 split.labels[:min(len(split), 4096)])
         runs = {name: [] for name in PROTOCOL_NAMES}
+        batched = {name: [] for name in PROTOCOL_NAMES}
         for repeat in range(args.repeats):
             order = PROTOCOL_NAMES if repeat % 2 == 0 else PROTOCOL_NAMES[::-1]
             for name in order:
                 runs[name].append(time_pipeline(split, name, like, args.img_size, num_classes, mean, std,
                                                 args.images, args.batch_size, seed=repeat))
+                batched[name].append(time_batched(split, name, like, args.img_size, num_classes, mean, std,
+                                                  args.images, args.batch_size, seed=repeat, chunk=args.chunk))
         print(f"\n{source} (strong augmentation as for {like!r})")
         print(f"{'protocol':36s} {'img/s/core':>10s} {'us/img':>7s} {'(per-image':>10s} {'batch)':>7s} "
-              f"{'wall img/s':>10s} {'cores@target':>12s}")
+              f"{'wall img/s':>10s} {'cores@target':>12s} {'batched/core':>12s} {'cores@target':>12s} "
+              f"{'ratio':>6s} {'aug ratio':>9s}")
         table = {}
         for name in PROTOCOL_NAMES:
             cpu = statistics.median(r["cpu_s"] for r in runs[name])
@@ -134,9 +184,16 @@ def main(argv: list[str] | None = None) -> dict:
                 "wall_images_per_s": args.images / statistics.median(r["wall_s"] for r in runs[name]),
                 "cores_for_target": args.target / rate,
             }
+            fast = args.images / statistics.median(r["cpu_s"] for r in batched[name])
+            fast_aug_us = 1e6 * statistics.median(r["per_image_cpu_s"] for r in batched[name]) / args.images
+            row.update(batched_images_per_cpu_s=fast, batched_augment_us=fast_aug_us,
+                       batched_cores_for_target=args.target / fast, ratio=fast / rate,
+                       augment_ratio=row["per_image_us"] / fast_aug_us)
             table[name] = row
             print(f"{name:36s} {rate:10,.0f} {row['us_per_image']:7.1f} {row['per_image_us']:10.1f} "
-                  f"{row['per_batch_us']:7.1f} {row['wall_images_per_s']:10,.0f} {row['cores_for_target']:12.1f}")
+                  f"{row['per_batch_us']:7.1f} {row['wall_images_per_s']:10,.0f} {row['cores_for_target']:12.1f} "
+                  f"{fast:12,.0f} {row['batched_cores_for_target']:12.1f} {row['ratio']:6.1f} "
+                  f"{row['augment_ratio']:9.1f}")
         results["pipelines"][source] = table
     if model is not None:
         rate = model["images"] / model["cpu_s"]

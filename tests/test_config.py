@@ -58,3 +58,23 @@ def test_from_flat_rejects_a_protocol_that_contradicts_the_switches():
     flat["protocol"] = "cutmix"
     with pytest.raises(ValueError, match="contradicts"):
         RunConfig.from_flat(flat)
+
+
+# The demo's trial ids before cutmix_prob and compile existed: results stored under them stay found.
+DEMO_IDS = ["shapes-none-baseline-s0-ac367655", "shapes-none-cutmix-s0-d30c279c",
+            "shapes-ape-baseline-s0-7e6d7e96", "shapes-ape-cutmix-s0-3d4ca14f"]
+
+
+def test_fields_added_at_their_default_leave_existing_ids_unchanged():
+    from sweeps import demo
+
+    trials = demo.trials(demo.DEFAULTS)
+    assert [t.trial_id for t in trials] == DEMO_IDS
+    base = trials[1]
+    # A later field enters the id only away from its default; execution fields never do.
+    assert base.with_overrides({"cutmix_prob": 0.5}).trial_id != base.trial_id
+    assert base.with_overrides({"cutmix_prob": 1.0}).trial_id == base.trial_id
+    for execution in ({"compile": True}, {"num_workers": 3}, {"device": "cpu"}):
+        assert base.with_overrides(execution).trial_id == base.trial_id, execution
+    with pytest.raises(ValueError, match="cutmix_prob must lie in"):
+        base.with_overrides({"cutmix_prob": 1.5})

@@ -45,7 +45,18 @@ CHANCE_MARGIN = 0.02
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
 # same trial instead of starting a new one.
-_EXECUTION_FIELDS = ("data_root", "device", "num_workers")
+_EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile")
+
+# The fields every trial id has hashed since ids began. A field added later
+# enters the hash only when it differs from its default, so adding a field
+# (cutmix_prob, ...) leaves every existing id, and its results, in place.
+_ID_FIELDS_V1 = frozenset((
+    "study", "dataset", "preset", "rpt", "rpt_per_image", "autoaugment", "cutmix", "label_smoothing",
+    "optimizer", "lr", "weight_decay", "batch_size", "epochs", "warmup_epochs", "schedule", "seed", "eval_split",
+    "holdout_fraction", "max_train_images", "checkpoint_every", "amp", "protocol", "img_size", "patch_size",
+    "in_chans", "num_classes", "dim", "depth", "heads", "mlp_ratio", "pe", "drop_rate", "attn_drop_rate",
+    "proj_drop_rate", "drop_path_rate", "ape_init", "rope_base",
+))
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class RunConfig:
     autoaugment: bool = False
     cutmix: bool = False
     label_smoothing: bool = False
+    cutmix_prob: float = 1.0  # share of batches CutMix mixes when on (Lee et al. use 0.5)
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05
@@ -77,7 +89,8 @@ class RunConfig:
     checkpoint_every: int = 1  # epochs between resumable checkpoints
     device: str = "auto"
     amp: bool = True  # bf16 autocast, used on CUDA only (slower on CPU)
-    num_workers: int = 0  # DataLoader worker processes for augmentation
+    num_workers: int = -1  # decode workers for folder-backed sets; -1: the CPUs the trial holds, less one
+    compile: bool = False  # torch.compile the model (CUDA only; slower on CPU); execution only
 
     def __post_init__(self) -> None:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -95,6 +108,10 @@ class RunConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
+        if not 0 <= self.cutmix_prob <= 1:
+            raise ValueError(f"cutmix_prob must lie in [0, 1], got {self.cutmix_prob}")
+        if self.num_workers < -1:
+            raise ValueError(f"num_workers must be >= 0, or -1 for the CPUs the trial holds; got {self.num_workers}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
 
@@ -111,7 +128,11 @@ class RunConfig:
     def trial_id(self) -> str:
         """Stable, readable id: the headline factors plus a hash of every field
         that changes what is computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
-        flat = {k: v for k, v in self.to_flat().items() if k not in _EXECUTION_FIELDS}
+        defaults = _defaults()
+        flat = {
+            k: v for k, v in self.to_flat().items()
+            if k not in _EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
+        }
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
         order = "-rpt" if self.rpt else ""
         return f"{self.dataset}-{self.pe}{order}-{self.protocol.name}-s{self.seed}-{digest}"
@@ -181,6 +202,16 @@ def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
     if eval_acc is None or math.isnan(eval_acc):
         return None
     return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
+
+
+def _defaults() -> dict[str, Any]:
+    """Each run and model field's dataclass default (fields without one are absent)."""
+    out = {}
+    for cls in (RunConfig, ViTConfig):
+        for f in fields(cls):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+    return out
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

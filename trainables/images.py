@@ -73,6 +73,16 @@ def resize_center_crop(images: torch.Tensor, size: int, *, resize_to: int | None
     return TF.center_crop(images, [size, size])
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A small host tensor (indices, draws) to `device` without stalling the host: to CUDA it
+    goes through pinned memory, asynchronously (a copy from pageable memory would wait for
+    the device to finish its queued work: a host sync per step). On the CPU: itself."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 # -- splits ----------------------------------------------------------------------------------
 
 

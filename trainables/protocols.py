@@ -9,30 +9,35 @@ A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
 * `autoaugment`: torchvision's AutoAugment, CIFAR-10 policy below 128 px and
   ImageNet policy from it; on Tiny-ImageNet ColorJitter(0.4, 0.4, 0.4) instead,
   as Study L does (so this factor changes meaning across data sets);
-* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), probability 1, one box per
-  batch pasted from a shuffled copy of the batch; targets mixed by the pasted
-  area after clipping to the image, as soft targets (B, C);
+* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), one box per batch (as in
+  Lee et al.'s recipe), on a share `cutmix_prob` of the batches (run config,
+  default 1; Lee et al. use 0.5); the box is pasted from a shuffled copy of
+  the batch; targets mixed by the pasted area after clipping to the image, as
+  soft targets (B, C);
 * `label_smoothing`: 0.1, applied by the loss:
   `F.cross_entropy(logits, soft_targets, label_smoothing=protocol.smoothing)`.
 
 Data path (uint8 until the model; B batch, C classes, S image side):
 
-    split[i] -> (uint8 (3, h, w), label)                     datasets.py
-    Augmented(split, train_transform(...))[i] -> uint8 (3, S, S)   per image, DataLoader workers
-    default collate -> uint8 (B, 3, S, S), int64 (B,)
+    split -> uint8 (N, 3, S, S) on the device (in-memory sets)      trainables/inputs.py
+    augment.draw (host, per image) + augment.apply (device, batched) -> uint8 (n, 3, S, S)
     soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C)   per batch, on the device
 
-Per-image randomness is deliberate. torchvision v2 transforms called on a
-batch tensor draw ONE parameter set for the whole batch (every image gets the
-same crop, flip and AutoAugment op), so transforms here only ever see one
-image.
+The per-image transforms below (`TrainTransform`, `Augmented`) are the
+reference that trainables/augment.py is tested and benchmarked against; the
+loop no longer uses them. Per-image randomness is deliberate: torchvision v2
+transforms called on a batch tensor draw ONE parameter set for the whole
+batch (every image gets the same crop, flip and AutoAugment op), so these
+transforms only ever see one image, and augment.py draws per image too.
 
 Seeding. A transform takes an optional `torch.Generator`: with one, every draw
 comes from it (torchvision's own draws run under the default CPU generator
 seeded from it, which is restored afterwards); without one, draws use torch's
 global RNG as torchvision does. `SeededSampler` + `Augmented` give every
-(seed, epoch, index) its own generator, so augmentations are the same for any
-number of DataLoader workers, persistent or not, and after a resume.
+(seed, epoch, index) its own generator (`item_seed`), so augmentations are the
+same for any number of DataLoader workers, persistent or not, and after a
+resume; augment.py keys its draws by the same `item_seed`. The epoch's order
+is `epoch_order` (shared by `SeededSampler` and the device input path).
 """
 
 from __future__ import annotations
@@ -49,7 +54,12 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop
+from trainables.images import (
+    LARGE_IMAGE_SIZE,
+    eval_resize_size,
+    resize_center_crop,
+    to_device,
+)
 
 LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
@@ -115,7 +125,8 @@ def _global_rng_from(generator: torch.Generator | None):
 
 
 class TrainTransform:
-    """One image in, one augmented image out: uint8 (3, h, w) -> uint8 (3, S, S).
+    """One image in, one augmented image out: uint8 (3, h, w) -> uint8 (3, S, S). The per-image
+    reference of `augment.apply` (tests, bench/input_pipeline.py); training uses augment.py.
 
     Below LARGE_IMAGE_SIZE the input must already be S x S (datasets store it so).
     """
@@ -244,7 +255,7 @@ def cutmix_batch(
     else:
         lam = float(np.random.default_rng(int(torch.randint(2**62, (), generator=generator))).beta(beta, beta))
     top, bottom, left, right = cutmix_box(height, width, lam, generator)
-    perm = torch.randperm(batch, generator=generator).to(images.device)
+    perm = to_device(torch.randperm(batch, generator=generator), images.device)
     mixed = images.clone()
     mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
     area = (bottom - top) * (right - left) / (height * width)
@@ -354,12 +365,23 @@ class SeededSampler(Sampler):
         return -(-self.length // self.num_replicas)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(item_seed(self.seed, self.epoch, -1))
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        total = len(self) * self.num_replicas
-        order = (order * (1 + total // max(len(order), 1)))[:total] if total > len(order) else order[:total]
-        for index in order[self.rank::self.num_replicas]:
+        order = epoch_order(self.length, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                            num_replicas=self.num_replicas, rank=self.rank, drop_last=self.drop_last)
+        for index in order.tolist():
             yield index, item_seed(self.seed, self.epoch, index)
+
+
+def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,
+                drop_last: bool = False) -> torch.Tensor:
+    """This rank's image indices of `epoch`, int64: the shuffle from (seed, epoch), sharded like
+    DistributedSampler (padded by repetition so every rank gets the same count, or the tail dropped)."""
+    if shuffle:
+        g = torch.Generator().manual_seed(item_seed(seed, epoch, -1))
+        order = torch.randperm(length, generator=g)
+    else:
+        order = torch.arange(length)
+    per_rank = length // num_replicas if drop_last else -(-length // num_replicas)
+    total = per_rank * num_replicas
+    if total > length:
+        order = order.repeat(1 + total // max(length, 1))
+    return order[:total][rank::num_replicas]

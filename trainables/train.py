@@ -4,9 +4,13 @@
 
 One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
 
-* per step: per-image augmentation (in the DataLoader), then on the device
-  CutMix (soft targets), normalisation, RPT (a fresh patch permutation through
-  the model's ``perm``), cross-entropy with optional label smoothing;
+* per step, all on the device: the batch's images, augmented per image in
+  chunks of several steps (``trainables.inputs``: in-memory splits live on the
+  device; folder-backed ones are decoded by workers or on the GPU), then CutMix
+  (soft targets; a share ``cutmix_prob`` of the batches), normalisation, RPT (a
+  fresh patch permutation through the model's ``perm``), cross-entropy with
+  optional label smoothing; bf16 autocast on CUDA, no host sync per step, and
+  ``torch.compile`` with CUDA graphs when ``compile`` is set (CUDA, K = 1 only);
 * per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
@@ -14,9 +18,13 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   history, config) every ``checkpoint_every`` epochs and at the end, written
   atomically; only the latest is kept. A run whose ``workdir`` holds one
   continues from it. Every random draw is derived from (seed, epoch): the
-  shuffle and each image's augmentation (``SeededSampler``), CutMix and RPT,
-  so a resumed run draws what an uninterrupted one would have drawn,
-  whatever the number of DataLoader workers;
+  shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
+  and RPT, so a resumed run draws what an uninterrupted one would have drawn,
+  whatever the chunking or the number of workers. CPU and CUDA runs need not
+  agree bit for bit; a bit-reproducible CUDA run needs
+  ``torch.use_deterministic_algorithms(True)`` and
+  ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` set before CUDA starts (the loop sets
+  neither: bench/gpu_suite.py measures what they cost per step);
 * small model-only snapshots (fp16) at log-spaced epochs 0, 1, 2, 4, ... and
   the last, for analysing when structure emerges.
 
@@ -45,20 +53,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
+from trainables.augment import augmentation
 from trainables.config import RunConfig, did_not_learn
 from trainables.datasets import capped_subset, load_dataset
-from trainables.protocols import (
-    Augmented,
-    SeededSampler,
-    cutmix_batch,
-    eval_transform,
-    normalize,
-    soft_targets,
-    train_transform,
-)
+from trainables.images import to_device
+from trainables.inputs import EvalSource, TrainSource
 from trainables.packed import PackedViT
+from trainables.protocols import cutmix_batch, normalize, soft_targets
 from trainables.vit import ViT
 
 Report = Callable[[dict[str, Any], "str | None"], None]
@@ -121,6 +123,50 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str) 
         return 1.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[RunConfig], batches, *,
+              num_classes: int, mean, std, mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
+              use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step of every member of the pack, each on its own batch.
+
+    batches[k]: member k's augmented uint8 images (B, 3, S, S) and labels (B,) on the device; cfgs[k],
+    mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member:
+    CutMix (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives
+    each member exactly its own gradient. Returns the losses (K,) and the counts of images whose
+    dominant label (the CutMix base image's) was predicted (K,), as device tensors: reading them
+    would sync the device."""
+    xs, targets, perms = [], [], []
+    for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
+        images, target = mix_batch(cfg, images, labels, num_classes, mix_gen)
+        xs.append(normalize(images, mean, std))
+        targets.append(target)
+        perms.append(to_device(random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
+                                                  generator=perm_gen), images.device) if cfg.rpt else None)
+    target = torch.stack(targets)  # (K, B, C)
+    x = torch.stack(xs)
+    if x.is_cuda:  # a new step for CUDA graphs (a compiled forward); nothing when eager
+        torch.compiler.cudagraph_mark_step_begin()
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
+        logits = pack(x, perms)  # (K, B, C)
+    losses = pack.losses(logits, target)  # (K,)
+    optimizer.zero_grad(set_to_none=True)
+    losses.sum().backward()
+    optimizer.step()
+    return losses.detach(), (logits.argmax(-1) == target.argmax(-1)).sum(-1)
+
+
+def mix_batch(cfg: RunConfig, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
+              mix_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One member's step input after CutMix: uint8 images (B, 3, S, S) and soft targets (B, C).
+
+    A CutMix protocol mixes a share ``cutmix_prob`` of its batches (one box per batch, Lee et
+    al.'s recipe); the coin is drawn only when ``cutmix_prob < 1``, so the default keeps the
+    CutMix stream of earlier versions."""
+    targets = soft_targets(labels, num_classes)
+    if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
+        images, targets = cutmix_batch(images, targets, generator=mix_gen)
+    return images, targets
 
 
 def random_permutation(batch: int, n: int, *, per_image: bool, generator: torch.Generator) -> torch.Tensor:
@@ -223,14 +269,17 @@ def train_pack(
     train_split = data.train
     if 0 < cfg.max_train_images < len(train_split):
         train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
-    eval_tf = eval_transform(data.name, data.img_size)
-    eval_loader = _loader(data.test if cfg.eval_split == "test" else data.holdout, eval_tf, cfg, world, rank)
+    # One device copy of the split; each member reads it under its own protocol's augmentation.
+    base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size), device=device,
+                       num_workers=cfg.num_workers)
+    sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size)) for c in cfgs]
+    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
+                             num_workers=cfg.num_workers)
+    batch_size = max(1, cfg.batch_size // world)
 
     pack = PackedViT(cfgs, device)  # each member initialised from its own seed (init_member)
     optimizer = pack.optimizer(build_optimizer, cfg)
-    loaders = [_loader(train_split, train_transform(c.protocol, data.name, data.img_size), c, world, rank, train=True)
-               for c in cfgs]
-    steps_per_epoch = len(loaders[0])
+    steps_per_epoch = base.steps(batch_size, num_replicas=world)
     if steps_per_epoch == 0:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than the {len(train_split)} training images of {cfg.dataset!r}"
@@ -254,9 +303,12 @@ def train_pack(
     if world > 1:
         pack.wrap(lambda m: torch.nn.parallel.DistributedDataParallel(
             m, device_ids=[device.index] if device.type == "cuda" else None))
+    if cfg.compile and device.type == "cuda" and not pack.stacked:
+        # CUDA graphs (mode "reduce-overhead") replay the whole step's kernels: batch shapes are fixed
+        # (partial batches dropped). On CPU compiling measured slower, so it stays off there.
+        pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
     use_amp = cfg.amp and device.type == "cuda"
     snapshots = set(snapshot_epochs(cfg.epochs))
-    n_patches = cfg.model.num_patches
     t_run = time.perf_counter()
     members = list(range(len(cfgs)))  # original index of each member still in the pack
     finals: list[dict[str, Any]] = [{"error": None} for _ in cfgs]
@@ -264,8 +316,6 @@ def train_pack(
     for epoch in range(start_epoch, cfg.epochs + 1):
         pack.train()
         _inject_divergence(pack, epoch)
-        for i in members:
-            loaders[i].sampler.set_epoch(epoch)
         mix_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
         perm_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
         # Sums stay on the device: a per-step .item() would stall the GPU every step.
@@ -273,30 +323,16 @@ def train_pack(
         correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
         count = 0
         t0 = time.perf_counter()
-        for batches in zip(*(loaders[i] for i in members)):
-            xs, targets, perms = [], [], []
-            for k, (images, labels) in enumerate(batches):
-                member = cfgs[members[k]]
-                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-                target = soft_targets(labels, data.num_classes)
-                if member.cutmix:
-                    images, target = cutmix_batch(images, target, generator=mix_gens[k])
-                xs.append(normalize(images, data.mean, data.std))
-                targets.append(target)
-                perms.append(random_permutation(labels.numel(), n_patches, per_image=member.rpt_per_image,
-                                                generator=perm_gens[k]).to(device) if member.rpt else None)
-            target = torch.stack(targets)  # (K, B, C)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                logits = pack(torch.stack(xs), perms)  # (K, B, C)
-            losses = pack.losses(logits, target)  # (K,); summed, so each member's gradient is its own
-            optimizer.zero_grad(set_to_none=True)
-            losses.sum().backward()
-            optimizer.step()
+        epochs = [sources[i].epoch(seed=cfgs[i].seed, epoch=epoch, batch_size=batch_size, num_replicas=world,
+                                   rank=rank) for i in members]
+        for batches in zip(*epochs):  # each member's augmented batch, already on the device
+            losses, correct_here = pack_step(pack, optimizer, [cfgs[i] for i in members], batches,
+                                             num_classes=data.num_classes, mean=data.mean, std=data.std,
+                                             mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
             scheduler.step()
-            batch = target.shape[1]
-            loss_sum += losses.detach() * batch
-            # Accuracy against the dominant label (the CutMix base image's label).
-            correct += (logits.argmax(-1) == target.argmax(-1)).sum(-1)
+            batch = batches[0][1].numel()
+            loss_sum += losses * batch
+            correct += correct_here
             count += batch
         totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
         loss_sums, corrects, count = totals[: pack.k], totals[pack.k : 2 * pack.k], totals[-1]
@@ -314,7 +350,8 @@ def train_pack(
             keep = pack.drop(optimizer, diverged)
             loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
             members = [members[k] for k in keep]
-        evals = _evaluate_pack(pack, eval_loader, data.mean, data.std, device)
+        eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
+        evals = _evaluate_pack(pack, eval_batches, data.mean, data.std, device)
         reports = []
         # Every member's checkpoint is written before any report, so a crash in a report (or a killed
         # driver) leaves all members resumable from the same epoch, i.e. still one pack.
@@ -418,13 +455,13 @@ def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, l
 
 
 @torch.no_grad()
-def _evaluate_pack(pack: PackedViT, loader: DataLoader, mean, std, device: torch.device) -> list[tuple[float, float]]:
-    """(mean cross-entropy, top-1) per member over a loader of (uint8 images, labels); one batch serves all."""
+def _evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device) -> list[tuple[float, float]]:
+    """(mean cross-entropy, top-1) per member over (uint8 images, labels) batches; one batch serves all."""
     pack.eval()
     loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
     correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
     count = 0
-    for images, labels in loader:
+    for images, labels in batches:
         x = normalize(images.to(device, non_blocking=True), mean, std)
         y = labels.to(device, non_blocking=True)
         logits = pack(x).float()  # (K, B, C)
@@ -452,23 +489,6 @@ def _inject_divergence(pack: PackedViT, epoch: int) -> None:
         state = pack.member_state_dict(k)
         state["head.weight"] = torch.full_like(state["head.weight"], float("inf"))
         pack.load_member_state_dict(k, state)
-
-
-def _loader(split, transform, cfg: RunConfig, world: int, rank: int, *, train: bool = False) -> DataLoader:
-    """Training: shuffled per epoch, each rank its shard, partial batches dropped.
-    Evaluation: in order, larger batches; under DDP the shards are padded by
-    repetition, which can count a few images twice (at most world - 1)."""
-    sampler = SeededSampler(len(split), seed=cfg.seed, shuffle=train, num_replicas=world, rank=rank, drop_last=train)
-    batch = max(1, cfg.batch_size // world) if train else max(256, cfg.batch_size)
-    return DataLoader(
-        Augmented(split, transform),
-        batch_size=batch,
-        sampler=sampler,
-        drop_last=train,
-        num_workers=cfg.num_workers,
-        persistent_workers=cfg.num_workers > 0,
-        pin_memory=torch.cuda.is_available(),
-    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""Training input (trainables/inputs.py): epochs chunked on the device, folder streaming, GPU-decode fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torchvision.io
+
+from trainables.augment import Augmentation
+from trainables.images import ImageFiles, TensorImages, decode
+from trainables.inputs import EvalSource, TrainSource, decode_on_device, default_workers
+from trainables.protocols import SeededSampler
+from trainables.shapes import make_shapes
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def split() -> TensorImages:
+    images, labels = make_shapes(96, seed=0)
+    return TensorImages(images, labels)
+
+
+def _epoch(source, **kw):
+    images, labels = zip(*source.epoch(**kw))
+    return torch.cat(images), torch.cat(labels)
+
+
+def test_epoch_does_not_depend_on_chunk_size_or_ranks_and_resumes(split):
+    source = TrainSource(split, Augmentation(32, "autoaugment_cifar10"))
+    whole, labels = _epoch(source, seed=3, epoch=2, batch_size=16)
+    assert whole.shape == (96, 3, 32, 32) and whole.dtype == torch.uint8
+    small, _ = _epoch(source, seed=3, epoch=2, batch_size=16, chunk_images=16)
+    assert torch.equal(whole, small)
+    # The order is SeededSampler's, and labels follow their images.
+    sampler = SeededSampler(96, seed=3, drop_last=True)
+    sampler.set_epoch(2)
+    order = [i for i, _ in sampler]
+    assert torch.equal(labels, split.labels[order])
+    # A fresh source (a resumed run) draws the same; another epoch draws differently.
+    again, _ = _epoch(TrainSource(split, Augmentation(32, "autoaugment_cifar10")), seed=3, epoch=2, batch_size=16)
+    assert torch.equal(again, whole)
+    assert not torch.equal(_epoch(source, seed=3, epoch=3, batch_size=16)[0], whole)
+    # Under DDP each rank's image i is augmented exactly as in a single-process run.
+    position = {index: k for k, index in enumerate(order)}
+    for rank in (0, 1):
+        images, _ = _epoch(source, seed=3, epoch=2, batch_size=8, num_replicas=2, rank=rank)
+        sampler_r = SeededSampler(96, seed=3, num_replicas=2, rank=rank, drop_last=True)
+        sampler_r.set_epoch(2)
+        rank_order = [i for i, _ in sampler_r]
+        assert torch.equal(images, whole[[position[i] for i in rank_order]])
+
+
+def test_batch_takes_one_seed_per_image_for_packed_members(split):
+    source = TrainSource(split, Augmentation(32, "autoaugment_cifar10"))
+    index = np.arange(20)
+    a, _ = source.batch(1, 4, index)
+    b, _ = source.batch(2, 4, index)
+    packed, labels = source.batch(np.repeat([1, 2], 20), 4, np.tile(index, 2))
+    assert torch.equal(packed, torch.cat([a, b])) and torch.equal(labels, split.labels[np.tile(index, 2)])
+
+
+def _jpeg_folder(tmp_path, images: torch.Tensor) -> list[tuple[str, int]]:
+    samples = []
+    for i, image in enumerate(images):
+        path = tmp_path / f"{i:03d}.jpg"
+        torchvision.io.write_jpeg(image, str(path), quality=90)
+        samples.append((str(path), i % 3))
+    return samples
+
+
+def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split):
+    """Decode workers + batched augmentation on the device give what the in-memory path gives
+    for the same decoded images (2 workers, chunks of 2 steps)."""
+    samples = _jpeg_folder(tmp_path, split.images[:40])
+    files = ImageFiles(samples, 32, evaluation=False)
+    memory = TensorImages(torch.stack([decode(p) for p, _ in samples]), files.labels)
+    spec = Augmentation(32, "autoaugment_cifar10")
+    streamed, labels = _epoch(TrainSource(files, spec, num_workers=2), seed=1, epoch=1, batch_size=8, chunk_images=16)
+    held, held_labels = _epoch(TrainSource(memory, spec), seed=1, epoch=1, batch_size=8)
+    assert torch.equal(streamed, held) and torch.equal(labels, held_labels)
+    # The GPU-decode path (here with the CPU as its "device") reads bytes in workers, decodes in the loop.
+    gpu_path, _ = _epoch(TrainSource(files, spec, num_workers=0, gpu_decode=True), seed=1, epoch=1, batch_size=8)
+    assert torch.equal(gpu_path, held)
+
+
+def test_gpu_decode_falls_back_to_the_cpu_for_files_nvjpeg_rejects(tmp_path, split):
+    samples = _jpeg_folder(tmp_path, split.images[:4])
+    encoded = [torchvision.io.read_file(p) for p, _ in samples]
+    png = torchvision.io.encode_png(split.images[4])
+    calls = []
+
+    def fake_nvjpeg(datas, mode, device):  # rejects the batch that holds file 2, and file 2 alone
+        calls.append(len(datas))
+        if any(torch.equal(d, encoded[2]) for d in datas):
+            raise RuntimeError("nvjpeg failed: unsupported JPEG (CMYK)")
+        return [torchvision.io.decode_jpeg(d, mode=mode).to(device) for d in datas]
+
+    out = decode_on_device([*encoded, png], "cpu", gpu_decoder=fake_nvjpeg)
+    assert calls == [4, 1, 1, 1, 1]  # one batched call, then each JPEG alone; the PNG never goes to nvjpeg
+    expected = [decode(p) for p, _ in samples] + [split.images[4]]
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+
+
+def test_eval_source_keeps_order_and_pads_shards(split):
+    source = EvalSource(split, 32, device="cpu")
+    images, labels = zip(*source.batches(40))
+    assert torch.equal(torch.cat(images), split.images) and torch.equal(torch.cat(labels), split.labels)
+    shards = [torch.cat([y for _, y in source.batches(40, num_replicas=5, rank=r)]) for r in range(5)]
+    assert all(len(s) == 20 for s in shards)  # 96 images padded to 100 by repetition
+
+
+def test_default_workers_follow_the_cpus_the_trial_holds(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # what Ray sets in a worker holding 6 CPUs
+    assert default_workers() == 5 and default_workers(2) == 2 and default_workers(0) == 0
+
+
+def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_and_autoaugment(tmp_path):
+    """From LARGE_IMAGE_SIZE: each file is decoded at its own size and cropped from its key in
+    the worker; flip and AutoAugment (ImageNet policy) then run on the chunk from the same keys."""
+    from trainables.augment import (
+        apply,
+        draw,
+        item_keys,
+        resized_crop,
+        resized_crop_params,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    raw = [torch.randint(0, 256, (3, 130 + 9 * i, 150 - 4 * i), dtype=torch.uint8, generator=g) for i in range(12)]
+    samples = _jpeg_folder(tmp_path, raw)
+    files = ImageFiles(samples, 128, evaluation=False)
+    spec = Augmentation(128, "autoaugment_imagenet")
+    streamed, _ = _epoch(TrainSource(files, spec, num_workers=1), seed=2, epoch=1, batch_size=4)
+    sampler = SeededSampler(12, seed=2, drop_last=True)
+    sampler.set_epoch(1)
+    order = np.array([i for i, _ in sampler])
+    keys = item_keys(2, 1, order)
+    crops = []
+    for index, key in zip(order, keys):
+        image = decode(samples[index][0])
+        box = resized_crop_params(np.array([key]), np.array([image.shape[1]]), np.array([image.shape[2]]))[0]
+        crops.append(resized_crop(image, box, 128))
+    assert torch.equal(streamed, apply(spec, torch.stack(crops), draw(spec, keys)))
