@@ -21,7 +21,7 @@ TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
 # run executes but not what it computes, the seed (it makes a condition a trial), the protocol's
 # switches (named by `protocol`) and the preset (its fields are columns of their own).
 _NOT_CONDITION = {*TRIAL_FIELDS.names, *TRIAL_KEYS, "mlflow_run_id", "started_at", "ended_at", "pack", "error",
-                  "data_root", "device", "num_workers", "checkpoint_every", "compile", "preset", "condition"}
+                  "data_root", "device", "num_workers", "checkpoint_every", "checkpoint_interval_s", "compile", "preset", "condition"}
 
 
 def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, list[str]]:

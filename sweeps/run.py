@@ -30,6 +30,7 @@ from sweeps import STUDIES, load_study, names, progress
 
 log = logging.getLogger("vitsweep")
 STAGES = ("train", "analyze", "report", "all")
+GPU_CHECKPOINT_INTERVAL_S = 120.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +140,8 @@ def build_trials(args: argparse.Namespace):
     check_numbers(args)
     check_texts(args)
     defaults: StudyOptions = study.DEFAULTS
-    overrides = {}
+    # At GPU speed an epoch takes seconds: checkpoint by wall time, not every epoch (--set overrides it).
+    overrides = {"checkpoint_interval_s": GPU_CHECKPOINT_INTERVAL_S} if args.gpus_per_trial > 0 else {}
     if args.defaults_from:
         from sweeps.hparam import read_defaults
 
@@ -500,7 +502,10 @@ def run(args: argparse.Namespace) -> int:
                           sys.stdout, indent=1)
                 print()
             else:
+                from sweeps import estimate
+
                 print_table(configs, packs=packs)
+                print(estimate.estimate(configs, packs, estimate.load_table()))
             return 0
         results, storage, mlflow_uri = resolve_locations(args)
         if args.stage in ("train", "all"):

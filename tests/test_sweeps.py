@@ -188,3 +188,10 @@ def test_cli_user_errors_are_one_line_on_stderr_with_exit_2(argv, message, tmp_p
     out, err = capsys.readouterr()
     assert re.search(message, err, flags=re.MULTILINE) and len(err.strip().splitlines()) == 1, err
     assert "error" not in out
+
+
+def test_gpu_trials_checkpoint_by_wall_time_under_the_same_ids():
+    cpu, gpu = dry("demo"), dry("demo", "--gpus-per-trial", "1")
+    assert {c.checkpoint_interval_s for c in cpu} == {0.0} and {c.checkpoint_interval_s for c in gpu} == {120.0}
+    assert [c.trial_id for c in cpu] == [c.trial_id for c in gpu]
+    assert {c.checkpoint_interval_s for c in dry("demo", "--gpus-per-trial", "1", "--set", "checkpoint_interval_s=0")} == {0.0}

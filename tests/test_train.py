@@ -167,3 +167,11 @@ def test_cutmix_prob_mixes_that_share_of_batches():
             assert torch.allclose(targets.sum(1), torch.ones(8))
         share = sum(mixed) / len(mixed)  # a box can miss every pixel change only if lam ~ 1
         assert low - 0.03 <= share <= high, (prob, share)
+
+
+def test_checkpoints_by_wall_time_keep_the_last_epoch_and_the_trial_id(tmp_path):
+    cfg = tiny(epochs=2, max_train_images=128, checkpoint_interval_s=1e9)  # no second passes between epochs
+    seen = []
+    train(cfg, tmp_path, report=lambda metrics, checkpoint_dir: seen.append(checkpoint_dir), log=lambda *_: None)
+    assert seen[0] is None and seen[1] is not None  # the end is always checkpointed
+    assert cfg.trial_id == tiny(epochs=2, max_train_images=128).trial_id  # execution only: the same trial

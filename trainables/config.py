@@ -45,7 +45,7 @@ CHANCE_MARGIN = 0.02
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
 # same trial instead of starting a new one.
-_EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile")
+_EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
 
 # The fields every trial id has hashed since ids began. A field added later
 # enters the hash only when it differs from its default, so adding a field
@@ -87,6 +87,9 @@ class RunConfig:
     holdout_fraction: float = 0.05
     max_train_images: int = 0  # 0 = the whole train split; a cap for demos and tests
     checkpoint_every: int = 1  # epochs between resumable checkpoints
+    # ... and at least this many seconds between them (0: every checkpoint_every epochs). At GPU speed
+    # an epoch takes seconds, and K checkpoints per epoch would cost more than the epoch itself.
+    checkpoint_interval_s: float = 0.0
     device: str = "auto"
     amp: bool = True  # bf16 autocast, used on CUDA only (slower on CPU)
     num_workers: int = -1  # decode workers for folder-backed sets; -1: the CPUs the trial holds, less one
@@ -114,6 +117,8 @@ class RunConfig:
             raise ValueError(f"num_workers must be >= 0, or -1 for the CPUs the trial holds; got {self.num_workers}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if not self.checkpoint_interval_s >= 0:
+            raise ValueError(f"checkpoint_interval_s must be >= 0 seconds, got {self.checkpoint_interval_s}")
 
     # -- derived names ---------------------------------------------------
     @property

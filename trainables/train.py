@@ -15,7 +15,8 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
 * a resumable checkpoint (model, optimiser, scheduler, epoch, RNG states,
-  history, config) every ``checkpoint_every`` epochs and at the end, written
+  history, config) every ``checkpoint_every`` epochs (and at most every
+  ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU trials) and at the end, written
   atomically; only the latest is kept. A run whose ``workdir`` holds one
   continues from it. Every random draw is derived from (seed, epoch): the
   shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
@@ -310,6 +311,7 @@ def train_pack(
     use_amp = cfg.amp and device.type == "cuda"
     snapshots = set(snapshot_epochs(cfg.epochs))
     t_run = time.perf_counter()
+    last_checkpoint = time.monotonic()
     members = list(range(len(cfgs)))  # original index of each member still in the pack
     finals: list[dict[str, Any]] = [{"error": None} for _ in cfgs]
 
@@ -353,6 +355,10 @@ def train_pack(
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
         evals = _evaluate_pack(pack, eval_batches, data.mean, data.std, device)
         reports = []
+        checkpoint_now = epoch == cfg.epochs or (
+            epoch % cfg.checkpoint_every == 0 and time.monotonic() - last_checkpoint >= cfg.checkpoint_interval_s)
+        if checkpoint_now:
+            last_checkpoint = time.monotonic()
         # Every member's checkpoint is written before any report, so a crash in a report (or a killed
         # driver) leaves all members resumable from the same epoch, i.e. still one pack.
         for k, i in enumerate(members):
@@ -371,7 +377,7 @@ def train_pack(
             if rank == 0:
                 if epoch in snapshots:
                     _save_snapshot(pack.member_state_dict(k), cfgs[i], epoch, workdirs[i])
-                if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
+                if checkpoint_now:
                     _atomic_save(
                         {
                             "model": pack.member_state_dict(k),

@@ -1,0 +1,43 @@
+"""--dry-run's GPU-hours: from a measured throughput table, and said so when there is none."""
+
+from __future__ import annotations
+
+from sweeps import estimate
+from sweeps import run as launcher
+from sweeps.packs import Pack
+
+
+def _plan(*argv):
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args([*argv, "--dry-run"])
+    configs = launcher.build_trials(args)
+    return configs, launcher.build_packs(args, configs)
+
+
+def test_gpu_hours_from_the_measured_rate_of_each_pack_size():
+    configs, packs = _plan("study_l", "--datasets", "cifar10", "--seeds", "5", "--gpus-per-trial", "1", "--pack", "8")
+    rates = {1: 20_000.0, 4: 60_000.0, 8: 100_000.0}
+    table = {"device": "H200", "measured_at": "2026-12-01",
+             "packing": {"study_l": {f"K={k}": {"images_per_s": r} for k, r in rates.items()}}}
+    per_trial = 47_500 * 100  # CIFAR-10's train split less the 5% holdout, x 100 epochs
+    # A pack of K is timed at the largest measured size <= K (conservative, never extrapolated).
+    expected = sum(len(p.members) * per_trial / rates[max(k for k in rates if k <= len(p.members))] for p in packs)
+    assert len({len(p.members) for p in packs}) > 1  # the grid leaves packs of several sizes
+    assert estimate.estimate(configs, packs, table).startswith(f"GPU-hours: {expected / 3600:.1f} on H200")
+    alone = [Pack(pack_id=c.trial_id, members=(c,)) for c in configs]  # unpacked: the K=1 rate
+    assert estimate.estimate(configs, alone, table).startswith(
+        f"GPU-hours: {len(configs) * per_trial / rates[1] / 3600:.1f}")
+
+
+def test_unmeasured_presets_are_named_and_no_table_is_said():
+    configs, packs = _plan("study_p", "--seeds", "1")
+    assert "not estimated (no measurement): study_p on imagenet100" in estimate.estimate(
+        configs, packs, {"packing": {"study_l": {"K=1": {"images_per_s": 1.0}}}})
+    assert estimate.estimate(configs, packs, None).startswith("GPU-hours: no estimate (no measured throughput table")
+
+
+def test_dry_run_prints_the_estimate_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(estimate, "TABLE", tmp_path / "missing.json")
+    assert launcher.main(["demo", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("GPU-hours: no estimate")
