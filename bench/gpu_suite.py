@@ -20,10 +20,17 @@ time-capped (`--section-s`) so the whole run stays under 8 minutes:
   graphs (target: >= 50,000 images/s for one model), and the eager step
   under `torch.use_deterministic_algorithms(True)` with
   CUBLAS_WORKSPACE_CONFIG=:4096:8 (what bit-reproducible CUDA runs need),
-  so its cost is measured.
+  so its cost is measured;
+* packing: training images/s of K `study_l` models packed in one process
+  (`trainables.packed`, bf16, batch 128 per member) for K = 1, 4, 8, 16, 32,
+  GPU memory per member (to size `--pack`), the same number of separate
+  one-model processes sharing the GPU (K = 4 and 8, eager), and the
+  packed-vs-alone loss difference after 50 steps under bf16 autocast
+  (target: >= 100,000 training images/s per GPU with packing).
 
 Prints one table; writes it as JSON to $OUT/gpu_suite.json when OUT is set
-(else bench/out/gpu_suite.json).
+(else bench/out/gpu_suite.json). Kept as bench/measured/gpu_suite.json, it is
+what `vitsweep sweep ... --dry-run` estimates GPU-hours from.
 """
 
 from __future__ import annotations
@@ -183,6 +190,51 @@ def section_memory_and_step(device, budget_s: float, tiny: bool, compile_budget_
     return out
 
 
+def section_packing(device, budget_s: float, tiny: bool) -> tuple[dict, dict]:
+    """(printed rows, the estimate table's rows): packed images/s per K, memory per member, loss drift."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import packing  # bench/packing.py: the same step, timed side by side
+
+    cuda = device.type == "cuda"
+    preset, batch = ("tiny", 16) if tiny else ("study_l", 128)
+    sizes = [1, 2] if tiny else [1, 4, 8, 16, 32]
+    table = packing.measure(device, preset=preset, batch=batch, sizes=sizes, steps=2 if tiny else 20,
+                            repeats=1 if tiny else 2, warmup=1 if tiny else 3, amp=cuda, max_seconds=budget_s)
+    clock = "images_per_s_wall" if cuda else "images_per_s_cpu"
+    rows, estimate_rows = {}, {}
+    for name, row in table.items():
+        rows[f"packed {name}"] = {"images_per_s": row[clock]}
+        estimate_rows[name] = {"images_per_s": row[clock], **({"mib_per_member": row["mib_per_member"]}
+                                                              if "mib_per_member" in row else {})}
+        if "mib_per_member" in row:
+            rows[f"packed {name} MiB per member"] = row["mib_per_member"]
+    best = max(table, key=lambda name: table[name][clock])
+    rows["best K"] = best
+    rows["best K / K=1"] = table[best][clock] / table["K=1"][clock]
+    for n in ([2] if tiny else [4, 8]):
+        rows[f"{n} separate processes"] = {"images_per_s": _separate_processes(n, budget_s, tiny)}
+    rows["bf16 packed-vs-alone loss diff (rel.)"] = packing.loss_drift(
+        device, preset=preset, batch=batch, k=2 if tiny else 4, steps=3 if tiny else 50, amp=cuda)
+    return rows, {preset: estimate_rows}
+
+
+def _separate_processes(n: int, budget_s: float, tiny: bool) -> float:
+    """Summed training images/s of `n` one-model processes started together on this device."""
+    cmd = [sys.executable, __file__, "--only-alone", "--section-s", str(budget_s)] + (["--tiny"] if tiny else [])
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "OUT": ""}) for _ in range(n)]
+    total = 0.0
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=budget_s * 10 + 120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            continue
+        lines = [line for line in out.splitlines() if line.startswith("ALONE ")]
+        total += float(lines[-1].split()[1]) if lines else 0.0
+    return total
+
+
 def _deterministic_subprocess(args, timeout_s: float) -> dict:
     """The eager step under deterministic algorithms, in a fresh process: CUBLAS_WORKSPACE_CONFIG
     must be set before CUDA starts."""
@@ -202,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the CPU mode CI runs); implied without CUDA")
     parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 6, tiny 0.2)")
     parser.add_argument("--only-deterministic", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     args.tiny = args.tiny or device.type != "cuda"
@@ -212,11 +265,23 @@ def main(argv: list[str] | None = None) -> dict:
         print("DETERMINISTIC " + json.dumps(result))
         return result
 
+    if args.only_alone:  # one of the separate processes of section_packing
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import packing
+
+        preset, batch = ("tiny", 16) if args.tiny else ("study_l", 128)
+        row = packing.measure(device, preset=preset, batch=batch, sizes=[1], steps=2 if args.tiny else 20,
+                              repeats=1, warmup=1 if args.tiny else 3, amp=device.type == "cuda",
+                              max_seconds=args.section_s)["K=1"]
+        print(f"ALONE {row['images_per_s_wall']}")
+        return row
+
     chunk = 64 if args.tiny else CHUNK_IMAGES
     t_start = time.perf_counter()
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "tiny": args.tiny, "chunk_images": chunk, "sections": {},
+        "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     sections = results["sections"]
     sections["augment"] = section_augment(device, chunk, args.section_s, args.tiny)
@@ -225,6 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                deterministic=False)
     if device.type == "cuda":
         sections["step"].update(_deterministic_subprocess(args, timeout_s=120))
+    sections["packing"], results["packing"] = section_packing(device, args.section_s, args.tiny)
     results["wall_s"] = time.perf_counter() - t_start
 
     print(f"gpu_suite on {results['device']} (torch {results['torch']}{', tiny' if args.tiny else ''}), "

@@ -24,4 +24,8 @@ def test_gpu_suite_runs_in_tiny_cpu_mode_without_ray_or_mlflow(tmp_path):
     assert sections["decode"]["decode_images_per_s"] > 0
     assert sections["decode"]["resized_crop_max_level_diff_vs_cpu"] == 0  # the CPU against itself
     assert sections["step"]["eager_step_images_per_s"] > 0
+    packing = sections["packing"]
+    assert packing["packed K=2"]["images_per_s"] > 0 and packing["2 separate processes"]["images_per_s"] > 0
+    assert packing["bf16 packed-vs-alone loss diff (rel.)"] < 1e-3  # fp32 on CPU: rounding only
+    assert result["packing"]["tiny"]["K=1"]["images_per_s"] > 0  # the rows --dry-run estimates from
     assert "section" in done.stdout and "augment" in done.stdout
