@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) bench/model_throughput.py
 	$(PY) bench/input_pipeline.py
 	$(PY) bench/metrics_throughput.py
+	$(PY) bench/packing.py
 	$(PY) bench/sweep_overhead.py
 
 clean:
