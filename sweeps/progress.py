@@ -71,7 +71,7 @@ class TrialProgress:
                  stream: TextIO | None = None):
         self.results, self.study, self.total = results, study, total
         self.members = {k: list(v) for k, v in members.items()}  # Tune trial name -> its trial ids
-        self.stream = stream or sys.stdout
+        self.stream = stream  # None: sys.stdout when printing (Tune pickles its callbacks; a terminal is no pickle)
         self.start = time.monotonic()
         self.done = 0
         self.counts: dict[str, int] = {}
@@ -92,7 +92,7 @@ class TrialProgress:
             elapsed = time.monotonic() - self.start
             left = self.total - self.done
             eta = f"; ETA {format_duration(elapsed / self.done * left)}" if left else ""
-            print(trial_line(self.done, self.total, row, trial_id) + eta, file=self.stream, flush=True)
+            print(trial_line(self.done, self.total, row, trial_id) + eta, file=self.stream or sys.stdout, flush=True)
 
     def summary(self) -> str:
         parts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))

@@ -33,3 +33,13 @@ def test_a_pack_prints_each_member_once_with_an_eta(tmp_path):
     p.ended("c")  # a trial alone is its own Tune trial; it left no row
     assert "[3/3] c" in out.getvalue() and "ETA" not in out.getvalue().splitlines()[-1]
     assert p.summary().startswith("s: 3 of 3 trials ended") and "2 finished" in p.summary()
+
+
+def test_the_callback_survives_tunes_pickling_on_a_real_terminal(tmp_path):
+    # Tune pickles its callbacks with its state; a progress object holding sys.stdout would not pickle.
+    import pickle
+
+    import ray.cloudpickle
+
+    p = progress.TrialProgress(str(tmp_path), "s", total=1, members={})
+    assert pickle.loads(ray.cloudpickle.dumps(p.as_callback())) is not None
