@@ -14,14 +14,13 @@ import pandas as pd
 
 from analysis import claims as numbers
 from analysis.claims import FACTORS, SWITCHES, canonical_protocol, model_label
-from records.schema import TRIAL_FIELDS
+from records.schema import EXECUTION_FIELDS, TRIAL_FIELDS
 
 TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
 # Trials columns that are no part of a condition: outcomes and bookkeeping, settings that change how a
 # run executes but not what it computes, the seed (it makes a condition a trial), the protocol's
 # switches (named by `protocol`) and the preset (its fields are columns of their own).
-_NOT_CONDITION = {*TRIAL_FIELDS.names, *TRIAL_KEYS, "mlflow_run_id", "started_at", "ended_at", "pack", "error",
-                  "data_root", "device", "num_workers", "checkpoint_every", "checkpoint_interval_s", "compile", "preset", "condition"}
+_NOT_CONDITION = {*TRIAL_FIELDS.names, *TRIAL_KEYS, *EXECUTION_FIELDS, "checkpoint_every", "preset", "condition"}
 
 
 def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, list[str]]:

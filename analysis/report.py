@@ -42,7 +42,7 @@ from analysis import claims as numbers
 from analysis.claims import REFERENCE
 from analysis.conditions import TRIAL_KEYS, normalise_trials
 from records.schema import MEASUREMENTS, TRIAL_FIELDS
-from records.tables import filesystem, read_table, table_path
+from records.tables import filesystem, list_studies, read_table, table_path
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +193,6 @@ class StudyData:
         t = self.trials[self.trials["dataset"] == dataset]
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
 
-
-
-def list_studies(results: str) -> list[str]:
-    """Study folders under ``results`` (for error messages)."""
-    from records.tables import list_studies as studies_with_tables
-
-    return studies_with_tables(results)
 
 
 # -- the page -----------------------------------------------------------------------

@@ -116,17 +116,17 @@ class TrialProgress:
 
 def closing_lines(results: str, study: str, mlflow_uri: str) -> str:
     """Where everything is, printed last: status, tables, report, and the MLflow runs page."""
-    from records import manifest, tables
+    from sweeps.status import study_status
 
     lines = [f"\nvitsweep {study}: results in {results}"]
-    table = tables.read_table(results, study, "trials")
-    if table is not None:
-        counts: dict[str, int] = {}
-        for state in table.column("status").to_pylist():
-            counts[state] = counts.get(state, 0) + 1
-        plan = manifest.read_manifest(results, study)
-        planned = f" of {plan['n_trials']} planned" if plan else ""
-        lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    try:
+        now = study_status(results, study)
+    except ValueError:  # nothing recorded (e.g. a report of another folder's study)
+        now = None
+    if now is not None:
+        planned = f" of {now['planned']} planned" if now["planned"] is not None else ""
+        counts = {s: n for s, n in sorted(now["counts"].items()) if n}
+        lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
     lines.append(f"  report:         {results}/{study}/report/index.html")
     lines.append(f"  status:         vitsweep status {study} --results {results}")

@@ -27,7 +27,7 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     table = tables.read_table(results, study, "trials")
     plan = manifest.read_manifest(results, study)
     if table is None and plan is None:
-        found = studies_in(results)
+        found = tables.list_studies(results)
         raise ValueError(f"no study {study!r} in {results}; studies there: {found or 'none'}")
     beat = manifest.read_heartbeat(results, study)
     alive = manifest.launcher_alive(beat)
@@ -48,28 +48,6 @@ def study_status(results: str, study: str) -> dict[str, Any]:
         "heartbeat": beat,
         "alive": alive,
     }
-
-
-def studies_in(results: str) -> list[str]:
-    """Study folders under ``results``: those holding a trials table or a sweep manifest."""
-    from pyarrow import fs as pafs
-
-    from records.manifest import MANIFEST_FILE
-    from records.tables import filesystem
-
-    fs, root = filesystem(results)
-    try:
-        entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        if entry.type != pafs.FileType.Directory:
-            continue
-        inside = {i.base_name for i in fs.get_file_info(pafs.FileSelector(entry.path, allow_not_found=True))}
-        if "trials" in inside or MANIFEST_FILE in inside:
-            found.append(entry.base_name)
-    return sorted(found)
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from records.schema import EXECUTION_FIELDS
 from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 
@@ -45,7 +46,6 @@ CHANCE_MARGIN = 0.02
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
 # same trial instead of starting a new one.
-_EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
 
 # The fields every trial id has hashed since ids began. A field added later
 # enters the hash only when it differs from its default, so adding a field
@@ -136,7 +136,7 @@ class RunConfig:
         defaults = _defaults()
         flat = {
             k: v for k, v in self.to_flat().items()
-            if k not in _EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
+            if k not in EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
         }
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
         order = "-rpt" if self.rpt else ""

@@ -144,8 +144,9 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
         targets.append(target)
         perms.append(to_device(random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
                                                   generator=perm_gen), images.device) if cfg.rpt else None)
-    target = torch.stack(targets)  # (K, B, C)
-    x = torch.stack(xs)
+    # (K, B, C) and (K, B, 3, S, S); a pack of one takes a view, not a copy of its batch
+    target = targets[0].unsqueeze(0) if len(targets) == 1 else torch.stack(targets)
+    x = xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)
     if x.is_cuda:  # a new step for CUDA graphs (a compiled forward); nothing when eager
         torch.compiler.cudagraph_mark_step_begin()
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
