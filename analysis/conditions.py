@@ -14,7 +14,8 @@ import pandas as pd
 
 from analysis import claims as numbers
 from analysis.claims import FACTORS, SWITCHES, canonical_protocol, model_label
-from records.schema import EXECUTION_FIELDS, TRIAL_FIELDS
+from records.fields import EXECUTION_FIELDS
+from records.schema import TRIAL_FIELDS
 
 TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
 # Trials columns that are no part of a condition: outcomes and bookkeeping, settings that change how a

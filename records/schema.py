@@ -52,10 +52,6 @@ import pyarrow as pa
 TABLES = ("trials", "epochs", "measurements", "summary")
 
 # Columns of `trials` beside the flat run config.
-# Run-config fields that say where or how a run executes, not what it computes: they stay out of
-# the trial id (trainables.config) and never split a condition (analysis.conditions).
-EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
-
 TRIAL_FIELDS = pa.schema(
     [
         ("trial_id", pa.string()),

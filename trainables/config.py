@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from records.schema import EXECUTION_FIELDS
+from records.fields import EXECUTION_FIELDS
 from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 
