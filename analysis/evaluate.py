@@ -43,6 +43,7 @@ from analysis.interventions import (
     RopeScale,
     apply_condition,
 )
+from records.schema import PAIRED_COUNTS
 from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
 
 # Alpha scaling per PE kind: Study P's `pe_scale` multiplies an additive table; on the rotary PEs the
@@ -201,10 +202,10 @@ def _row(intervention: str, level: float | None, layer: int | None, head: int | 
 
 
 def _paired_rows(intervention: str, level: float, clean: _Pass, shifted: _Pass, prefix: str = "") -> list[dict]:
-    """The paired counts of one shift against its clean pass (``metrics.PAIRED_COUNTS``), FS's sampling error."""
+    """The paired counts of one shift against its clean pass (``PAIRED_COUNTS``), FS's sampling error."""
     counts = metrics.paired_counts(clean.right, shifted.right)
     return [_row(intervention, level, _WHOLE, _WHOLE, prefix + name, v)
-            for name, v in zip(metrics.PAIRED_COUNTS, counts)]
+            for name, v in zip(PAIRED_COUNTS, counts)]
 
 
 def _delta_ssdc(per_layer: list[float]) -> float:
