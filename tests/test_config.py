@@ -101,3 +101,21 @@ def test_crop_padding_reaches_the_augmentation_and_rejects_negatives():
     assert augmentation("baseline", "tinyimagenet", 64, cfg(crop_padding=4).crop_padding).padding == 4
     with pytest.raises(ValueError, match="crop_padding must be >= 0 pixels.*got -1"):
         cfg(crop_padding=-1)
+
+
+def test_the_training_loop_augments_with_the_configs_crop_padding(tmp_path, monkeypatch):
+    """One short epoch: the loop's training sources get crop_padding from the run config (alone and packed)."""
+    from trainables import augment
+    from trainables import train as loop
+
+    built = []
+
+    def spy(*args, **kwargs):
+        spec = augment.augmentation(*args, **kwargs)
+        built.append(spec.padding)
+        return spec
+
+    monkeypatch.setattr(loop, "augmentation", spy)
+    c = cfg(crop_padding=1, max_train_images=64, batch_size=32, epochs=1, warmup_epochs=0)
+    loop.train(c, tmp_path, log=lambda *_: None)
+    assert built and set(built) == {1}  # img_size // 8 would be 4 at 32 px
