@@ -5,36 +5,47 @@ References (numbers copied from the shared spec STUDIES.md):
     Study L: "Inducing Spatial Locality in Vision Transformers through the Training Protocol" (arXiv 2605.16390).
 
 This module is the numeric layer of the report: vocabulary (model and protocol
-labels and orders), seed statistics, the papers' reported numbers, the claims
-and the ablation / condition tables. It knows no plotting and no storage; it
-reads a ``StudyData`` (``analysis.report``) through its ``per_trial`` table and
-its ``pin`` method.
+labels and orders), the papers' reported numbers, the claims and the ablation /
+condition tables; the statistics across seeds live in ``analysis.seedstats``.
+It knows no plotting and no storage; it reads a ``StudyData``
+(``analysis.report``) through its ``per_trial`` table and its ``pin`` method.
 
-Every number is a statistic *across seeds*: one trial (one seed of one
-condition) is one unit, so ``n`` is always the number of trials behind a value.
-Every seed is measured on the same evaluation images, so the seed spread holds
-no test-set sampling error: ``binomial_se`` and ``fragility_se`` give that
-error from ``n_images``, shown beside the seed spread. Trials flagged
-``did_not_learn`` (final accuracy within 2 points of chance) are left out of
-every claim and counted.
+A claim compares two groups of trials, paired by seed where seeds pair
+(``seedstats.compare``). A claim of *no* effect is "consistent with no effect"
+only when the 95% CI of the effect lies inside the margin stored with the claim,
+else "inconclusive". Trials flagged ``did_not_learn`` (final accuracy within 2
+points of chance) are counted per group, and every claim is computed twice: on
+the trials that learned (the verdict) and with the non-learners kept, their
+measurements as they are (``verdict (all trials)``); a row whose two verdicts
+differ is flagged.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from analysis.seedstats import (  # noqa: F401 - seed statistics re-exported for figures and plotting
+    ALPHA,
+    Comparison,
+    Summary,
+    binomial_se,
+    compare,
+    fragility_se,
+    fragility_se_without_counts,
+    mean_ci,
+    mean_std,
+    min_achievable_p,
+    seed_summary,
+    summarise,
+)
 
 if TYPE_CHECKING:
     from analysis.report import StudyData
-
-ALPHA = 0.05  # significance level of every claim test (no multiple-comparison correction: say so)
-BOOTSTRAP_RESAMPLES = 2000
 
 # -- vocabulary ---------------------------------------------------------------
 FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` makes it a trial
@@ -77,88 +88,6 @@ def model_label(pe: str, rpt: bool) -> str:
 
 def model_key(pe: str, rpt: bool) -> tuple:
     return (PE_ORDER.index(pe) if pe in PE_ORDER else len(PE_ORDER), str(pe), bool(rpt))
-
-
-# -- seed statistics ------------------------------------------------------------
-@dataclass(frozen=True)
-class Summary:
-    """Mean over seeds with its spread: std (ddof 1) and a 95% percentile-bootstrap CI of the mean."""
-
-    mean: float
-    std: float
-    low: float
-    high: float
-    n: int
-
-
-def seed_summary(values: Any) -> Summary:
-    """Summary of one value per trial (NaNs dropped). n = 1 has no spread; constant values a zero-width CI."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return Summary(math.nan, math.nan, math.nan, math.nan, 0)
-    mean = float(v.mean())
-    if v.size == 1:
-        return Summary(mean, math.nan, math.nan, math.nan, 1)
-    std = float(v.std(ddof=1))
-    if std == 0.0:
-        return Summary(mean, 0.0, mean, mean, int(v.size))
-    # Percentile, not BCa: BCa's jackknife degenerates at the 3-5 seeds a sweep has.
-    ci = stats.bootstrap(
-        (v,), np.mean, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", rng=np.random.default_rng(0)
-    ).confidence_interval
-    return Summary(mean, std, float(ci.low), float(ci.high), int(v.size))
-
-
-def summarise(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:
-    """One row per group of ``by``: mean, std, low, high (95% CI), n over the trials in the group.
-
-    Rows are first reduced to one value per trial (mean), so n counts trials (seeds), never rows."""
-    cols = [*by, "mean", "std", "low", "high", "n"]
-    if df.empty:
-        return pd.DataFrame(columns=cols)
-    per_trial = df.groupby([*by, "trial_id"], dropna=False, observed=True)[value].mean().reset_index()
-    rows = [
-        {**dict(zip(by, key if isinstance(key, tuple) else (key,))), **seed_summary(g[value]).__dict__}
-        for key, g in per_trial.groupby(by, dropna=False, observed=True)
-    ]
-    return pd.DataFrame(rows, columns=cols)
-
-
-def mean_std(values: Any, digits: int = 3) -> str:
-    """``0.316 ± 0.012`` (std over seeds); a single seed shows no ±; no seeds show a dash."""
-    s = seed_summary(values)
-    if s.n == 0:
-        return "—"
-    return f"{s.mean:.{digits}f}" if s.n == 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
-
-
-def mean_ci(values: Any, digits: int = 3) -> str:
-    """``0.481 [0.470, 0.492]``: mean over seeds with its 95% bootstrap CI; one seed has no CI."""
-    s = seed_summary(values)
-    if s.n == 0:
-        return "—"
-    if s.n == 1 or not np.isfinite(s.low):
-        return f"{s.mean:.{digits}f}"
-    return f"{s.mean:.{digits}f} [{s.low:.{digits}f}, {s.high:.{digits}f}]"
-
-
-def binomial_se(p: Any, n: Any) -> Any:
-    """Binomial standard error sqrt(p (1 - p) / n) of an accuracy p over n images (NaN where n is unknown)."""
-    p, n = np.asarray(p, dtype=float), np.asarray(n, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.sqrt(np.clip(p * (1 - p), 0, None) / np.where(n > 0, n, np.nan))
-
-
-def fragility_se(fs: Any, acc_clean: Any, n: Any) -> Any:
-    """Binomial standard error of FS = 1 - acc_shift / acc_clean over n images.
-
-    FS's complement r = acc_shift / acc_clean is taken as the share of the n * acc_clean
-    clean-correct images that stay correct under the shift: SE = sqrt(r (1 - r) / (n acc_clean)).
-    Exact when no image is right only under the shift (nearly so for harsh shifts); the paired
-    counts that would make it exact are not stored. At n = 1,000, acc 0.64, FS 0.435: 0.020."""
-    r = 1.0 - np.asarray(fs, dtype=float)
-    return binomial_se(np.clip(r, 0, 1), np.asarray(n, dtype=float) * np.asarray(acc_clean, dtype=float))
 
 
 # -- the papers' reported numbers ---------------------------------------------
@@ -220,6 +149,8 @@ class Claim:
 
     a, b: factor filters (``{"protocol": "cutmix"}``, ``{"pe": "ape", "rpt": True}``, ``{"cutmix": True}``).
     alternative: scipy's: "less" claims A < B, "greater" A > B, "two-sided" claims A = B (a null claim).
+    margin: the largest |A - B| that counts as no effect, in the metric's units: a null claim is
+    "consistent with no effect" only when the effect's 95% CI lies inside [-margin, margin].
     separation: the claim is that *every* trial of A lies below every trial of B (no p-value).
     Factors named in neither filter are pinned to ``REFERENCE`` where they vary; each dataset is its own row.
     """
@@ -231,33 +162,44 @@ class Claim:
     b: dict = field(default_factory=dict)
     alternative: str = "less"
     separation: bool = False
+    margin: float = math.nan
+
+
+# No-effect margins per metric: 1 accuracy point; 0.02 of normalised MAD (Study L's CutMix runs sit
+# <= 0.024, the others >= 0.210); 0.05 of dSSDC (the paper's APE scaling steps are >= 0.05); 0.02 of FS
+# (the paper's seed spread, and one binomial SE at 1,000 images).
+MARGINS = {"test_acc": 0.01, "min_mad": 0.02, "dssdc": 0.05, "fs_jpeg": 0.02, "fs_blur": 0.02}
+
+
+def _claim(paper: str, text: str, metric: str, a: dict, b: dict, alternative: str = "less", **kw) -> Claim:
+    return Claim(paper, text, metric, a, b, alternative, margin=MARGINS[metric], **kw)
 
 
 CLAIMS = (
-    Claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"}),
-    Claim("Study L", "modern lowers minimum MAD (0.316 -> 0.008)", "min_mad", {"protocol": MODERN},
-          {"protocol": "baseline"}),
-    Claim("Study L", "every CutMix run has lower minimum MAD than every run without", "min_mad",
-          {"cutmix": True}, {"cutmix": False}, separation=True),
-    Claim("Study L", "AutoAugment alone leaves minimum MAD at baseline", "min_mad", {"protocol": "autoaugment"},
-          {"protocol": "baseline"}, "two-sided"),
-    Claim("Study L", "label smoothing alone leaves minimum MAD at baseline", "min_mad",
-          {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided"),
-    Claim("Study L", "CutMix adds accuracy", "test_acc", {"protocol": "cutmix"}, {"protocol": "baseline"}, "greater"),
-    Claim("Study L", "AutoAugment adds accuracy", "test_acc", {"protocol": "autoaugment"}, {"protocol": "baseline"},
-          "greater"),
-    Claim("Study P", "APE recovers SSDC under RPI more than none (dSSDC)", "dssdc", {"pe": "ape", "rpt": False},
-          {"pe": "none", "rpt": False}, "greater"),
-    Claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", {"pe": "ape", "rpt": True},
-          {"pe": "ape", "rpt": False}),
-    Claim("Study P", "rope2d is less fragile to JPEG than ape", "fs_jpeg", {"pe": "rope2d", "rpt": False},
-          {"pe": "ape", "rpt": False}),
-    Claim("Study P", "rope2d is less fragile to JPEG than sincos2d", "fs_jpeg", {"pe": "rope2d", "rpt": False},
-          {"pe": "sincos2d", "rpt": False}),
-    Claim("Study P", "rope2d is less fragile to blur than ape", "fs_blur", {"pe": "rope2d", "rpt": False},
-          {"pe": "ape", "rpt": False}),
-    Claim("Study P", "none is more fragile to JPEG than ape", "fs_jpeg", {"pe": "none", "rpt": False},
-          {"pe": "ape", "rpt": False}, "greater"),
+    _claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"}),
+    _claim("Study L", "modern lowers minimum MAD (0.316 -> 0.008)", "min_mad", {"protocol": MODERN},
+           {"protocol": "baseline"}),
+    _claim("Study L", "every CutMix run has lower minimum MAD than every run without", "min_mad",
+           {"cutmix": True}, {"cutmix": False}, separation=True),
+    _claim("Study L", "AutoAugment alone leaves minimum MAD at baseline", "min_mad", {"protocol": "autoaugment"},
+           {"protocol": "baseline"}, "two-sided"),
+    _claim("Study L", "label smoothing alone leaves minimum MAD at baseline", "min_mad",
+           {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided"),
+    _claim("Study L", "CutMix adds accuracy", "test_acc", {"protocol": "cutmix"}, {"protocol": "baseline"}, "greater"),
+    _claim("Study L", "AutoAugment adds accuracy", "test_acc", {"protocol": "autoaugment"}, {"protocol": "baseline"},
+           "greater"),
+    _claim("Study P", "APE recovers SSDC under RPI more than none (dSSDC)", "dssdc", {"pe": "ape", "rpt": False},
+           {"pe": "none", "rpt": False}, "greater"),
+    _claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", {"pe": "ape", "rpt": True},
+           {"pe": "ape", "rpt": False}),
+    _claim("Study P", "rope2d is less fragile to JPEG than ape", "fs_jpeg", {"pe": "rope2d", "rpt": False},
+           {"pe": "ape", "rpt": False}),
+    _claim("Study P", "rope2d is less fragile to JPEG than sincos2d", "fs_jpeg", {"pe": "rope2d", "rpt": False},
+           {"pe": "sincos2d", "rpt": False}),
+    _claim("Study P", "rope2d is less fragile to blur than ape", "fs_blur", {"pe": "rope2d", "rpt": False},
+           {"pe": "ape", "rpt": False}),
+    _claim("Study P", "none is more fragile to JPEG than ape", "fs_jpeg", {"pe": "none", "rpt": False},
+           {"pe": "ape", "rpt": False}, "greater"),
 )
 
 METRIC_LABELS = {
@@ -267,8 +209,9 @@ METRIC_LABELS = {
     "fs_jpeg": "FS JPEG q5",
     "fs_blur": "FS blur s2.5",
 }
-VERDICTS = ("supported", "not supported", "no significant difference (consistent with the claim)",
-            "differs (contradicts the claim)", "not enough seeds", "no data")
+CONSISTENT, INCONCLUSIVE = "consistent with no effect (CI inside the margin)", "inconclusive (CI exceeds the margin)"
+VERDICTS = ("supported", "not supported", CONSISTENT, INCONCLUSIVE, "differs (contradicts the claim)",
+            "not enough seeds", "no data")
 
 
 def group_label(filters: dict) -> str:
@@ -286,52 +229,22 @@ def group_label(filters: dict) -> str:
     return ", ".join(parts) or "all"
 
 
-def min_achievable_p(n_a: int, n_b: int, alternative: str) -> float:
-    """Smallest p an exact Mann-Whitney U test can return with these group sizes (complete separation)."""
-    p = 1.0 / math.comb(n_a + n_b, n_a)
-    return min(1.0, 2 * p) if alternative == "two-sided" else p
-
-
-def mann_whitney(a: np.ndarray, b: np.ndarray, alternative: str) -> float:
-    """p of Mann-Whitney U; exact (a permutation test when values tie) at seed-sized samples.
-    NaN with fewer than two runs in a group: no test applies (the verdict is "not enough seeds")."""
-    if min(a.size, b.size) < 2:
-        return math.nan
-    if math.comb(a.size + b.size, a.size) <= 20_000:
-        tied = np.unique(np.concatenate([a, b])).size < a.size + b.size
-        method = stats.PermutationMethod(n_resamples=20_000, rng=np.random.default_rng(0)) if tied else "exact"
-    else:
-        method = "asymptotic"
-    return float(stats.mannwhitneyu(a, b, alternative=alternative, method=method).pvalue)
-
-
-def _difference_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """95% percentile-bootstrap CI of mean(a) - mean(b), resampling each group on its own."""
-    if a.size < 2 or b.size < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
-        return math.nan, math.nan
-
-    def diff(x, y, axis):
-        return x.mean(axis=axis) - y.mean(axis=axis)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate resamples at 2-3 seeds
-        ci = stats.bootstrap((a, b), diff, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
-                             rng=np.random.default_rng(0)).confidence_interval
-    return float(ci.low), float(ci.high)
-
-
-def verdict(claim: Claim, a: np.ndarray, b: np.ndarray, p: float) -> str:
-    """The verdict words of one claim row (see ``VERDICTS``)."""
+def verdict(claim: Claim, a: np.ndarray, b: np.ndarray, c: Comparison) -> str:
+    """The verdict words of one claim row (see ``VERDICTS``) from its groups and their comparison."""
     if a.size == 0 or b.size == 0:
         return "no data"
     if claim.separation:
         return "supported" if a.max() < b.min() else "not supported"
-    if min_achievable_p(a.size, b.size, claim.alternative) >= ALPHA:
-        return "not enough seeds"
     if claim.alternative == "two-sided":
-        # A null claim is never "supported" by a test that failed to reject: report it as consistent.
-        return "differs (contradicts the claim)" if p < ALPHA else VERDICTS[2]
-    return "supported" if p < ALPHA else "not supported"
+        # A null claim is never "supported" by a test that failed to reject: the CI must lie inside the margin.
+        if c.p < ALPHA:
+            return "differs (contradicts the claim)"
+        if not np.isfinite(c.low):
+            return "not enough seeds"
+        return CONSISTENT if -claim.margin <= c.low and c.high <= claim.margin else INCONCLUSIVE
+    if c.min_p >= ALPHA:
+        return "not enough seeds"
+    return "supported" if c.p < ALPHA else "not supported"
 
 
 def paper_value(claim: Claim, group: dict, dataset: str, matches_p: bool) -> float | None:
@@ -357,8 +270,9 @@ def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
 def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
     """One row per claim and dataset that has both groups; a single "no data" row for a claim that has none.
 
-    Trials flagged ``did_not_learn`` are left out of both groups; ``did not learn (excluded)`` counts
-    those that would have been in A or B, so a collapsed model is never tested as if it were a result."""
+    The verdict is computed on the trials that learned; ``did not learn A`` / ``B`` count the flagged
+    trials of each group, and the ``(all trials)`` columns repeat the claim with them kept, so a
+    selection on the outcome shows: ``survivors vs all`` says whether the two verdicts agree."""
     per_trial = data.per_trial
     rows = []
     for claim in claims:
@@ -369,34 +283,38 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
         if claim.metric in per_trial and not per_trial.empty:
             pinned, setting = data.pin(per_trial[per_trial[claim.metric].notna()], keep)
             for dataset, g in pinned.groupby("dataset", sort=True):
-                flagged = g["did_not_learn"].astype(bool) if "did_not_learn" in g else pd.Series(False, index=g.index)
                 in_a, in_b = _matches(g, claim.a), _matches(g, claim.b)
-                a = g.loc[in_a & ~flagged, claim.metric].to_numpy(float)
-                b = g.loc[in_b & ~flagged, claim.metric].to_numpy(float)
-                excluded = int(((in_a | in_b) & flagged).sum())
-                if (in_a.any() and in_b.any()) and (a.size and b.size or excluded):
-                    row = _claim_row(claim, a, b, ", ".join(filter(None, [str(dataset), setting])), excluded)
-                    papers = [paper_value(claim, grp, str(dataset), data.matches_paper_p(str(dataset)))
-                              for grp in (claim.a, claim.b)]
-                    row["paper A / B"] = ("—" if all(v is None for v in papers) else
-                                          " / ".join("—" if v is None else f"{v:.3f}" for v in papers))
-                    rows.append(row)
-                    evaluated = True
+                if not (in_a.any() and in_b.any()):
+                    continue
+                row = _claim_row(claim, g, in_a, in_b, ", ".join(filter(None, [str(dataset), setting])))
+                papers = [paper_value(claim, grp, str(dataset), data.matches_paper_p(str(dataset)))
+                          for grp in (claim.a, claim.b)]
+                row["paper A / B"] = ("—" if all(v is None for v in papers) else
+                                      " / ".join("—" if v is None else f"{v:.3f}" for v in papers))
+                rows.append(row)
+                evaluated = True
         if not evaluated:
-            rows.append({**_claim_row(claim, np.array([]), np.array([]), "—"), "paper A / B": "—"})
+            empty = pd.DataFrame({claim.metric: [], "seed": []})
+            none = pd.Series([], dtype=bool)
+            rows.append({**_claim_row(claim, empty, none, none, "—"), "paper A / B": "—"})
     return pd.DataFrame(rows)
 
 
-def _claim_row(claim: Claim, a: np.ndarray, b: np.ndarray, setting: str, excluded: int = 0) -> dict:
-    direction = {"less": "A < B", "greater": "A > B", "two-sided": "A = B"}[claim.alternative]
-    if claim.separation:
-        test, p = "separation: max(A) < min(B) over runs", math.nan
-    else:
-        sided = "two-sided" if claim.alternative == "two-sided" else "one-sided"
-        test = f"Mann-Whitney U, {sided} ({direction}), seeds as units"
-        p = mann_whitney(a, b, claim.alternative) if a.size and b.size else math.nan
-    low, high = _difference_ci(a, b)
-    effect = float(a.mean() - b.mean()) if a.size and b.size else math.nan
+def _ci(c: Comparison) -> str:
+    return "—" if math.isnan(c.low) else f"[{c.low:.3f}, {c.high:.3f}]"
+
+
+def _claim_row(claim: Claim, g: pd.DataFrame, in_a: pd.Series, in_b: pd.Series, setting: str) -> dict:
+    flagged = g["did_not_learn"].astype(bool) if "did_not_learn" in g else pd.Series(False, index=g.index)
+    groups = {}
+    for population, mask in (("learned", ~flagged), ("all", pd.Series(True, index=g.index))):
+        a, b = g[in_a & mask], g[in_b & mask]
+        va, vb = a[claim.metric].to_numpy(float), b[claim.metric].to_numpy(float)
+        c = compare(va, a["seed"].to_numpy(), vb, b["seed"].to_numpy(), claim.alternative)
+        groups[population] = (va, vb, c, verdict(claim, va, vb, c))
+    a, b, c, said = groups["learned"]
+    *_, every, said_all = groups["all"]
+    test = "separation: max(A) < min(B) over runs; " + c.test if claim.separation else c.test
     return {
         "paper": claim.paper,
         "claim": claim.text,
@@ -404,16 +322,25 @@ def _claim_row(claim: Claim, a: np.ndarray, b: np.ndarray, setting: str, exclude
         "setting": setting,
         "A": group_label(claim.a),
         "B": group_label(claim.b),
+        "margin": claim.margin,
         "test": test,
         "n A": int(a.size),
         "n B": int(b.size),
-        "did not learn (excluded)": int(excluded),
+        "n pairs": c.n_pairs,
+        "did not learn A": int((in_a & flagged).sum()),
+        "did not learn B": int((in_b & flagged).sum()),
         "mean A": float(a.mean()) if a.size else math.nan,
         "mean B": float(b.mean()) if b.size else math.nan,
-        "effect (A - B)": effect,
-        "95% CI of effect": "—" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]",
-        "p": p,
-        "verdict": verdict(claim, a, b, p),
+        "effect (A - B)": c.effect,
+        "95% CI of effect": _ci(c),
+        "CI": c.interval,
+        "p": c.p,
+        "verdict": said,
+        "effect (all trials)": every.effect,
+        "95% CI (all trials)": _ci(every),
+        "p (all trials)": every.p,
+        "verdict (all trials)": said_all,
+        "survivors vs all": "agree" if said == said_all else "DISAGREE",
     }
 
 
@@ -481,9 +408,9 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
     """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
     and each metric as mean ± std, test accuracy also with its 95% bootstrap CI over seeds.
 
-    Beside accuracy and fragility: their binomial standard error from ``n images`` (mean over the
-    condition's trials), the test-set sampling error the seed spread does not contain; and how many
-    trials ``did not learn``."""
+    Beside accuracy and fragility: their standard error from ``n images`` (binomial for accuracy, the
+    delta method over the paired counts for FS; mean over the condition's trials), the test-set
+    sampling error the seed spread does not contain; and how many of the n trials ``did not learn``."""
     pt = data.per_trial
     if pt.empty:
         return pd.DataFrame()
@@ -503,7 +430,8 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
                 row["test accuracy [95% CI]"] = mean_ci(g[m])
             se = SAMPLING_SE.get(m)
             if se in g and g[se].notna().any():
-                row[f"{METRIC_LABELS[m]}: binomial SE"] = f"{g[se].mean():.3f}"
+                kind = "binomial" if m == "test_acc" else "delta-method"  # FS: from its paired counts
+                row[f"{METRIC_LABELS[m]}: {kind} SE"] = f"{g[se].mean():.3f}"
         row["paper"] = _paper_numbers(data, str(dataset), model_label(pe, rpt), proto)
         rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto), *map(str, key[4:]))})
     return pd.DataFrame(rows).sort_values("_key").drop(columns="_key").reset_index(drop=True)

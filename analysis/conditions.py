@@ -59,8 +59,9 @@ def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame,
     t = _one_trial_per_seed(t, notes)
     if t["did_not_learn"].any():
         ids = t.loc[t["did_not_learn"], "trial_id"].tolist()
-        notes.append(f"did not learn: {len(ids)} trial(s) ended within 2 points of chance accuracy and are left "
-                     f"out of the claims: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}.")
+        notes.append(f"did not learn: {len(ids)} trial(s) ended within 2 points of chance accuracy; each claim's "
+                     "verdict is on the trials that learned and is repeated with these kept (all trials): "
+                     f"{', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}.")
     return t.reset_index(drop=True), extra
 
 

@@ -43,6 +43,7 @@ from analysis.interventions import (
     RopeScale,
     apply_condition,
 )
+from records.schema import PAIRED_COUNTS
 from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
 
 # Alpha scaling per PE kind: Study P's `pe_scale` multiplies an additive table; on the rotary PEs the
@@ -89,6 +90,7 @@ class _Pass:
     attention: bool = False  # MAD, entropy, CLS mass
     correct: torch.Tensor | int = 0  # a device tensor while running: no host sync per forward
     total: int = 0
+    hits: list[torch.Tensor] = field(default_factory=list)  # per batch, bool (B,): image right? (paired counts)
     ssdc_index: list[metrics.SSDCAccumulator] = field(default_factory=list)  # per layer
     ssdc_content: list[metrics.SSDCAccumulator] = field(default_factory=list)
     attention_stats: list[metrics.AttentionAccumulator] = field(default_factory=list)
@@ -96,6 +98,11 @@ class _Pass:
     @property
     def accuracy(self) -> float:
         return int(self.correct) / self.total
+
+    @property
+    def right(self) -> torch.Tensor:
+        """bool (n,): which evaluation images this pass classified correctly, in evaluation order."""
+        return torch.cat(self.hits).cpu()
 
     def ssdc(self, content: bool = False) -> list[float]:
         return [a.ssdc() for a in (self.ssdc_content if content else self.ssdc_index)]
@@ -150,7 +157,9 @@ def _run_passes(
                     run.model, x, batch_index=batch_index, num_patches=num_patches, device=device
                 )
                 out = model(x, return_tokens=run.tokens or run.content, return_attention=run.attention, **kwargs)
-                run.correct = run.correct + (out.logits.argmax(-1) == target).sum()
+                hit = out.logits.argmax(-1) == target
+                run.correct = run.correct + hit.sum()
+                run.hits.append(hit)
                 run.total += len(target)
                 if run.tokens or run.content:
                     _update_ssdc(run, out.tokens, kwargs.get("perm"), grid)
@@ -192,6 +201,13 @@ def _row(intervention: str, level: float | None, layer: int | None, head: int | 
     }
 
 
+def _paired_rows(intervention: str, level: float, clean: _Pass, shifted: _Pass, prefix: str = "") -> list[dict]:
+    """The paired counts of one shift against its clean pass (``PAIRED_COUNTS``), FS's sampling error."""
+    counts = metrics.paired_counts(clean.right, shifted.right)
+    return [_row(intervention, level, _WHOLE, _WHOLE, prefix + name, v)
+            for name, v in zip(PAIRED_COUNTS, counts)]
+
+
 def _delta_ssdc(per_layer: list[float]) -> float:
     """dSSDC, NaN for a one-block model (it has no layer 1)."""
     return metrics.delta_ssdc(per_layer) if len(per_layer) >= 2 else math.nan
@@ -227,9 +243,11 @@ def evaluate_checkpoint(
     whole model, head_index None = not per head; n_images = len(labels), the images behind every row):
       clean/None:    acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
       jpeg/quality:  acc, fs          blur/sigma: acc, fs
+                     and per shift the paired counts right_both, right_clean_only, right_shift_only
+                     (``metrics.paired_counts``: FS's sampling error, ``seedstats.fragility_se``)
       rpi/None:      acc; ssdc (index coordinates), ssdc_content per layer; dssdc
       pe_scale/alpha: acc; fs_jpeg (q JPEG_HEADLINE); fs_blur (BLUR_HEADLINE); ssdc per layer under
-                      RPI (index coordinates); dssdc
+                      RPI (index coordinates); dssdc; fs_jpeg_right_both, ... (their paired counts)
       rope_scale/alpha: the same metrics as pe_scale, for rope2d / rope2d_mixed
     The model is put in eval mode for the evaluation and its previous mode restored.
     """
@@ -294,6 +312,7 @@ def evaluate_checkpoint(
         for level, run in passes.items():
             rows.append(_row(name, level, _WHOLE, _WHOLE, "acc", run.accuracy))
             rows.append(_row(name, level, _WHOLE, _WHOLE, "fs", metrics.fragility(acc_clean, run.accuracy)))
+            rows.extend(_paired_rows(name, level, clean_pass, run))
 
     rpi_index = rpi_pass.ssdc()
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "acc", rpi_pass.accuracy))
@@ -307,6 +326,8 @@ def evaluate_checkpoint(
         rows.append(_row(name, alpha, _WHOLE, _WHOLE, "acc", plain.accuracy))
         rows.append(_row(name, alpha, _WHOLE, _WHOLE, "fs_jpeg", metrics.fragility(plain.accuracy, jpeg.accuracy)))
         rows.append(_row(name, alpha, _WHOLE, _WHOLE, "fs_blur", metrics.fragility(plain.accuracy, blur.accuracy)))
+        rows.extend(_paired_rows(name, alpha, plain, jpeg, "fs_jpeg_"))
+        rows.extend(_paired_rows(name, alpha, plain, blur, "fs_blur_"))
         ssdc_rpi = rpi.ssdc()
         rows.extend(_row(name, alpha, layer, _WHOLE, "ssdc", v) for layer, v in enumerate(ssdc_rpi))
         rows.append(_row(name, alpha, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(ssdc_rpi)))

@@ -187,7 +187,8 @@ def accuracy_fragility(data: StudyData) -> list[pl.Plot]:
                 pl.legend(ax, handles=[pl.paper_handle(PAPER_P_SETTING)])
     return [pl.Plot(title, fig, pl.caption("Dots: single seeds; bars: mean ± 95% bootstrap CI over seeds; grey bars: "
                                            "± "
-                                      "binomial SE of one trial's value from its n evaluation images (every seed "
+                                      "sampling SE of one trial's value from its n evaluation images (binomial for "
+                                      "accuracy, delta method over the paired counts for FS; every seed "
                                       "sees the same images, so the seed spread holds no test-set sampling error). "
                                       "Accuracy on the full test split; FS at JPEG q5 and blur sigma 2.5.", pinned,
                                       spread=""))]

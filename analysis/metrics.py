@@ -363,3 +363,20 @@ def fragility(acc_clean: float, acc_shift: float) -> float:
     if acc_clean == 0.0:
         return math.nan
     return 1.0 - acc_shift / acc_clean
+
+
+
+def paired_counts(clean_right: torch.Tensor, shift_right: torch.Tensor) -> tuple[int, int, int]:
+    """(clean right and shift right, clean right and shift wrong, clean wrong and shift right) over n images.
+
+    clean_right, shift_right: bool (n,), whether image i is classified correctly clean and under the
+    shift. FS = 1 - acc_shift / acc_clean = (right_clean_only - right_shift_only) / (right_both +
+    right_clean_only): the paired cells its sampling error needs (``seedstats.fragility_se``), stored as
+    the metrics ``records.schema.PAIRED_COUNTS``.
+    """
+    if clean_right.shape != shift_right.shape or clean_right.dim() != 1:
+        raise ValueError(f"need two (n,) masks over the same images; got {tuple(clean_right.shape)} and "
+                         f"{tuple(shift_right.shape)}")
+    clean_right, shift_right = clean_right.bool(), shift_right.bool()
+    return (int((clean_right & shift_right).sum()), int((clean_right & ~shift_right).sum()),
+            int((~clean_right & shift_right).sum()))

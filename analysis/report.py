@@ -41,7 +41,7 @@ from pyarrow import fs as pafs
 from analysis import claims as numbers
 from analysis.claims import REFERENCE
 from analysis.conditions import TRIAL_KEYS, normalise_trials
-from records.schema import MEASUREMENTS, TRIAL_FIELDS
+from records.schema import MEASUREMENTS, PAIRED_COUNTS, TRIAL_FIELDS
 from records.tables import filesystem, list_studies, read_table, table_path
 
 log = logging.getLogger(__name__)
@@ -128,12 +128,15 @@ class StudyData:
     def per_trial(self) -> pd.DataFrame:
         """One row per finished trial: factors plus the headline metrics at the final checkpoint.
 
-        test_acc (trials table; the clean accuracy measurement where it is missing), min_mad (smallest
-        per-head MAD in the network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5):
-        the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks
-        the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements)
-        and the binomial standard errors test_acc_se, fs_jpeg_se, fs_blur_se (``claims.binomial_se``,
-        ``claims.fragility_se``), NaN where the measurements carry no n_images."""
+        test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement;
+        a holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number
+        from the test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the
+        network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the PE-scaling rows
+        at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the headline
+        level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
+        standard errors test_acc_se (binomial) and fs_jpeg_se, fs_blur_se (delta method from the paired
+        counts, ``seedstats.fragility_se``; the binomial approximation for measurements stored without
+        them), NaN where the measurements carry no n_images."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
         out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
@@ -142,29 +145,47 @@ class StudyData:
         def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
             return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
 
-        acc = t.set_index("trial_id")["test_acc"].astype(float) if "test_acc" in t else pd.Series(dtype=float)
-        out["test_acc"] = acc.reindex(out.index).combine_first(per(self.select("clean", "acc")).reindex(out.index))
+        def column(name: str) -> pd.Series:
+            return t.set_index("trial_id")[name].astype(float).reindex(out.index) if name in t else \
+                pd.Series(np.nan, index=out.index)
+
+        tuning = (t.set_index("trial_id")["eval_split"].reindex(out.index) == "holdout") if "eval_split" in t else \
+            pd.Series(False, index=out.index)
+        measured = per(self.select("clean", "acc")).reindex(out.index)
+        out["test_acc"] = column("test_acc").combine_first(measured).where(~tuning)
+        out["eval_acc"] = column("eval_acc")
         out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
         out["dssdc"] = per(self.select("rpi", "dssdc"))
+        paired, scaled_from = {}, ("pe_scale", "rope_scale")
         for name, kind, level in (("fs_jpeg", "jpeg", HEADLINE_JPEG_QUALITY), ("fs_blur", "blur", HEADLINE_BLUR_SIGMA)):
             headline = per(self.select(kind, "fs", level=level))
-            scaled = pd.concat([per(self.select(iv, name, level=1.0)) for iv in ("pe_scale", "rope_scale")])
+            scaled = pd.concat([per(self.select(iv, name, level=1.0)) for iv in scaled_from])
             scaled = scaled[~scaled.index.duplicated()]
             out[name] = headline.reindex(out.index).combine_first(scaled.reindex(out.index))
+            counts = []
+            for count in PAIRED_COUNTS:  # from the same rows as the value: the headline shift, else alpha 1
+                at_alpha = pd.concat([per(self.select(iv, f"{name}_{count}", level=1.0)) for iv in scaled_from])
+                at_alpha = at_alpha[~at_alpha.index.duplicated()]
+                counts.append(per(self.select(kind, count, level=level)).reindex(out.index)
+                              .combine_first(at_alpha.reindex(out.index)))
+            paired[name] = counts
         clean = self.select("clean", "acc")
         if "n_images" in clean and not clean.empty:
             out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
         else:
             out["n_images"] = np.nan
-        out["acc_clean"] = per(clean).reindex(out.index)  # on the analysis set: test_acc's set unless capped
+        out["acc_clean"] = measured.where(~tuning)  # on the analysis set (the test split): none for tuning runs
         last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
         out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
-        acc_clean = out["acc_clean"].combine_first(out["test_acc"])
+        acc_clean = measured.combine_first(out["test_acc"])
         # test_acc is over the whole test split, the measurements' n_images unless they were capped
         # (then this SE overstates it).
         out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
-        for name in ("fs_jpeg", "fs_blur"):
-            out[f"{name}_se"] = numbers.fragility_se(out[name], acc_clean, out["n_images"])
+        for name, counts in paired.items():
+            from_counts = pd.Series(numbers.fragility_se(*counts, out["n_images"]), index=out.index)
+            approx = pd.Series(numbers.fragility_se_without_counts(out[name], acc_clean, out["n_images"]),
+                               index=out.index)
+            out[f"{name}_se"] = from_counts.where(counts[0].notna(), approx)
         return out.reset_index()
 
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
@@ -304,6 +325,7 @@ def _trials_html(data: StudyData, links: dict[str, str]) -> str:
     if raw.empty or "trial_id" not in raw:
         return '<p class="omitted">Trials table: omitted (no trials table).</p>'
     pt = data.per_trial.set_index("trial_id") if not data.per_trial.empty else pd.DataFrame()
+    any_tuning = "eval_split" in raw and bool((raw["eval_split"] == "holdout").any())
     rows = []
     for t in raw.drop_duplicates("trial_id", keep="last").sort_values("trial_id").to_dict("records"):
         tid = t["trial_id"]
@@ -315,10 +337,13 @@ def _trials_html(data: StudyData, links: dict[str, str]) -> str:
             status = "finished (not counted: a second trial of its seed)"
         elif counted and p["did_not_learn"]:
             status = "finished (did not learn)"
+        tuning = t.get("eval_split") == "holdout"  # scored on the holdout: no number from the test split shown
         row = {"trial": tid, "condition": condition, "seed": t.get("seed"), "status": status,
-               "test acc (test split)": _fmt(p["test_acc"] if counted else t.get("test_acc")),
-               "clean acc (analysis set)": _fmt(p["acc_clean"]) if counted else "—",
+               "test acc (test split)": "—" if tuning else _fmt(p["test_acc"] if counted else t.get("test_acc")),
+               "clean acc (analysis set)": _fmt(p["acc_clean"]) if counted and not tuning else "—",
                "n images": "—" if not counted or pd.isna(p["n_images"]) else int(p["n_images"])}
+        if any_tuning:
+            row["holdout acc (tuning score)"] = _fmt(t.get("eval_acc")) if tuning else "—"
         run_id = t.get("mlflow_run_id")
         if links and isinstance(run_id, str) and run_id:
             row["MLflow run"] = f"<a href='{_e(links['base'] + run_id)}'>{_e(run_id[:8])}</a>"
@@ -327,7 +352,9 @@ def _trials_html(data: StudyData, links: dict[str, str]) -> str:
     caption = ("<h3>Trials</h3><p class='caption'>Every trial in the trials table. <i>test acc</i>: top-1 on the "
                "full test split, from training; <i>clean acc</i>: top-1 of the analysis job on its <i>n images</i> "
                "at the last measured checkpoint: the same number on the same set when n images is the whole test "
-               "split (the default), a subset's accuracy when the analysis was capped (--eval-size).</p>")
+               "split (the default), a subset's accuracy when the analysis was capped (--eval-size). A tuning trial "
+               "(scored on the holdout, the hparam study) shows neither: its score is its <i>holdout acc</i>, and "
+               "no number from the test split is shown for it, so none can be selected on.</p>")
     return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,
                                    formatters={c: _e for c in table.columns if c != "MLflow run"})
 
@@ -350,14 +377,21 @@ def _page(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, l
         "<h2 id='claims'>Claims</h2>",
         "<p class='caption'>Each claim of the two papers tested on this study's trials, separately per data set "
         "and with the factors the claim does not name held at one value (shown in <i>setting</i>). Units are "
-        f"trials (seeds); p from a Mann-Whitney U test, alpha = {numbers.ALPHA}, no correction for the number of "
-        "claims. 'not enough seeds': with these group sizes even complete separation cannot reach p &lt; "
-        f"{numbers.ALPHA}. A claim of <i>no</i> effect is never 'supported' by a test that fails to reject: it is "
-        "reported as 'no significant difference (consistent with the claim)'; read the CI of the effect for how "
-        "large a difference the seeds still allow. Trials that did not learn (final accuracy within 2 points of "
-        "chance) are left out and counted in <i>did not learn (excluded)</i>. <i>paper A / B</i>: the paper's "
-        "numbers for the two groups where this data set's setting matches the paper's (Study P: ImageNet-100 or "
-        "224 px; Study L: CIFAR-100).</p>",
+        "trials (seeds). Trials of one seed share initialisation, data order, crops, CutMix boxes and RPT "
+        "permutations, so where every seed appears once in each group the comparison is <i>paired by seed</i>: "
+        "the effect is the mean per-seed difference A - B over <i>n pairs</i>, with a 95% t interval (n - 1 df) "
+        "and an exact sign-flip test of that mean; only where seeds do not pair (a group pooling several "
+        "conditions) a Mann-Whitney U test and a percentile-bootstrap CI of the difference of means (<i>test</i>, "
+        f"<i>CI</i> say which). alpha = {numbers.ALPHA}, no correction for the number of claims. 'not enough "
+        f"seeds': with these sizes even the most extreme outcome cannot reach p &lt; {numbers.ALPHA}. A claim of "
+        "<i>no</i> effect is never 'supported' by a test that fails to reject: it is 'consistent with no effect' "
+        "only when the 95% CI of the effect lies inside ± <i>margin</i> (stored with each claim, in the metric's "
+        "units: 0.01 accuracy, 0.02 minimum MAD or FS, 0.05 dSSDC), else 'inconclusive'. <i>did not learn A / "
+        "B</i>: trials of each group within 2 points of chance accuracy; the verdict is on the trials that "
+        "learned, the <i>(all trials)</i> columns repeat the claim with them kept (their measurements as they "
+        "are), and <i>survivors vs all</i> flags a claim whose two verdicts disagree. <i>paper A / B</i>: the "
+        "paper's numbers for the two groups where this data set's setting matches the paper's (Study P: "
+        "ImageNet-100 or 224 px; Study L: CIFAR-100).</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -399,15 +433,16 @@ def _claims_html(claims: pd.DataFrame) -> str:
 
 def _verdict_table(claims: pd.DataFrame) -> str:
     fmt = claims.copy()
-    for col in ("mean A", "mean B", "effect (A - B)"):
+    for col in ("mean A", "mean B", "effect (A - B)", "effect (all trials)", "margin"):
         fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
-    fmt["p"] = fmt["p"].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
+    for col in ("p", "p (all trials)"):
+        fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
     table = _table(fmt)
     # Colour the verdict cells: mark each <td> holding a verdict with a class.
     for v in numbers.VERDICTS:
         cls = "v-" + v.split(" (")[0].replace(" ", "-")
         table = table.replace(f"<td>{_e(v)}</td>", f"<td class='{cls}'>{_e(v)}</td>")
-    return table
+    return table.replace("<td>DISAGREE</td>", "<td class='v-differs'>DISAGREE</td>")
 
 
 def _ablation_html(data: StudyData) -> list[str]:
@@ -430,9 +465,11 @@ def _conditions_html(data: StudyData) -> str:
     return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
             "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
-            "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
-            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting "
-            "matches.</p>" + _table(table))
+            "error: the SE columns give it (one trial's value, from n images: binomial for accuracy; for FS the "
+            "delta method over the paired counts of images right clean and shifted, right clean only, right "
+            "shifted only). <i>did not learn</i>: trials within 2 points of chance accuracy, of the <i>n</i>; "
+            "their values are in the means here, and the claims show them apart. <i>paper</i>: the paper's "
+            "numbers where the setting matches.</p>" + _table(table))
 
 
 def _config_html(data: StudyData) -> str:

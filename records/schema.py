@@ -23,12 +23,19 @@ the intervention has no level. The vocabulary (intervention, level -> metrics):
 intervention level            metrics
 ==========  ===============  ==============================================================
 clean       null             acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
-jpeg        quality          acc, fs
-blur        sigma (kernel 5) acc, fs
+jpeg        quality          acc, fs; right_both, right_clean_only, right_shift_only
+blur        sigma (kernel 5) acc, fs; right_both, right_clean_only, right_shift_only
 rpi         null             acc; ssdc (index coords) and ssdc_content per layer; dssdc
-pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc
+pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc;
+                             fs_jpeg_right_both, ..., fs_blur_right_shift_only
 rope_scale  alpha            as pe_scale, for RoPE: angles times alpha (position interpolation)
 ==========  ===============  ==============================================================
+
+``right_both``, ``right_clean_only``, ``right_shift_only`` (``PAIRED_COUNTS``) count the
+evaluation images classified right clean and under the shift, right clean only, right under
+the shift only: FS's paired cells, from which its delta-method standard error follows
+(``analysis.seedstats.fragility_se``); ``fs_jpeg_*`` / ``fs_blur_*`` are the same counts of a
+PE-scaled model against its own clean pass. Measurements written before them lack these rows.
 
 ``level`` per intervention: ``jpeg`` the JPEG quality (1-100, lower is
 harsher); ``blur`` the Gaussian sigma in pixels at kernel size 5; ``pe_scale``
@@ -127,3 +134,4 @@ SUMMARY_FIELDS = pa.schema(
 )
 
 INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale")
+PAIRED_COUNTS = ("right_both", "right_clean_only", "right_shift_only")  # per shift: FS's paired cells

@@ -7,7 +7,9 @@ PE {none, ape, sincos2d, rope2d} x token order {fixed, RPT} (less the
 redundant none + RPT: 7 conditions; ``--include-none-rpt`` adds it back)
 x the 8 protocols of Study L x data sets x
 seeds: 56 cells per data set and seed. Each data set uses its native preset
-(``study_l`` at 32/64 px, ``study_p`` at 224 px) and Study L's recipe.
+(``study_l`` at 32/64 px, ``study_p`` at 224 px) and Study L's recipe,
+``study_l.LEE_RECIPE`` included (decay on every parameter, crop padding 4, CutMix
+probability 0.5; at 224 px the random resized crop ignores the padding).
 
 What it is for: every model gets every measurement of both studies, so
 cross-study questions become answerable: does CutMix change SSDC? Does RPT
@@ -15,6 +17,7 @@ destroy locality? Is RoPE's low fragility stable across protocols?
 """
 
 from sweeps.common import ALL_PROTOCOLS, StudyOptions, make_trials
+from sweeps.study_l import LEE_RECIPE
 from sweeps.study_p import conditions as pe_conditions
 
 DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=100, preset=None)
@@ -26,4 +29,4 @@ def trials(options: StudyOptions, *, include_none_rpt: bool = False):
         for pe_cond in pe_conditions(options.datasets, include_none_rpt=include_none_rpt)
         for p in ALL_PROTOCOLS
     ]
-    return make_trials("factorial", options, cells)
+    return make_trials("factorial", options, cells, base=LEE_RECIPE)

@@ -8,7 +8,15 @@ other six on/off combinations of {AutoAugment, CutMix, label smoothing} on
 CIFAR-100: 12 distinct conditions (cifar100 baseline and modern are shared
 between the two parts). Preset ``study_l`` (depth 8, dim 192, 8 heads, MLP
 ratio 2: ~2.4M parameters, 8x8 patches), APE, Lee et al.'s recipe (AdamW lr
-1e-3, wd 0.05, batch 128, 100 epochs, 10 warm-up, cosine).
+1e-3, wd 0.05, batch 128, 100 epochs, 10 warm-up, cosine). Where Study L is
+silent, ``LEE_RECIPE`` follows Lee et al.'s script (aanna0701/SPT_LSA_ViT,
+main.py): ``AdamW(model.parameters(), weight_decay=0.05)`` decays every
+parameter (``decay_exempt=none``), ``RandomCrop(img_size, padding=4)`` pads 4
+px at 32 and 64 px alike (``crop_padding=4``), CutMix mixes a batch with
+probability 0.5 (``cutmix_prob``). Test-scored runs train on the whole
+training split (no holdout). Lee's Mixup, random erasing, repeated
+augmentation, stochastic depth and PIL AutoAugment port stay out: Study L
+defines its protocols without them (README, protocol choices).
 
 Expected (paper, one seed): CIFAR-100 minimum MAD 0.316 (baseline) -> 0.008
 (modern); every CutMix condition <= 0.024, every other >= 0.210; CutMix and
@@ -19,6 +27,7 @@ from sweeps.common import ALL_PROTOCOLS, StudyOptions, make_trials
 
 DEFAULTS = StudyOptions(datasets=("cifar10", "cifar100", "tinyimagenet"), seeds=5, epochs=100, preset="study_l")
 ABLATION_DATASET = "cifar100"
+LEE_RECIPE = {"decay_exempt": "none", "crop_padding": 4, "cutmix_prob": 0.5}
 
 
 def trials(options: StudyOptions):
@@ -26,4 +35,4 @@ def trials(options: StudyOptions):
     for dataset in options.datasets:
         protocols = ALL_PROTOCOLS if dataset == ABLATION_DATASET else (ALL_PROTOCOLS[0], ALL_PROTOCOLS[-1])
         conditions += [{"dataset": dataset, "protocol": p.name, "pe": "ape"} for p in protocols]
-    return make_trials("study_l", options, conditions)
+    return make_trials("study_l", options, conditions, base=LEE_RECIPE)

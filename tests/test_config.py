@@ -60,9 +60,11 @@ def test_from_flat_rejects_a_protocol_that_contradicts_the_switches():
         RunConfig.from_flat(flat)
 
 
-# The demo's trial ids before cutmix_prob and compile existed: results stored under them stay found.
-DEMO_IDS = ["shapes-none-baseline-s0-ac367655", "shapes-none-cutmix-s0-d30c279c",
-            "shapes-ape-baseline-s0-7e6d7e96", "shapes-ape-cutmix-s0-3d4ca14f"]
+# The demo's trial ids since test-scored runs train on the whole training split (holdout_fraction 0, #22;
+# the ids before it ended ac367655, d30c279c, 7e6d7e96, 3d4ca14f): fields added later at their default
+# (cutmix_prob, compile, crop_padding) leave them, and results stored under them, in place.
+DEMO_IDS = ["shapes-none-baseline-s0-2a3aebc3", "shapes-none-cutmix-s0-6fe3f095",
+            "shapes-ape-baseline-s0-3bff9c7e", "shapes-ape-cutmix-s0-d29b888d"]
 
 
 def test_fields_added_at_their_default_leave_existing_ids_unchanged():
@@ -74,7 +76,46 @@ def test_fields_added_at_their_default_leave_existing_ids_unchanged():
     # A later field enters the id only away from its default; execution fields never do.
     assert base.with_overrides({"cutmix_prob": 0.5}).trial_id != base.trial_id
     assert base.with_overrides({"cutmix_prob": 1.0}).trial_id == base.trial_id
+    assert base.with_overrides({"crop_padding": 4}).trial_id != base.trial_id
+    assert base.with_overrides({"crop_padding": 0}).trial_id == base.trial_id
     for execution in ({"compile": True}, {"num_workers": 3}, {"device": "cpu"}):
         assert base.with_overrides(execution).trial_id == base.trial_id, execution
     with pytest.raises(ValueError, match="cutmix_prob must lie in"):
         base.with_overrides({"cutmix_prob": 1.5})
+
+
+def test_a_test_scored_run_has_no_holdout_and_a_tuning_run_keeps_it():
+    assert cfg().holdout_fraction == 0.0
+    assert cfg(holdout_fraction=0.1).holdout_fraction == 0.0  # the holdout would score nothing
+    tuning = cfg(eval_split="holdout")
+    assert tuning.holdout_fraction == 0.05 and cfg(eval_split="holdout", holdout_fraction=0.1).holdout_fraction == 0.1
+    assert RunConfig.from_flat(tuning.to_flat()) == tuning
+    # Moving a run from tuning to test scoring changes what it trains on: a new trial id.
+    assert tuning.with_overrides({"eval_split": "test"}).trial_id != tuning.trial_id
+
+
+def test_crop_padding_reaches_the_augmentation_and_rejects_negatives():
+    from trainables.augment import augmentation
+
+    assert augmentation("baseline", "tinyimagenet", 64).padding == 8  # default: img_size // 8
+    assert augmentation("baseline", "tinyimagenet", 64, cfg(crop_padding=4).crop_padding).padding == 4
+    with pytest.raises(ValueError, match="crop_padding must be >= 0 pixels.*got -1"):
+        cfg(crop_padding=-1)
+
+
+def test_the_training_loop_augments_with_the_configs_crop_padding(tmp_path, monkeypatch):
+    """One short epoch: the loop's training sources get crop_padding from the run config (alone and packed)."""
+    from trainables import augment
+    from trainables import train as loop
+
+    built = []
+
+    def spy(*args, **kwargs):
+        spec = augment.augmentation(*args, **kwargs)
+        built.append(spec.padding)
+        return spec
+
+    monkeypatch.setattr(loop, "augmentation", spy)
+    c = cfg(crop_padding=1, max_train_images=64, batch_size=32, epochs=1, warmup_epochs=0)
+    loop.train(c, tmp_path, log=lambda *_: None)
+    assert built and set(built) == {1}  # img_size // 8 would be 4 at 32 px

@@ -140,6 +140,21 @@ def test_capped_subset_keeps_every_class_of_a_class_ordered_split():
         capped_subset(labels, 0)
 
 
+def test_capped_subset_keeps_a_rare_class_or_refuses_a_cap_below_the_class_count():
+    # 990 images of class 0, 10 of class 1: a 50-image cap's proportional share of class 1 is 0.5, which
+    # the largest-remainder rounding alone may give none. Every class keeps at least one image.
+    rare = torch.cat([torch.zeros(990, dtype=torch.long), torch.ones(10, dtype=torch.long)])
+    for seed in range(6):
+        rows = capped_subset(rare, 50, seed=seed)
+        assert len(rows) == 50 and rows.unique().numel() == 50 and torch.equal(rows, rows.sort().values)
+        assert torch.bincount(rare[rows], minlength=2).tolist() == [49, 1]
+    # 200 classes of 5 images: a 150 cap gives 150 classes one each by share; a 300 cap covers all of them.
+    many = torch.arange(200).repeat_interleave(5)
+    assert torch.bincount(many[capped_subset(many, 300)], minlength=200).min() >= 1
+    with pytest.raises(ValueError, match="max_images=150 is below the 200 classes.*max_train_images >= 200"):
+        capped_subset(many, 150)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from analysis import metrics
 from analysis.evaluate import ADDITIVE_PES, ROTARY_PES, SCALABLE_PES, evaluate_checkpoint, evaluation_subset
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
-from records.schema import MEASUREMENTS
+from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from trainables.datasets import TensorImages
 from trainables.protocols import normalize
 from trainables.vit import ViT, ViTConfig
@@ -147,6 +147,9 @@ def test_rows_have_the_full_vocabulary(ape_rows):
         ("rpi", "acc"): 1, ("rpi", "ssdc"): L, ("rpi", "ssdc_content"): L, ("rpi", "dssdc"): 1,
         ("pe_scale", "acc"): 11, ("pe_scale", "fs_jpeg"): 11, ("pe_scale", "fs_blur"): 11,
         ("pe_scale", "ssdc"): 11 * L, ("pe_scale", "dssdc"): 11,
+        **{("jpeg", c): len(JPEG_LEVELS) for c in PAIRED_COUNTS},
+        **{("blur", c): len(BLUR_LEVELS) for c in PAIRED_COUNTS},
+        **{("pe_scale", f"{fs}_{c}"): 11 for fs in ("fs_jpeg", "fs_blur") for c in PAIRED_COUNTS},
     }  # fmt: skip
     assert dict(counts) == expected
     assert all(r["n_images"] == 32 for r in ape_rows)  # every row names the images behind it
@@ -156,7 +159,8 @@ def test_rows_have_the_full_vocabulary(ape_rows):
     # Heads only on attention metrics; a null layer exactly on whole-model metrics.
     for r in ape_rows:
         assert (r["head_index"] is not None) == (r["metric"] in ("mad", "mad_raw", "entropy", "cls_mass"))
-        assert (r["layer"] is None) == (r["metric"] in ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc"))
+        whole = ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc")
+        assert (r["layer"] is None) == (r["metric"] in whole or r["metric"].endswith(PAIRED_COUNTS))
     # The caller adds trial_id, study and checkpoint_epoch; then the rows fit the Parquet schema as they are.
     keyed = [{"trial_id": "t", "study": "s", "checkpoint_epoch": 0, **r} for r in ape_rows]
     table = pa.Table.from_pylist(keyed, MEASUREMENTS)
@@ -182,6 +186,15 @@ def test_rows_have_sane_ranges_and_consistent_derived_values(ape_rows):
         shifted = _values(ape_rows, "jpeg", "acc", float(level))[(None, None)]
         fs = _values(ape_rows, "jpeg", "fs", float(level))[(None, None)]
         assert fs == pytest.approx(metrics.fragility(acc, shifted), nan_ok=True)
+    # The paired counts give back both accuracies and FS: (b - c) / (a + b) over the same n images.
+    n = ape_rows[0]["n_images"]
+    for kind, levels in (("jpeg", JPEG_LEVELS), ("blur", BLUR_LEVELS)):
+        for level in map(float, levels):
+            a, b, c = (_values(ape_rows, kind, name, level)[(None, None)] for name in PAIRED_COUNTS)
+            assert (a + b) / n == pytest.approx(acc)
+            assert (a + c) / n == pytest.approx(_values(ape_rows, kind, "acc", level)[(None, None)])
+            fs = _values(ape_rows, kind, "fs", level)[(None, None)]
+            assert fs == pytest.approx((b - c) / (a + b), nan_ok=True) if a + b else math.isnan(fs)
     # alpha = 1 is the trained model: the same numbers as the unscaled conditions.
     assert _values(ape_rows, "pe_scale", "acc", 1.0)[(None, None)] == acc
     assert _layers(ape_rows, "pe_scale", "ssdc", 1.0) == _layers(ape_rows, "rpi", "ssdc")
@@ -234,7 +247,8 @@ def test_rope_alpha_rows_are_rope_scale_never_pe_scale(pe, images):
     assert not any(r["intervention"] == "pe_scale" for r in rows)
     scaled = Counter(r["metric"] for r in rows if r["intervention"] == "rope_scale")
     L = model.config.depth
-    assert scaled == {"acc": 3, "fs_jpeg": 3, "fs_blur": 3, "ssdc": 3 * L, "dssdc": 3}
+    counts = {f"{fs}_{c}": 3 for fs in ("fs_jpeg", "fs_blur") for c in PAIRED_COUNTS}
+    assert scaled == {"acc": 3, "fs_jpeg": 3, "fs_blur": 3, "ssdc": 3 * L, "dssdc": 3, **counts}
     assert all(r["n_images"] == 16 for r in rows)
     # alpha 0 removes the rotation: the sanity point equals the same weights without a PE.
     none = ViT(ViTConfig.preset("tiny", pe="none")).eval()
@@ -274,3 +288,18 @@ def test_evaluation_subset_is_fixed_seeded_and_the_same_for_both_dataset_kinds()
     assert torch.equal(whole_labels, labels) and torch.equal(whole_images, images)
     with pytest.raises(ValueError, match="must be >= 1"):
         evaluation_subset(TensorImages(images, labels), size=0)
+
+
+def test_paired_counts_follow_each_image_across_batches(images):
+    """Counted per image in evaluation order, over uneven batches: the same cells as direct predictions."""
+    from analysis.interventions import Jpeg
+
+    model = _model("ape")
+    labels = _labels()
+    rows = evaluate_checkpoint(model, images, labels, mean=MEAN, std=STD, grid=GRID, batch_size=24,
+                               jpeg_levels=(10,), blur_levels=(), alphas=())
+    with torch.no_grad():
+        clean = model(normalize(images, MEAN, STD)).logits.argmax(-1) == labels
+        shift = model(normalize(Jpeg(10).images(images), MEAN, STD)).logits.argmax(-1) == labels
+    counted = [_values(rows, "jpeg", name, 10.0)[(None, None)] for name in PAIRED_COUNTS]
+    assert counted == [int((clean & shift).sum()), int((clean & ~shift).sum()), int((~clean & shift).sum())]

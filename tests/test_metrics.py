@@ -258,3 +258,13 @@ def test_query_with_all_mass_on_cls_adds_zero_distance_and_entropy():
     assert metrics.attention_entropy(attn, GRID).item() == pytest.approx(1.0 / N)
     assert torch.isfinite(metrics.mean_attention_distance(attn, GRID)).all()
     assert metrics.cls_attention_mass(attn).item() == pytest.approx((N - 1) / N)
+
+
+def test_paired_counts_by_hand():
+    clean = torch.tensor([1, 1, 1, 0, 0, 1], dtype=torch.bool)
+    shift = torch.tensor([1, 0, 0, 1, 0, 1], dtype=torch.bool)
+    assert metrics.paired_counts(clean, shift) == (2, 2, 1)
+    # FS from the cells: (right_clean_only - right_shift_only) / clean-right = (2 - 1) / 4
+    assert metrics.fragility(4 / 6, 3 / 6) == pytest.approx((2 - 1) / 4)
+    with pytest.raises(ValueError, match="same images"):
+        metrics.paired_counts(clean, shift[:5])

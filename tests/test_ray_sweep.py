@@ -88,7 +88,7 @@ def test_summary_table_has_one_row_per_trial(demo_results):
 def test_report_was_built(demo_results):
     html = (demo_results / "demo" / "report" / "index.html").read_text()
     assert "<img" in html and "claims" in html.lower() and "could not be drawn" not in html
-    assert "<h3>PE scaling" in html and "did not learn (excluded)" in html
+    assert "<h3>PE scaling" in html and "did not learn A" in html and "survivors vs all" in html
     assert "<h3>Emergence over training" in html and "<h3>Trials</h3>" in html
     assert "4 finished trial(s) in 4 condition(s), 1 seed(s) each" in html
 

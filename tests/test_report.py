@@ -163,7 +163,7 @@ def test_report_has_every_figure_as_png(full_report):
     assert "Protocol ablation table (cifar100)" in page and "Conditions table" in page
     assert "code version: abc1234" in page and "1 failed trial" in page
     assert "did not learn: 1 trial(s)" in page and "cifar100-ape-baseline-s5-collapsed" in page
-    assert "test accuracy: binomial SE" in page and "FS JPEG q5: binomial SE" in page
+    assert "test accuracy: binomial SE" in page and "FS JPEG q5: delta-method SE" in page
     parser = _Images()
     parser.feed(page)
     assert len(parser.sources) >= len(FIGURES)
@@ -181,18 +181,27 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert verdict["CutMix alone lowers minimum MAD"] == "supported"
     assert verdict["every CutMix run has lower minimum MAD than every run without"] == "supported"
     assert verdict["modern lowers minimum MAD (0.316 -> 0.008)"] == "supported"
-    assert verdict["label smoothing alone leaves minimum MAD at baseline"].startswith("no significant difference")
+    assert verdict["label smoothing alone leaves minimum MAD at baseline"] == numbers.CONSISTENT
     assert verdict["CutMix adds accuracy"] == "supported"
     assert verdict["APE recovers SSDC under RPI more than none (dSSDC)"] == "supported"
     assert verdict["RPT collapses APE's SSDC recovery under RPI (dSSDC)"] == "supported"
     assert verdict["rope2d is less fragile to JPEG than ape"] == "supported"
     assert verdict["none is more fragile to JPEG than ape"] == "supported"
     row = table.loc["CutMix alone lowers minimum MAD"]
-    assert (row["n A"], row["n B"]) == (5, 5) and row["effect (A - B)"] < -0.2 and row["p"] < 0.05
+    assert (row["n A"], row["n B"], row["n pairs"]) == (5, 5, 5) and row["effect (A - B)"] < -0.2
+    # Paired by seed: 5 pairs all one way give the exact sign-flip test's smallest p, 1 / 2^5.
+    assert row["p"] == pytest.approx(1 / 32) and "paired by seed (5 pairs)" in row["test"]
+    assert row["CI"] == "paired t, n - 1 df" and row["margin"] == 0.02
     # The collapsed baseline seed is left out of every claim it would be in, and counted.
-    assert row["did not learn (excluded)"] == 1
-    assert table.loc["rope2d is less fragile to JPEG than ape", "did not learn (excluded)"] == 1
+    assert (row["did not learn A"], row["did not learn B"]) == (0, 1)
+    assert table.loc["rope2d is less fragile to JPEG than ape", "did not learn B"] == 1
     assert table.loc["AutoAugment adds accuracy", "n B"] == 5
+    # With it kept, its degenerate minimum MAD (0.001) breaks the CutMix separation: the row is flagged.
+    separation = table.loc["every CutMix run has lower minimum MAD than every run without"]
+    assert "unpaired (seeds do not pair)" in separation["test"]  # each group pools several protocols
+    assert (separation["verdict"], separation["verdict (all trials)"]) == ("supported", "not supported")
+    assert separation["survivors vs all"] == "DISAGREE" and row["survivors vs all"] == "agree"
+    assert "<td class='v-differs'>DISAGREE</td>" in index.read_text()
     assert "supported" in index.read_text()
     # A directional claim about the planted null (label smoothing) is not supported.
     data = StudyData.load(results, "joint")
@@ -258,7 +267,62 @@ def test_binomial_standard_errors():
     assert numbers.binomial_se(0.5, 100) == pytest.approx(0.05)
     assert np.isnan(numbers.binomial_se(0.5, np.nan))
     # FS 0.435 at clean accuracy 0.64 over 1,000 images: the surviving share 0.565 of 640 clean-correct images
-    assert numbers.fragility_se(0.435, 0.64, 1000) == pytest.approx(math.sqrt(0.565 * 0.435 / 640))
+    assert numbers.fragility_se_without_counts(0.435, 0.64, 1000) == pytest.approx(math.sqrt(0.565 * 0.435 / 640))
+    # Without images right only under the shift, the delta method is that same binomial SE.
+    assert numbers.fragility_se(362, 278, 0, 1000) == pytest.approx(math.sqrt((362 / 640) * (278 / 640) / 640))
+
+
+def test_fragility_se_from_paired_counts_by_hand_and_by_bootstrap():
+    # 1,000 images near chance: 40 right both ways, 60 right clean only, 50 right shifted only.
+    a, b, c, n = 40, 60, 50, 1000
+    x, y, r = (a + c) / n, (a + b) / n, (a + c) / (a + b)  # acc_shift 0.09, acc_clean 0.10, FS = 1 - r = 0.1
+    by_hand = math.sqrt((x * (1 - x) - 2 * r * (a / n - x * y) + r**2 * y * (1 - y)) / (n * y**2))
+    se = float(numbers.fragility_se(a, b, c, n))
+    assert se == pytest.approx(by_hand)
+    # The old approximation ignores the 50 images right only under the shift: far too small here.
+    assert float(numbers.fragility_se_without_counts(1 - r, y, n)) < 0.5 * se
+    # Bootstrap over images: resample the n (clean right, shift right) pairs, recompute FS.
+    rng = np.random.default_rng(0)
+    cells = rng.multinomial(n, np.array([a, b, c, n - a - b - c]) / n, size=20_000)
+    fs = 1 - (cells[:, 0] + cells[:, 2]) / (cells[:, 0] + cells[:, 1])
+    assert se == pytest.approx(fs.std(), rel=0.05)
+    assert np.isnan(numbers.fragility_se(0, 0, 5, 100))  # nothing right clean: FS undefined
+
+
+def test_paired_comparison_uses_each_seed_once_and_states_its_interval():
+    from analysis import seedstats
+
+    a, b = np.array([0.51, 0.62, 0.55, 0.58]), np.array([0.50, 0.60, 0.52, 0.57])  # seeds 0-3, shared offsets
+    c = seedstats.compare(a, [0, 1, 2, 3], b, [3, 2, 1, 0][::-1], "greater")
+    d = a - b
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert c.paired and c.n_pairs == 4 and c.effect == pytest.approx(d.mean())
+    assert (c.low, c.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert c.p == pytest.approx(1 / 16) and c.min_p == pytest.approx(1 / 16)  # 4 pairs: never below 0.05
+    # The unpaired test on the same numbers throws the pairing away: the seed offsets swamp the effect.
+    assert stats.mannwhitneyu(a, b, alternative="greater").pvalue > 0.3
+    # Exact sign flip against scipy's permutation test on the differences (all 2^n sign patterns).
+    d5 = np.array([0.3, -0.1, 0.2, 0.25, 0.05])
+    ref = stats.permutation_test((d5,), np.mean, permutation_type="samples", alternative="greater").pvalue
+    assert seedstats.sign_flip_p(d5, "greater") == pytest.approx(ref)
+    # A group with a seed twice (two pooled conditions) does not pair.
+    unpaired = seedstats.compare(a, [0, 0, 1, 1], b, [0, 1, 2, 3], "greater")
+    assert not unpaired.paired and "Mann-Whitney" in unpaired.test
+
+
+def test_a_null_claim_is_consistent_only_inside_its_margin(tmp_path):
+    results = str(tmp_path)
+    write_study(results, "null", seeds=5, protocols=["baseline", "label_smoothing"], models=[], checkpoints=(4,))
+    data = StudyData.load(results, "null")
+    wide = numbers.Claim("t", "LS leaves min MAD (tight margin)", "min_mad", {"protocol": "label_smoothing"},
+                         {"protocol": "baseline"}, "two-sided", margin=1e-4)
+    loose = numbers.Claim("t", "LS leaves min MAD (loose margin)", "min_mad", {"protocol": "label_smoothing"},
+                          {"protocol": "baseline"}, "two-sided", margin=0.05)
+    table = numbers.evaluate_claims(data, (wide, loose)).set_index("claim")
+    assert table["verdict"].tolist() == [numbers.INCONCLUSIVE, numbers.CONSISTENT]
+    assert table["margin"].tolist() == [1e-4, 0.05]
+    assert {c.margin for c in numbers.CLAIMS} <= set(numbers.MARGINS.values())
+    assert not any(math.isnan(c.margin) for c in numbers.CLAIMS)
 
 
 def test_unknown_study_names_the_ones_there(tmp_path):
@@ -266,6 +330,25 @@ def test_unknown_study_names_the_ones_there(tmp_path):
     (tmp_path / "storage" / "study_l").mkdir(parents=True)  # checkpoints, not a study
     with pytest.raises(ValueError, match=r"studies there: \['study_l'\]$"):
         build_report(str(tmp_path), "study_x")
+
+
+def test_tuning_trials_show_no_test_accuracy(tmp_path):
+    """A holdout-scored (hparam) trial's test accuracy stays empty, though the analysis measured the test split."""
+    results = str(tmp_path)
+    write_study(results, "hp", seeds=2, protocols=["baseline"], models=[], checkpoints=(4,))
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
+              "protocol": "baseline", "seed": 7, "img_size": 32, "depth": LAYERS, "heads": HEADS, "lr": 1e-3,
+              "epochs": 4, "eval_split": "holdout", "code_version": "abc1234"}
+    write_trial(results, "hp", config, {"trial_id": "hp-tuning", "study": "hp", "status": "finished",
+                                        "eval_acc": 0.4321, "epochs_completed": 4})
+    rows = _measure("ape", False, "baseline", np.random.default_rng(0), 1.0, full=True)
+    write_measurements(results, "hp", "hp-tuning", 4, [{**r, "value": 0.8777} if r["metric"] == "acc" else r
+                                                        for r in rows])
+    data = StudyData.load(results, "hp")
+    tuning = data.per_trial.set_index("trial_id").loc["hp-tuning"]
+    assert np.isnan(tuning["test_acc"]) and np.isnan(tuning["acc_clean"]) and tuning["eval_acc"] == 0.4321
+    page = build_report(results, "hp").read_text()
+    assert "0.878" not in page and "0.432" in page  # the test-split number nowhere; the holdout score shown
 
 
 def test_seed_summary_against_numpy():
@@ -297,3 +380,18 @@ def test_pin_holds_unshown_factors_at_the_reference():
     assert set(pinned["pe"]) == {"ape"} and said == "pe = ape"
     pinned, said = data.pin(data.trials, {"pe", "protocol"})
     assert len(pinned) == 4 and said == ""
+
+
+def test_per_trial_fs_se_comes_from_the_paired_counts_where_stored():
+    trials = pd.DataFrame({"trial_id": ["new", "old"], "dataset": "cifar10", "pe": "ape", "rpt": False,
+                           "protocol": "baseline", "seed": [0, 1], "status": "finished", "test_acc": 0.1})
+    whole = {"layer": None, "head_index": None, "n_images": 1000, "checkpoint_epoch": 4}
+    rows = []
+    for tid in ("new", "old"):
+        rows += [{"trial_id": tid, "intervention": "clean", "level": None, "metric": "acc", "value": 0.1, **whole},
+                 {"trial_id": tid, "intervention": "jpeg", "level": 5.0, "metric": "fs", "value": 0.1, **whole}]
+    rows += [{"trial_id": "new", "intervention": "jpeg", "level": 5.0, "metric": m, "value": v, **whole}
+             for m, v in zip(("right_both", "right_clean_only", "right_shift_only"), (40, 60, 50))]
+    se = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame(rows)).per_trial.set_index("trial_id")
+    assert se.loc["new", "fs_jpeg_se"] == pytest.approx(float(numbers.fragility_se(40, 60, 50, 1000)))
+    assert se.loc["old", "fs_jpeg_se"] == pytest.approx(float(numbers.fragility_se_without_counts(0.1, 0.1, 1000)))

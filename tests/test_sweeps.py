@@ -50,6 +50,31 @@ def test_study_l_conditions_and_recipe():
     assert (tiny.model.img_size, tiny.model.patch_size, tiny.model.num_classes) == (64, 8, 200)
 
 
+@pytest.mark.parametrize("argv", [("study_l", "--seeds", "1"),
+                                  ("factorial", "--datasets", "cifar10,tinyimagenet", "--seeds", "1")])
+def test_study_l_and_factorial_follow_lees_script_where_study_l_is_silent(argv):
+    """Lee et al.'s main.py: AdamW(model.parameters(), weight_decay=0.05), RandomCrop(size, padding=4) at every
+    size, mix_prob 0.5; test-scored runs train on the whole training split."""
+    from trainables.augment import augmentation
+
+    configs = dry(*argv)
+    assert {c.dataset for c in configs} >= {"cifar10", "tinyimagenet"}
+    for c in configs:
+        assert (c.optimizer, c.decay_exempt, c.weight_decay) == ("adamw", "none", 0.05), c.trial_id
+        assert (c.crop_padding, c.cutmix_prob) == (4, 0.5), c.trial_id
+        assert (c.eval_split, c.holdout_fraction) == ("test", 0.0), c.trial_id
+        # 4 px of jitter at 64 px too (the default would give img_size // 8 = 8)
+        assert augmentation(c.protocol, c.dataset, c.model.img_size, c.crop_padding).padding == 4
+
+
+def test_every_test_scored_study_trains_on_the_whole_training_split():
+    for argv in (("study_p", "--seeds", "1"), ("demo",), ("study_l", "--seeds", "1")):
+        assert {c.holdout_fraction for c in dry(*argv)} == {0.0}, argv
+    # The hparam study scores on the holdout: there it stays.
+    hparam = dry("hparam")
+    assert {(c.eval_split, c.holdout_fraction) for c in hparam} == {("holdout", 0.05)}
+
+
 def test_study_p_conditions_and_recipe():
     configs = dry("study_p", "--seeds", "1")
     conds = {(c.pe, c.rpt) for c in configs}
@@ -59,6 +84,8 @@ def test_study_p_conditions_and_recipe():
     assert (c.model.img_size, c.model.patch_size, c.model.dim, c.model.depth, c.model.heads) == (224, 16, 384, 12, 8)
     assert (c.optimizer, c.weight_decay, c.epochs, c.model.num_classes, c.model.ape_init) == ("adam", 0.05, 60, 100, "normal")
     assert c.decay_exempt == "none"  # the paper's literal Adam: L2 on every parameter
+    # Study P keeps its random resized crop (224 px) and its own recipe: Lee's padding and mix_prob are not set.
+    assert (c.crop_padding, c.cutmix_prob) == (0, 1.0)
 
 
 def test_options_reach_every_trial():

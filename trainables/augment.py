@@ -68,6 +68,7 @@ class Augmentation:
 
     img_size: int
     strong: str | None = None
+    crop_padding: int = 0  # zero padding of the crop below LARGE_IMAGE_SIZE; 0: img_size // 8
 
     def __post_init__(self) -> None:
         if self.strong not in STRONG:
@@ -75,17 +76,19 @@ class Augmentation:
 
     @property
     def padding(self) -> int:
-        return self.img_size // 8
+        return self.crop_padding or self.img_size // 8
 
     @property
     def resized_crop(self) -> bool:
         return self.img_size >= LARGE_IMAGE_SIZE
 
 
-def augmentation(protocol: Protocol | str, dataset_name: str, img_size: int) -> Augmentation:
-    """The batched counterpart of `protocols.train_transform(protocol, dataset_name, img_size)`."""
+def augmentation(protocol: Protocol | str, dataset_name: str, img_size: int, crop_padding: int = 0) -> Augmentation:
+    """The batched counterpart of `protocols.train_transform(protocol, dataset_name, img_size)`;
+    crop_padding: the run config's (0: img_size // 8)."""
     protocol = Protocol.from_name(protocol) if isinstance(protocol, str) else protocol
-    return Augmentation(img_size, augmentation_for(dataset_name, img_size) if protocol.autoaugment else None)
+    strong = augmentation_for(dataset_name, img_size) if protocol.autoaugment else None
+    return Augmentation(img_size, strong, crop_padding)
 
 
 # -- keys and uniform draws --------------------------------------------------------------------

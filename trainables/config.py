@@ -12,9 +12,15 @@ flattens to scalar key/values and rebuilds from them:
 Model fields (``ViTConfig``) are flattened beside the run fields without a
 prefix; the two sets of names never clash (checked at import).
 
-Defaults follow Study L's recipe (Lee et al. 2021: AdamW lr 1e-3, weight
-decay 0.05, batch 128, 100 epochs, 10 warm-up epochs, cosine decay); Study P
-overrides them in its study file.
+Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3,
+weight decay 0.05 with timm's exemptions (no decay on biases, norms, CLS and
+learned PE), batch 128, 100 epochs, 10 warm-up epochs, cosine decay, CutMix on
+every batch when on, crop padding img_size // 8. The study files set each
+paper's recipe: ``sweeps/study_l.py`` (and ``factorial``) Lee et al. 2021's
+script where Study L is silent (decay on every parameter, padding 4, CutMix
+probability 0.5), ``sweeps/study_p.py`` Study P's optimiser. A test-scored run
+(``eval_split="test"``) trains on the whole training split: ``holdout_fraction``
+is 0 there, whatever was asked, since the holdout exists only to score tuning.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
 # flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
 CHANCE_MARGIN = 0.02
+HOLDOUT_FRACTION = 0.05  # a tuning run's holdout, unless it asks for another share
 
 # Fields that say where or how a run executes, not what it computes: they stay
 # out of the trial id, so moving the data or changing the device resumes the
@@ -73,18 +80,23 @@ class RunConfig:
     autoaugment: bool = False
     cutmix: bool = False
     label_smoothing: bool = False
-    cutmix_prob: float = 1.0  # share of batches CutMix mixes when on (Lee et al. use 0.5)
+    cutmix_prob: float = 1.0  # share of batches CutMix mixes when on (Lee et al.'s mix_prob: 0.5, set by Study L)
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05
-    decay_exempt: str = "timm"  # see DECAY_EXEMPT; applied by trainables.train.build_optimizer
+    decay_exempt: str = "timm"  # see DECAY_EXEMPT (Lee et al. decay every parameter: Study L sets "none")
     batch_size: int = 128
     epochs: int = 100
     warmup_epochs: int = 10
     schedule: str = "cosine"
     seed: int = 0
     eval_split: str = "test"  # "holdout" for tuning: never tune on the test split
-    holdout_fraction: float = 0.05
+    # Share of the training split held out to score a tuning run (eval_split="holdout"; 0 there means
+    # HOLDOUT_FRACTION); a test-scored run holds nothing out: 0, whatever was asked.
+    holdout_fraction: float = 0.0
+    # Zero padding (pixels) of the random crop below 224 px; 0: img_size // 8. Lee et al. pad 4 at every
+    # size (RandomCrop(img_size, padding=4)), which Study L's files set.
+    crop_padding: int = 0
     max_train_images: int = 0  # 0 = the whole train split; a cap for demos and tests
     checkpoint_every: int = 1  # epochs between resumable checkpoints
     # ... and at least this many seconds between them (0: every checkpoint_every epochs). At GPU speed
@@ -111,6 +123,14 @@ class RunConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
+        # The holdout exists only to score tuning runs: a test-scored run trains on every training image.
+        # Normalised here (not only in the study files) so a flat round trip or --set eval_split=... agrees.
+        if self.eval_split == "test" and self.holdout_fraction:
+            object.__setattr__(self, "holdout_fraction", 0.0)
+        elif self.eval_split == "holdout" and not self.holdout_fraction:
+            object.__setattr__(self, "holdout_fraction", HOLDOUT_FRACTION)
+        if self.crop_padding < 0:
+            raise ValueError(f"crop_padding must be >= 0 pixels (0: img_size // 8), got {self.crop_padding}")
         if not 0 <= self.cutmix_prob <= 1:
             raise ValueError(f"cutmix_prob must lie in [0, 1], got {self.cutmix_prob}")
         if self.num_workers < -1:

@@ -43,6 +43,7 @@ once, naming the path, what was expected there and how to obtain it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -232,16 +233,36 @@ def capped_subset(labels: torch.Tensor, max_images: int, *, seed: int = 0) -> to
     For ``max_train_images``: the first N rows of a class-ordered split (folder,
     Tiny-ImageNet, ImageNet-100) hold a few classes only, so a cap must sample
     every class in proportion (within one image of its share, as ``holdout_split``
-    draws the holdout). Seeded and a function of the labels only, so every trial of
-    a data set trains on the same images. ``max_images`` >= len(labels) keeps all.
+    draws the holdout) and keeps at least one image of every class: a class whose
+    share rounds to none gets one, taken from the class furthest above its share.
+    A cap below the number of classes cannot, and is refused. Seeded and a function
+    of the labels only, so every trial of a data set trains on the same images.
+    ``max_images`` >= len(labels) keeps all.
     """
     n = labels.numel()
     if max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
     if max_images >= n:
         return torch.arange(n)
-    return holdout_split(labels, max_images / n, seed=seed)[1]
-
+    classes, counts = labels.unique(return_counts=True)
+    if max_images < len(classes):
+        raise ValueError(f"max_images={max_images} is below the {len(classes)} classes of this training split: a cap "
+                         f"keeps at least one image of every class, so use max_train_images >= {len(classes)} "
+                         "(or 0 for the whole split)")
+    rows = holdout_split(labels, max_images / n, seed=seed)[1]
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[rows] = True
+    class_of = torch.searchsorted(classes, labels)  # (n,) class number of every row
+    share = max_images * counts.double() / n
+    g = torch.Generator().manual_seed(seed)
+    for c in (torch.bincount(class_of[rows], minlength=len(classes)) == 0).nonzero().squeeze(1).tolist():
+        own = (class_of == c).nonzero().squeeze(1)
+        keep[own[torch.randint(len(own), (1,), generator=g)]] = True
+        taken = torch.bincount(class_of[keep], minlength=len(classes))
+        surplus = torch.where(taken >= 2, taken - share, torch.tensor(-math.inf, dtype=torch.float64))
+        donor = ((class_of == int(surplus.argmax())) & keep).nonzero().squeeze(1)
+        keep[donor[torch.randint(len(donor), (1,), generator=g)]] = False
+    return keep.nonzero().squeeze(1)
 
 
 def _info(name: str) -> DatasetInfo:

@@ -135,7 +135,7 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member:
     CutMix (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives
     each member exactly its own gradient. Returns the losses (K,) and the counts of images whose
-    dominant label (the CutMix base image's) was predicted (K,), as device tensors: reading them
+    soft-target argmax (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them
     would sync the device."""
     xs, targets, perms = [], [], []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
@@ -272,9 +272,9 @@ def train_pack(
     if 0 < cfg.max_train_images < len(train_split):
         train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
     # One device copy of the split; each member reads it under its own protocol's augmentation.
-    base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size), device=device,
-                       num_workers=cfg.num_workers)
-    sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size)) for c in cfgs]
+    base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
+                       device=device, num_workers=cfg.num_workers)
+    sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
     eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
                              num_workers=cfg.num_workers)
     batch_size = max(1, cfg.batch_size // world)
