@@ -242,13 +242,16 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
             body[section].append(f'<p class="omitted">{_e(title)}: could not be drawn ({_e(repr(err))}).</p>')
             continue
         for plot in plots:
+            slug = _slug(plot.title)
             png = figures.render_png(plot.figure)
-            (out / f"{_slug(plot.title)}.png").write_bytes(png)
-            (out / f"{_slug(plot.title)}.svg").write_bytes(figures.render_svg(plot.figure))
+            (out / f"{slug}.png").write_bytes(png)
+            (out / f"{slug}.svg").write_bytes(figures.render_svg(plot.figure))
+            (out / f"{slug}.pdf").write_bytes(figures.render_pdf(plot.figure))
             src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-            body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}">'
-                                 f"<figcaption>{_e(plot.caption)} (<a href='{_slug(plot.title)}.svg'>SVG</a>)"
-                                 "</figcaption></figure>")
+            # Shown at a fixed scale (plotting.PX_PER_IN), so every figure's text renders at one size.
+            body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}" '
+                                 f'width="{figures.display_px(plot.figure)}"><figcaption>{_e(plot.caption)} '
+                                 f"(<a href='{slug}.svg'>SVG</a>, <a href='{slug}.pdf'>PDF</a>)</figcaption></figure>")
     body["L"].extend(_ablation_html(data))
     body["T"].insert(0, _conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)
@@ -291,7 +294,7 @@ def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: P
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
         tracking.log_artifact_file(uri, run_id, claims)
-        for figure in sorted(index.parent.glob("*.png")) + sorted(index.parent.glob("*.svg")):
+        for figure in sorted(f for ext in ("png", "svg", "pdf") for f in index.parent.glob(f"*.{ext}")):
             tracking.log_artifact_file(uri, run_id, figure, "figures")
         tracking.end_trial_run(uri, run_id)
     except Exception as err:  # noqa: BLE001
