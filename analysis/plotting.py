@@ -95,7 +95,7 @@ class Drawn:
     n: dict[str, int] = field(default_factory=dict)  # condition -> seeds behind its marks (the most)
     lines: bool = False  # mean lines
     points: bool = False  # single-seed dots beside a mean marker
-    ci: bool = False  # a 95% bootstrap CI band or bar (needs n >= 2)
+    ci: set[str] = field(default_factory=set)  # "bands", "bars": 95% bootstrap CIs drawn (need n >= 2)
     se: bool = False  # a binomial SE bar
 
     def count(self, name: str, n: int) -> None:
@@ -117,14 +117,14 @@ def spread(fig: Figure) -> str:
     several = max(d.n.values()) > 1
     parts = []
     if d.lines:
-        parts.append("lines: mean over seeds" if several else "lines: the single seed")
+        parts.append("lines: mean over seeds" if several else "lines: one seed each")
     if d.points:
-        parts.append("small dots: single seeds; large dots: their mean" if several else "dots: the single seed")
+        parts.append("small dots: single seeds; large dots: their mean" if several else "dots: one seed each")
     if d.ci:
-        parts.append("bands/bars: 95% bootstrap CI of the mean over seeds"
+        parts.append(f"{' and '.join(sorted(d.ci))}: 95% bootstrap CI of the mean over seeds"
                      + (" (none where n = 1)" if min(d.n.values()) == 1 else ""))
-    else:
-        parts.append("no CI drawn (one seed per condition)" if not several else "no CI drawn")
+    elif not several:
+        parts.append("no interval over seeds")
     if d.se:
         parts.append("grey bars: ± binomial SE of one trial's value from its evaluation images")
     ns = sorted(set(d.n.values()))
@@ -276,7 +276,7 @@ def line(ax, x, s: pd.DataFrame, label: str, name: str | None = None, **style) -
     d.count(name or label.split(" (n=")[0], s["n"].max() if len(s) else 0)
     if ok.any():
         ax.fill_between(x[ok], low[ok], high[ok], color=style.get("color"), alpha=0.15, lw=0)
-        d.ci = True
+        d.ci.add("bands")
 
 
 def ci_bar(s) -> list | None:
@@ -293,7 +293,9 @@ def points(ax, x: float, values, colour, name: str, label: str | None = None, se
     if s.n == 0:
         return
     d = drawn(ax.figure)
-    d.points, d.ci = True, d.ci or s.n > 1
+    d.points = True
+    if s.n > 1:
+        d.ci.add("bars")
     d.count(name, s.n)
     offsets = np.linspace(-0.12, 0.12, v.size) if v.size > 1 else np.zeros(1)
     ax.plot(x - 0.2 + offsets, v, "o", ms=3, color=colour, alpha=0.45, mew=0)
@@ -310,7 +312,8 @@ def mean_point(ax, xs, ys, name: str, **style) -> None:
         return
     d = drawn(ax.figure)
     d.count(name, min(sx.n, sy.n))
-    d.ci = d.ci or sx.n > 1
+    if sx.n > 1:
+        d.ci.add("bars")
     ax.errorbar([sx.mean], [sy.mean], xerr=ci_bar(sx), yerr=ci_bar(sy), fmt="o", ms=6, elinewidth=1, **style)
 
 

@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 
 # Headline severities of Study P's fragility score (FS): JPEG quality 5, blur kernel 5 sigma 2.5.
 HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
+# Images of each data set's official test split: the n behind trials.test_acc (training measures it on
+# the whole split), whatever cap the analysis set had. From trainables.datasets.DATASETS (shapes:
+# trainables.shapes.TEST_SIZE; tests/test_figures.py checks both); a folder data set's is unknown here.
+TEST_SPLIT_IMAGES = {"shapes": 2_000, "cifar10": 10_000, "cifar100": 10_000, "tinyimagenet": 10_000,
+                     "imagenet100": 5_000}
 @dataclass
 class StudyData:
     """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
@@ -133,7 +138,10 @@ class StudyData:
         the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks
         the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements)
         and the binomial standard errors test_acc_se, fs_jpeg_se, fs_blur_se (``claims.binomial_se``,
-        ``claims.fragility_se``), NaN where the measurements carry no n_images."""
+        ``claims.fragility_se``): test_acc_se over test_images, the test split test_acc was measured on
+        (``TEST_SPLIT_IMAGES``), FS's over n_images, the analysis set; test_acc_se_on_subset marks a
+        test_acc_se over n_images instead (test split size unknown, or test_acc from the analysis set);
+        NaN where no n is known."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
         out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
@@ -143,7 +151,8 @@ class StudyData:
             return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
 
         acc = t.set_index("trial_id")["test_acc"].astype(float) if "test_acc" in t else pd.Series(dtype=float)
-        out["test_acc"] = acc.reindex(out.index).combine_first(per(self.select("clean", "acc")).reindex(out.index))
+        acc = acc.reindex(out.index)
+        out["test_acc"] = acc.combine_first(per(self.select("clean", "acc")).reindex(out.index))
         out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
         out["dssdc"] = per(self.select("rpi", "dssdc"))
         for name, kind, level in (("fs_jpeg", "jpeg", HEADLINE_JPEG_QUALITY), ("fs_blur", "blur", HEADLINE_BLUR_SIGMA)):
@@ -160,9 +169,12 @@ class StudyData:
         last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
         out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
         acc_clean = out["acc_clean"].combine_first(out["test_acc"])
-        # test_acc is over the whole test split, the measurements' n_images unless they were capped
-        # (then this SE overstates it).
-        out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
+        # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
+        # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
+        split = out["dataset"].map(TEST_SPLIT_IMAGES).where(acc.notna()).astype(float)
+        out["test_images"] = split
+        out["test_acc_se_on_subset"] = split.isna() & out["n_images"].notna() & out["test_acc"].notna()
+        out["test_acc_se"] = numbers.binomial_se(out["test_acc"], split.fillna(out["n_images"]))
         for name in ("fs_jpeg", "fs_blur"):
             out[f"{name}_se"] = numbers.fragility_se(out[name], acc_clean, out["n_images"])
         return out.reset_index()
@@ -432,10 +444,27 @@ def _conditions_html(data: StudyData) -> str:
         return '<p class="omitted">Conditions table: omitted (no finished trials).</p>'
     return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
-            "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
-            "error: the binomial SE columns give it (one trial's value, from n images). <i>did not learn</i>: "
-            "trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers where the setting "
-            "matches.</p>" + _table(table))
+            "them). Every seed is measured on the same images, so the seed spread holds no test-set sampling "
+            f"error: the binomial SE columns give it (one trial's value). {_se_note(data.per_trial)} "
+            "<i>did not learn</i>: trials within 2 points of chance accuracy. <i>paper</i>: the paper's numbers "
+            "where the setting matches.</p>" + _table(table))
+
+
+def _se_note(pt: pd.DataFrame) -> str:
+    """Which images each binomial SE is over: test accuracy's the test split it was measured on, FS's the
+    analysis set (<i>n images</i>); says so where an accuracy SE had only the analysis set to go on."""
+    if pt.empty or "test_images" not in pt:
+        return ""
+    split = pt.dropna(subset=["test_images"]).groupby("dataset")["test_images"].max()
+    said = ", ".join(f"{_e(str(ds))} {int(n):,}" for ds, n in split.items())
+    note = (f"Test accuracy's SE is over the test split's images ({said}), FS's over the analysis set's "
+            "<i>n images</i>." if said else "FS's SE is over the analysis set's <i>n images</i>.")
+    subset = sorted(map(str, pt.loc[pt["test_acc_se_on_subset"].astype(bool), "dataset"].unique()))
+    if subset:
+        note += (f" For {_e(', '.join(subset))} the test accuracy SE is over the analysis set's <i>n images</i> "
+                 "(test split size unknown here, or the accuracy is the analysis set's): larger than the "
+                 "test split's where that set is a capped subset.")
+    return note
 
 
 def _config_html(data: StudyData) -> str:
