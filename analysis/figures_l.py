@@ -222,11 +222,13 @@ def training_curves(data: StudyData) -> list[pl.Plot]:
     for ax, ds in zip(axes[0], datasets):
         rows = e[e["dataset"] == ds]
         s = summarise(rows, ["pe", "rpt", "protocol", "epoch"])
-        varies = [f for f in ("pe", "protocol") if rows[f].nunique() > 1 or (f == "pe" and rows["rpt"].nunique() > 1)]
+        models_vary = rows.groupby(["pe", "rpt"]).ngroups > 1
+        protocols_vary = rows["protocol"].nunique() > 1
         for (pe, rpt, proto), g in sorted(s.groupby(["pe", "rpt", "protocol"]),
                                           key=lambda kg: (model_key(kg[0][0], kg[0][1]), protocol_key(kg[0][2]))):
-            name = " / ".join([model_label(pe, rpt)] * ("pe" in varies) + [protocol_label(proto)] * ("protocol" in varies))
-            name = name or f"{model_label(pe, rpt)} / {protocol_label(proto)}"
+            # The legend names what varies in the panel (the title names what it holds).
+            name = " / ".join([model_label(pe, rpt)] * (models_vary or not protocols_vary)
+                              + [protocol_label(proto)] * (protocols_vary or not models_vary))
             pl.line(ax, g["epoch"], g, f"{name} ({pl.n_label(g['n'])})", color=pl.colour(pe, rpt, proto),
                     ls="--" if rpt else "-")
         ax.set(title=pl.panel_title(rows), xlabel="epoch", ylabel=value.replace("_", " "))

@@ -46,8 +46,9 @@ def two_seeds(tmp_path_factory):
 
 
 def _line_colour(fig, label: str) -> str:
-    found = {to_hex(l.get_color()) for ax in fig.axes for l in ax.get_lines() if l.get_label().split(" (n=")[0] == label}
-    assert len(found) == 1, (label, found, [l.get_label() for ax in fig.axes for l in ax.get_lines()])
+    found = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()
+             if line.get_label().split(" (n=")[0] == label}
+    assert len(found) == 1, (label, found, [ln.get_label() for ax in fig.axes for ln in ax.get_lines()])
     return found.pop()
 
 
