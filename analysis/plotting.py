@@ -27,6 +27,7 @@ from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import offset_copy
 
 from analysis.claims import MODERN, canonical_protocol, model_key, model_label, protocol_label, seed_summary
 
@@ -42,6 +43,7 @@ PAGE_IN = 12.0
 # so a 0.01 seed spread is not drawn as the full height of the axis.
 MIN_SPAN = 0.1
 MAD_LABEL = "MAD / max grid distance √2(G−1)"
+LETTER = "panel letter"  # label of the panel-letter texts
 PAPER_MARKER = {"marker": "*", "ms": 12, "mec": "k", "mew": 0.7, "ls": "none", "zorder": 5}
 
 # -- one colour per condition ------------------------------------------------------------------
@@ -164,8 +166,10 @@ def letter_panels(fig: Figure) -> None:
     """a, b, c ... at the top left of each visible panel, in reading order; none on a single panel."""
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
     if len(panels) > 1:
+        # Above the y tick labels, left of the panel: never on the panel's title, however long.
         for i, ax in enumerate(panels):
-            ax.set_title(chr(ord("a") + i), loc="left", fontweight="bold", fontsize=FONT + 1)
+            ax.text(0, 1, chr(ord("a") + i), transform=offset_copy(ax.transAxes, fig, x=-6, y=5, units="points"),
+                    ha="right", va="bottom", fontweight="bold", fontsize=FONT + 1, label=LETTER)
 
 
 # -- rendering -----------------------------------------------------------------------------------
