@@ -53,6 +53,8 @@ HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
 # trainables.shapes.TEST_SIZE; tests/test_figures.py checks both); a folder data set's is unknown here.
 TEST_SPLIT_IMAGES = {"shapes": 2_000, "cifar10": 10_000, "cifar100": 10_000, "tinyimagenet": 10_000,
                      "imagenet100": 5_000}
+
+
 @dataclass
 class StudyData:
     """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
