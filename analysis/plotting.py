@@ -1,9 +1,10 @@
-"""Plot style and helpers shared by the report's figures (``analysis.figures``) and each trial's
-own figures (``analysis.figures_trial``): sizes and fonts fit for a paper (legends and ticks at
-9 pt or more, integer layer ticks, PNG at 150 dpi with an SVG beside it), seed-spread lines and
-points, and y ranges that never blow seed noise up to the full height of an axis.
+"""Plot style and helpers shared by the report's figures (``analysis.figures``) and each trial's own
+figure (``analysis.trial_record``): one colour per condition in every figure (``colour``), fonts that
+render at one size on the page whatever the panel count (``grid``, ``display_px``), axes fitted to the
+data, panel letters, captions written from what was drawn (``Drawn``, ``plot``), and PNG (150 dpi),
+SVG with editable text and PDF renderings.
 
-Figures are ``matplotlib.figure.Figure`` objects rendered by the Agg / SVG canvases: no pyplot,
+Figures are ``matplotlib.figure.Figure`` objects rendered by the Agg / SVG / PDF canvases: no pyplot,
 no global state, nothing left open. Titles belong to the page (the report's headings): a figure
 carries only its panels' titles, so a title never appears twice.
 """
@@ -11,36 +12,138 @@ carries only its panels' titles, so a title never appears twice.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_pdf import FigureCanvasPdf
 from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import offset_copy
 
-from analysis.claims import MODERN, model_key, protocol_key, seed_summary
+from analysis.claims import MODERN, canonical_protocol, model_key, model_label, protocol_label, seed_summary
 
 FONT = 10  # axis labels and panel titles
 SMALL = 9  # legends and tick labels: the floor for a printed figure
 DPI = 150
+# The page shows every figure at PX_PER_IN CSS pixels per figure inch, and no figure is wider than
+# PAGE_IN: a 9 pt label then renders at 12.5 px in a one-panel and a four-panel figure alike (a wider
+# figure would be shrunk to the page by the browser, and its labels with it).
+PX_PER_IN = 100
+PAGE_IN = 12.0
 # An axis showing a quantity in [0, 1] (accuracy, FS, MAD, entropy, SSDC) spans at least this much,
 # so a 0.01 seed spread is not drawn as the full height of the axis.
 MIN_SPAN = 0.1
 MAD_LABEL = "MAD / max grid distance √2(G−1)"
-
-
-SPREAD = "Lines: mean over seeds; bands/bars: 95% bootstrap CI of the mean; n = seeds."
-PE_COLOURS = {"none": "#7f7f7f", "ape": "#1f77b4", "sincos2d": "#ff7f0e", "rope2d": "#2ca02c",
-              "rope2d_mixed": "#9467bd"}
+LETTER = "panel letter"  # label of the panel-letter texts
 PAPER_MARKER = {"marker": "*", "ms": 12, "mec": "k", "mew": 0.7, "ls": "none", "zorder": 5}
 
+# -- one colour per condition ------------------------------------------------------------------
+# Figures draw two kinds of series: models (pe x token order) at the baseline protocol (Study P) and
+# protocols at ape, fixed order (Study L). The two meet at the reference condition (ape, baseline),
+# which is one colour in both. Keys are the registries' names (trainables.pos_embed.POS_EMBEDS,
+# trainables.protocols.PROTOCOLS; tests/test_figures.py checks every one has its own colour).
+PE_COLOURS = {"none": "#7f7f7f", "ape": "#1f77b4", "sincos2d": "#ff7f0e", "rope2d": "#2ca02c",
+              "rope2d_mixed": "#9467bd"}
+PROTOCOL_COLOURS = {"baseline": PE_COLOURS["ape"], "label_smoothing": "#bcbd22", "cutmix": "#d62728",
+                    "cutmix+label_smoothing": "#e377c2", "autoaugment": "#17becf",
+                    "autoaugment+label_smoothing": "#393b79", "autoaugment+cutmix": "#8c564b", MODERN: "#637939"}
+COLOURS = {**PE_COLOURS, **PROTOCOL_COLOURS}
+# Names the map has not seen: a colour from these, picked by a stable hash of the name (crc32, not
+# Python's salted hash), so a new PE or protocol keeps its colour across figures and runs.
+_FALLBACK = [to_hex(c) for c in colormaps["tab20b"].colors if to_hex(c) not in COLOURS.values()]
+RPT_DARKEN = 0.45  # RPT (random patch order in training): its PE's colour, darker, dashed
 
-class NoData(Exception):
-    """A figure's inputs are absent; the message is the note shown in its place."""
+
+def named_colour(name: str) -> str:
+    """The colour of a PE or protocol name; a deterministic default for a name not in ``COLOURS``."""
+    name = canonical_protocol(str(name))
+    return COLOURS.get(name) or _FALLBACK[zlib.crc32(name.encode()) % len(_FALLBACK)]
+
+
+def colour(pe: str = "ape", rpt: bool = False, protocol: str = "baseline") -> str:
+    """The one colour of the condition (pe, token order, protocol) in every figure, as ``#rrggbb``."""
+    protocol = canonical_protocol(str(protocol))
+    if protocol == "baseline":
+        base = named_colour(pe)
+    elif pe == "ape":
+        base = named_colour(protocol)
+    else:  # neither study's series: the pair's own default
+        base = named_colour(f"{pe}/{protocol}")
+    if not rpt:
+        return base
+    return to_hex(tuple(c * (1 - RPT_DARKEN) for c in to_rgb(base)))
+
+
+def model_style(pe: str, rpt: bool, protocol: str = "baseline") -> dict:
+    return {"color": colour(pe, rpt, protocol), "ls": "--" if rpt else "-", "marker": "s" if rpt else "o"}
+
+
+def protocol_colour(name: str, pe: str = "ape") -> str:
+    return colour(pe, False, name)
+
+
+# -- what a figure drew: the caption says that and no more --------------------------------------
+@dataclass
+class Drawn:
+    n: dict[str, int] = field(default_factory=dict)  # condition -> seeds behind its marks (the most)
+    lines: bool = False  # mean lines
+    points: bool = False  # single-seed dots beside a mean marker
+    ci: set[str] = field(default_factory=set)  # "bands", "bars": 95% bootstrap CIs drawn (need n >= 2)
+    se: bool = False  # a sampling SE bar (binomial for accuracy, delta method for FS)
+
+    def count(self, name: str, n: int) -> None:
+        self.n[name] = max(int(n), self.n.get(name, 0))
+
+
+_DRAWN: WeakKeyDictionary[Figure, Drawn] = WeakKeyDictionary()
+
+
+def drawn(fig: Figure) -> Drawn:
+    return _DRAWN.setdefault(fig, Drawn())
+
+
+def spread(fig: Figure) -> str:
+    """The caption's sentence on what the marks are: CI wording only where a CI was drawn, n per condition."""
+    d = drawn(fig)
+    if not d.n:
+        return ""
+    several = max(d.n.values()) > 1
+    parts = []
+    if d.lines:
+        parts.append("lines: mean over seeds" if several else "lines: one seed each")
+    if d.points:
+        parts.append("small dots: single seeds; large dots: their mean" if several else "dots: one seed each")
+    if d.ci:
+        parts.append(f"{' and '.join(sorted(d.ci))}: 95% bootstrap CI of the mean over seeds"
+                     + (" (none where n = 1)" if min(d.n.values()) == 1 else ""))
+    elif not several:
+        parts.append("no interval over seeds")
+    if d.se:
+        parts.append("grey bars: ± sampling SE of one trial's value from its evaluation images (binomial for "
+                     "accuracy, delta method over the paired counts for FS)")
+    ns = sorted(set(d.n.values()))
+    if len(ns) == 1:
+        counts = f"n = {ns[0]} seed{'s' if ns[0] > 1 else ''} per condition"
+    elif len(d.n) <= 8:
+        counts = "n (seeds) per condition: " + ", ".join(f"{k} {v}" for k, v in d.n.items())
+    else:
+        counts = f"n = {ns[0]}-{ns[-1]} seeds per condition (each legend entry or tick names its own)"
+    text = "; ".join(parts) + "; " + counts + "."
+    return text[0].upper() + text[1:]
+
+
+def caption(fig: Figure, text: str, pinned: str = "") -> str:
+    pinned = "; ".join(dict.fromkeys(p for p in pinned.split("; ") if p))  # panels often pin alike
+    return f"{text} {spread(fig)}".strip() + (f" Other factors held at: {pinned}." if pinned else "")
 
 
 @dataclass
@@ -50,6 +153,27 @@ class Plot:
     caption: str
 
 
+class NoData(Exception):
+    """A figure's inputs are absent; the message is the note shown in its place."""
+
+
+def plot(title: str, fig: Figure, text: str, pinned: str = "") -> Plot:
+    """The finished figure: panel letters on a multi-panel figure, the caption from what was drawn."""
+    letter_panels(fig)
+    return Plot(title, fig, caption(fig, text, pinned))
+
+
+def letter_panels(fig: Figure) -> None:
+    """a, b, c ... at the top left of each visible panel, in reading order; none on a single panel."""
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    if len(panels) > 1:
+        # Above the y tick labels, left of the panel: never on the panel's title, however long.
+        for i, ax in enumerate(panels):
+            ax.text(0, 1, chr(ord("a") + i), transform=offset_copy(ax.transAxes, fig, x=-6, y=5, units="points"),
+                    ha="right", va="bottom", fontweight="bold", fontsize=FONT + 1, label=LETTER)
+
+
+# -- rendering -----------------------------------------------------------------------------------
 def render_png(fig: Figure, dpi: int = DPI) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -57,13 +181,39 @@ def render_png(fig: Figure, dpi: int = DPI) -> bytes:
     return buf.getvalue()
 
 
-def render_svg(fig: Figure) -> bytes:
-    """The figure as SVG (vector: text stays text, lines stay lines)."""
-    FigureCanvasSVG(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="svg")
+def _vector(fig: Figure, canvas, fmt: str) -> bytes:
+    # Text stays text: SVG <text> elements, TrueType (Type 42) fonts in the PDF, so labels can be edited
+    # and searched. Scoped to this call: nothing else in the process sees the rcParams.
+    with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42}):
+        canvas(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt)
     FigureCanvasAgg(fig)  # back on the raster canvas, so a later render_png still works
     return buf.getvalue()
+
+
+def render_svg(fig: Figure) -> bytes:
+    """The figure as SVG: vector lines, text as editable <text>."""
+    return _vector(fig, FigureCanvasSVG, "svg")
+
+
+def render_pdf(fig: Figure) -> bytes:
+    """The figure as PDF: vector lines, text as embedded TrueType text."""
+    return _vector(fig, FigureCanvasPdf, "pdf")
+
+
+def display_px(fig: Figure) -> int:
+    """Width in CSS pixels the page shows the figure at (PX_PER_IN per inch; never over the page)."""
+    return round(fig.get_figwidth() * PX_PER_IN)
+
+
+# -- layout and style ----------------------------------------------------------------------------
+def grid(nrows: int, ncols: int, w: float = 4.6, h: float = 3.5, **kw) -> tuple[Figure, np.ndarray]:
+    """A figure of nrows x ncols panels, w x h inches each, narrowed so the figure fits PAGE_IN: fonts
+    keep their size on the page (a wider figure would be scaled down whole). No figure title."""
+    w = min(w, PAGE_IN / ncols)
+    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
 
 
 def style(ax, *, layer_axis: str | None = None, min_span: float | None = MIN_SPAN) -> None:
@@ -82,48 +232,56 @@ def style(ax, *, layer_axis: str | None = None, min_span: float | None = MIN_SPA
             ax.set_ylim(mid - min_span / 2, mid + min_span / 2)
 
 
+def fitted(values, pad: float = 0.06, min_span: float = 0.05) -> tuple[float, float]:
+    """Axis limits around the finite ``values`` with ``pad`` of the span on each side (no pinned edge)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return 0.0, 1.0
+    low, high = float(v.min()), float(v.max())
+    if high - low < min_span:
+        mid = (low + high) / 2
+        low, high = mid - min_span / 2, mid + min_span / 2
+    margin = (high - low) * pad
+    return low - margin, high + margin
+
+
 def legend(ax, **kw) -> None:
     """A legend at the paper floor size (never smaller than ``SMALL``)."""
     if kw.get("handles") is not None or ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=SMALL, **kw)
 
 
-# -- helpers -------------------------------------------------------------------------
-def grid(nrows: int, ncols: int, w: float = 4.6, h: float = 3.5, **kw) -> tuple[Figure, np.ndarray]:
-    """A figure of nrows x ncols panels, w x h inches each; no figure title (the page has it)."""
-    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
-    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+def panel_title(rows: pd.DataFrame, *extra: str) -> str:
+    """The panel's factor values: its data set, and model and protocol where the panel holds one."""
+    parts = [", ".join(datasets(rows))] if "dataset" in rows and not rows.empty else []
+    if {"pe", "rpt"} <= set(rows) and rows.groupby(["pe", "rpt"]).ngroups == 1:
+        parts.append(model_label(rows["pe"].iloc[0], bool(rows["rpt"].iloc[0])))
+    if "protocol" in rows and rows["protocol"].nunique() == 1:
+        parts.append(protocol_label(rows["protocol"].iloc[0]))
+    return ", ".join([*parts, *filter(None, extra)])
 
 
+# -- marks ---------------------------------------------------------------------------------------
 def n_label(ns) -> str:
     ns = [int(n) for n in ns]
     lo, hi = min(ns), max(ns)
     return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
 
 
-def caption(text: str, pinned: str, spread: str = SPREAD) -> str:
-    pinned = "; ".join(dict.fromkeys(p for p in pinned.split("; ") if p))  # panels often pin alike
-    return f"{text} {spread}".strip() + (f" Other factors held at: {pinned}." if pinned else "")
-
-
-def model_style(pe: str, rpt: bool) -> dict:
-    return {"color": PE_COLOURS.get(pe, "#8c564b"), "ls": "--" if rpt else "-", "marker": "s" if rpt else "o"}
-
-
-def protocol_colour(name: str) -> str:
-    order = sorted(["baseline", "autoaugment", "cutmix", "label_smoothing", "autoaugment+cutmix",
-                    "autoaugment+label_smoothing", "cutmix+label_smoothing", MODERN], key=protocol_key)
-    return colormaps["tab10"](order.index(name) if name in order else 9)
-
-
-def line(ax, x, s: pd.DataFrame, label: str, **style) -> None:
-    """Mean line with its CI band; x and s aligned."""
+def line(ax, x, s: pd.DataFrame, label: str, name: str | None = None, **style) -> None:
+    """Mean line with its CI band where n >= 2; x and s aligned. ``name``: the condition the caption
+    counts (default: the label without its n)."""
     x = np.asarray(x, dtype=float)
     ax.plot(x, s["mean"], label=label, ms=4, lw=1.6, **style)
     low, high = s["low"].to_numpy(float), s["high"].to_numpy(float)
     ok = np.isfinite(low) & np.isfinite(high)
+    d = drawn(ax.figure)
+    d.lines = True
+    d.count(name or label.split(" (n=")[0], s["n"].max() if len(s) else 0)
     if ok.any():
         ax.fill_between(x[ok], low[ok], high[ok], color=style.get("color"), alpha=0.15, lw=0)
+        d.ci.add("bands")
 
 
 def ci_bar(s) -> list | None:
@@ -131,18 +289,37 @@ def ci_bar(s) -> list | None:
     return [[s.mean - s.low], [s.high - s.mean]] if s.n > 1 else None
 
 
-def points(ax, x: float, values, colour, label: str | None = None, se: float = float("nan")) -> None:
-    """Every seed as a dot beside the mean ± 95% CI bar; ``se``, when known, as a grey ± bar beside it."""
+def points(ax, x: float, values, colour, name: str, label: str | None = None, se: float = float("nan")) -> None:
+    """Every seed as a dot beside the mean (± 95% CI bar where n >= 2); ``se``, when known, as a grey ±
+    bar beside it. ``name``: the condition the caption counts."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     s = seed_summary(v)
     if s.n == 0:
         return
+    d = drawn(ax.figure)
+    d.points = True
+    if s.n > 1:
+        d.ci.add("bars")
+    d.count(name, s.n)
     offsets = np.linspace(-0.12, 0.12, v.size) if v.size > 1 else np.zeros(1)
     ax.plot(x - 0.2 + offsets, v, "o", ms=3, color=colour, alpha=0.45, mew=0)
     ax.errorbar([x], [s.mean], yerr=ci_bar(s), fmt="o", color=colour, ms=6, capsize=4, lw=1.5, label=label)
     if np.isfinite(se):
         ax.errorbar([x + 0.14], [s.mean], yerr=[[se], [se]], fmt="none", ecolor="0.45", capsize=2, lw=1)
+        d.se = True
+
+
+def mean_point(ax, xs, ys, name: str, **style) -> None:
+    """The mean over seeds of (x, y), with 95% CIs on both axes where n >= 2."""
+    sx, sy = seed_summary(xs), seed_summary(ys)
+    if sx.n == 0 or sy.n == 0:
+        return
+    d = drawn(ax.figure)
+    d.count(name, min(sx.n, sy.n))
+    if sx.n > 1:
+        d.ci.add("bars")
+    ax.errorbar([sx.mean], [sy.mean], xerr=ci_bar(sx), yerr=ci_bar(sy), fmt="o", ms=6, elinewidth=1, **style)
 
 
 def by_model(s: pd.DataFrame):
@@ -153,6 +330,12 @@ def by_model(s: pd.DataFrame):
 
 def datasets(df: pd.DataFrame) -> list[str]:
     return sorted(map(str, df["dataset"].unique()))
+
+
+def held(df: pd.DataFrame, factor: str, default: str = "baseline") -> str:
+    """The one value a pinned frame holds ``factor`` at (the colour of its series depends on it)."""
+    values = df[factor].unique() if factor in df else []
+    return str(values[0]) if len(values) == 1 else default
 
 
 def paper_handle(label: str) -> Line2D:

@@ -48,6 +48,13 @@ log = logging.getLogger(__name__)
 
 # Headline severities of Study P's fragility score (FS): JPEG quality 5, blur kernel 5 sigma 2.5.
 HEADLINE_JPEG_QUALITY, HEADLINE_BLUR_SIGMA = 5.0, 2.5
+# Images of each data set's official test split: the n behind trials.test_acc (training measures it on
+# the whole split), whatever cap the analysis set had. From trainables.datasets.DATASETS (shapes:
+# trainables.shapes.TEST_SIZE; tests/test_figures.py checks both); a folder data set's is unknown here.
+TEST_SPLIT_IMAGES = {"shapes": 2_000, "cifar10": 10_000, "cifar100": 10_000, "tinyimagenet": 10_000,
+                     "imagenet100": 5_000}
+
+
 @dataclass
 class StudyData:
     """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
@@ -134,9 +141,11 @@ class StudyData:
         network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the PE-scaling rows
         at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the headline
         level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
-        standard errors test_acc_se (binomial) and fs_jpeg_se, fs_blur_se (delta method from the paired
-        counts, ``seedstats.fragility_se``; the binomial approximation for measurements stored without
-        them), NaN where the measurements carry no n_images."""
+        standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
+        on (``TEST_SPLIT_IMAGES``; test_acc_se_on_subset marks one over n_images instead: split size
+        unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
+        method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
+        measurements stored without them); NaN where no n is known."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
         out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
@@ -152,7 +161,8 @@ class StudyData:
         tuning = (t.set_index("trial_id")["eval_split"].reindex(out.index) == "holdout") if "eval_split" in t else \
             pd.Series(False, index=out.index)
         measured = per(self.select("clean", "acc")).reindex(out.index)
-        out["test_acc"] = column("test_acc").combine_first(measured).where(~tuning)
+        acc = column("test_acc").where(~tuning)
+        out["test_acc"] = acc.combine_first(measured).where(~tuning)
         out["eval_acc"] = column("eval_acc")
         out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
         out["dssdc"] = per(self.select("rpi", "dssdc"))
@@ -178,9 +188,12 @@ class StudyData:
         last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
         out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
         acc_clean = measured.combine_first(out["test_acc"])
-        # test_acc is over the whole test split, the measurements' n_images unless they were capped
-        # (then this SE overstates it).
-        out["test_acc_se"] = numbers.binomial_se(out["test_acc"], out["n_images"])
+        # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
+        # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
+        split = out["dataset"].map(TEST_SPLIT_IMAGES).where(acc.notna()).astype(float)
+        out["test_images"] = split
+        out["test_acc_se_on_subset"] = split.isna() & out["n_images"].notna() & out["test_acc"].notna()
+        out["test_acc_se"] = numbers.binomial_se(out["test_acc"], split.fillna(out["n_images"]))
         for name, counts in paired.items():
             from_counts = pd.Series(numbers.fragility_se(*counts, out["n_images"]), index=out.index)
             approx = pd.Series(numbers.fragility_se_without_counts(out[name], acc_clean, out["n_images"]),
@@ -263,13 +276,16 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
             body[section].append(f'<p class="omitted">{_e(title)}: could not be drawn ({_e(repr(err))}).</p>')
             continue
         for plot in plots:
+            slug = _slug(plot.title)
             png = figures.render_png(plot.figure)
-            (out / f"{_slug(plot.title)}.png").write_bytes(png)
-            (out / f"{_slug(plot.title)}.svg").write_bytes(figures.render_svg(plot.figure))
+            (out / f"{slug}.png").write_bytes(png)
+            (out / f"{slug}.svg").write_bytes(figures.render_svg(plot.figure))
+            (out / f"{slug}.pdf").write_bytes(figures.render_pdf(plot.figure))
             src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-            body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}">'
-                                 f"<figcaption>{_e(plot.caption)} (<a href='{_slug(plot.title)}.svg'>SVG</a>)"
-                                 "</figcaption></figure>")
+            # Shown at a fixed scale (plotting.PX_PER_IN), so every figure's text renders at one size.
+            body[section].append(f'<figure><h3>{_e(plot.title)}</h3><img src="{src}" alt="{_e(plot.title)}" '
+                                 f'width="{figures.display_px(plot.figure)}"><figcaption>{_e(plot.caption)} '
+                                 f"(<a href='{slug}.svg'>SVG</a>, <a href='{slug}.pdf'>PDF</a>)</figcaption></figure>")
     body["L"].extend(_ablation_html(data))
     body["T"].insert(0, _conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)
@@ -312,7 +328,7 @@ def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: P
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
         tracking.log_artifact_file(uri, run_id, claims)
-        for figure in sorted(index.parent.glob("*.png")) + sorted(index.parent.glob("*.svg")):
+        for figure in sorted(f for ext in ("png", "svg", "pdf") for f in index.parent.glob(f"*.{ext}")):
             tracking.log_artifact_file(uri, run_id, figure, "figures")
         tracking.end_trial_run(uri, run_id)
     except Exception as err:  # noqa: BLE001
@@ -464,12 +480,29 @@ def _conditions_html(data: StudyData) -> str:
         return '<p class="omitted">Conditions table: omitted (no finished trials).</p>'
     return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
-            "them). Every seed is measured on the same n images, so the seed spread holds no test-set sampling "
-            "error: the SE columns give it (one trial's value, from n images: binomial for accuracy; for FS the "
-            "delta method over the paired counts of images right clean and shifted, right clean only, right "
-            "shifted only). <i>did not learn</i>: trials within 2 points of chance accuracy, of the <i>n</i>; "
-            "their values are in the means here, and the claims show them apart. <i>paper</i>: the paper's "
-            "numbers where the setting matches.</p>" + _table(table))
+            "them). Every seed is measured on the same images, so the seed spread holds no test-set sampling "
+            "error: the SE columns give it (one trial's value: binomial for accuracy; for FS the delta method "
+            "over the paired counts of images right clean and shifted, right clean only, right shifted only). "
+            f"{_se_note(data.per_trial)} <i>did not learn</i>: trials within 2 points of chance accuracy, of the "
+            "<i>n</i>; their values are in the means here, and the claims show them apart. <i>paper</i>: the "
+            "paper's numbers where the setting matches.</p>" + _table(table))
+
+
+def _se_note(pt: pd.DataFrame) -> str:
+    """Which images each SE is over: test accuracy's the test split it was measured on, FS's the
+    analysis set (<i>n images</i>); says so where an accuracy SE had only the analysis set to go on."""
+    if pt.empty or "test_images" not in pt:
+        return ""
+    split = pt.dropna(subset=["test_images"]).groupby("dataset")["test_images"].max()
+    said = ", ".join(f"{_e(str(ds))} {int(n):,}" for ds, n in split.items())
+    note = (f"Test accuracy's SE is over the test split's images ({said}), FS's over the analysis set's "
+            "<i>n images</i>." if said else "FS's SE is over the analysis set's <i>n images</i>.")
+    subset = sorted(map(str, pt.loc[pt["test_acc_se_on_subset"].astype(bool), "dataset"].unique()))
+    if subset:
+        note += (f" For {_e(', '.join(subset))} the test accuracy SE is over the analysis set's <i>n images</i> "
+                 "(test split size unknown here, or the accuracy is the analysis set's): larger than the "
+                 "test split's where that set is a capped subset.")
+    return note
 
 
 def _config_html(data: StudyData) -> str:

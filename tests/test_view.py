@@ -4,6 +4,7 @@ written with the project's own Parquet writer; a real SQLite MLflow store."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -74,13 +75,20 @@ def test_figures_render_at_paper_defaults_with_parsable_svgs(tmp_path):
         low, high = ax.get_ylim()
         assert high - low >= 0.1 - 1e-9  # a 0.01 seed spread is not blown up to the axis height
     out = build_report(results, "fig").parent
-    pngs, svgs = sorted(out.glob("*.png")), sorted(out.glob("*.svg"))
-    assert pngs and [p.stem for p in pngs] == [s.stem for s in svgs]
+    pngs, svgs, pdfs = (sorted(out.glob(f"*.{ext}")) for ext in ("png", "svg", "pdf"))
+    assert pngs and [p.stem for p in pngs] == [s.stem for s in svgs] == [p.stem for p in pdfs]
     for svg in svgs:
-        assert ET.parse(svg).getroot().tag.endswith("svg")
+        root = ET.parse(svg).getroot()
+        assert root.tag.endswith("svg") and next(root.iter("{http://www.w3.org/2000/svg}text"), None) is not None
+    assert all(p.read_bytes().startswith(b"%PDF") for p in pdfs)
     with Image.open(pngs[0]) as image:
         assert image.info["dpi"][0] == pytest.approx(150, abs=1)
     page = (out / "index.html").read_text()
+    # Every figure is shown at one scale, never wider than the page, and links its SVG and PDF.
+    widths = [int(w) for w in re.findall(r'<img src="data:image/png;base64,[^"]*" alt="[^"]*" width="(\d+)"', page)]
+    assert len(widths) == len(pngs) and max(widths) <= 1200
+    for png in pngs:
+        assert f"<a href='{png.stem}.svg'>SVG</a>, <a href='{png.stem}.pdf'>PDF</a>" in page
     assert "Emergence over training" in page and "<h3>Emergence" in page
     assert "<details><summary>" in page and "without data in this study" in page  # no-data claims folded
 

@@ -1,0 +1,197 @@
+"""Figures a paper can use (#25): one colour per condition in every figure, text that renders at one size
+on the page, axes fitted to the data, panel titles and letters, captions that say what is drawn, SVG with
+editable text and a PDF, and the accuracy's binomial SE over the images it was measured on. Synthetic
+studies from tests/test_report.py (no Ray)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+
+import matplotlib
+import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.colors import to_hex
+from PIL import Image
+from test_report import N_IMAGES, write_study
+
+from analysis import claims as numbers
+from analysis import figures
+from analysis import plotting as pl
+from analysis import report
+from analysis.report import StudyData
+
+PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
+MODELS = [("none", False), ("ape", False), ("ape", True)]
+
+
+def _study(tmp_path_factory, name: str, seeds: int, datasets=("cifar100",)) -> StudyData:
+    results = str(tmp_path_factory.mktemp(name))
+    for ds in datasets:
+        write_study(results, name, seeds=seeds, protocols=PROTOCOLS, models=MODELS, checkpoints=(0, 4), dataset=ds)
+    return StudyData.load(results, name)
+
+
+@pytest.fixture(scope="module")
+def one_seed(tmp_path_factory):
+    return _study(tmp_path_factory, "one", seeds=1)
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    return _study(tmp_path_factory, "two", seeds=2, datasets=("cifar100", "cifar10"))
+
+
+def _line_colour(fig, label: str) -> str:
+    found = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()
+             if line.get_label().split(" (n=")[0] == label}
+    assert len(found) == 1, (label, found, [ln.get_label() for ax in fig.axes for ln in ax.get_lines()])
+    return found.pop()
+
+
+def _panel(fig, protocol: str):
+    return next(ax for ax in fig.axes if ax.get_visible() and numbers.protocol_label(protocol) in ax.get_title())
+
+
+def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
+    from trainables.pos_embed import POS_EMBEDS
+    from trainables.protocols import PROTOCOLS as REGISTRY
+
+    pes = {pe: pl.named_colour(pe) for pe in POS_EMBEDS}
+    protocols = {numbers.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
+    assert set(POS_EMBEDS) <= set(pl.COLOURS) and set(protocols) <= set(pl.COLOURS)  # none falls to the default
+    assert len(set(pes.values())) == len(pes)
+    assert len(set(protocols.values())) == len(protocols)
+    # PE and protocol series meet only at the reference condition (ape, baseline): one colour in both.
+    assert set(pes.values()) & set(protocols.values()) == {pes["ape"]} == {protocols["baseline"]}
+    assert pl.colour("ape", True) not in (pes["ape"], *pes.values(), *protocols.values())  # RPT: its own shade
+    assert pl.colour("ape", False, "modern") == protocols[numbers.MODERN]
+    # A name the map has not seen: the same default in another process (no salted hash()).
+    here = pl.named_colour("my_new_pe")
+    code = "from analysis import plotting; print(plotting.named_colour('my_new_pe'))"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "7"}).stdout.strip()
+    assert there == here and here not in pl.COLOURS.values()
+
+
+def test_a_condition_has_the_same_colour_in_every_figure(one_seed):
+    data = one_seed
+    (ssdc,) = figures.ssdc_clean(data)
+    (curves,) = figures.training_curves(data)
+    (emergence,) = figures.emergence(data)
+    (mad,) = figures.mad_per_layer(data)
+    (summary,) = figures.protocol_summary(data)
+    (accuracy,) = figures.accuracy_fragility(data)
+    # Study P's series (models at baseline) against the training curves' conditions.
+    for pe, rpt in MODELS:
+        model = numbers.model_label(pe, rpt)
+        assert _line_colour(ssdc.figure, model) == _line_colour(curves.figure, f"{model} / baseline") == \
+            pl.colour(pe, rpt, "baseline"), model
+    assert _line_colour(ssdc.figure, "none") == _line_colour(emergence.figure, "none")
+    # Study L's series (protocols at ape) in four figures; ape baseline is ape's colour from Study P.
+    for protocol in PROTOCOLS:
+        label = numbers.protocol_label(protocol)
+        per_layer = {to_hex(l.get_color()) for l in _panel(mad.figure, protocol).get_lines()}
+        assert per_layer == {_line_colour(emergence.figure, label)} == {_line_colour(curves.figure, f"ape / {label}")}
+    dots = _mean_markers(summary.figure.axes[0])  # one per protocol
+    assert dots == [pl.colour("ape", False, p) for p in PROTOCOLS]
+    assert dots[0] == _line_colour(ssdc.figure, "ape") == _mean_markers(accuracy.figure.axes[0])[1]  # ape's marker
+
+
+def _mean_markers(ax) -> list[str]:
+    return [to_hex(c.lines[0].get_color()) for c in ax.containers if c.lines[0] is not None]  # not the SE bars
+
+
+def test_captions_say_what_is_drawn(one_seed, two_seeds):
+    for draw in (figures.ssdc_clean, figures.accuracy_fragility, figures.protocol_summary, figures.mad_entropy,
+                 figures.training_curves):
+        (single,) = draw(one_seed)
+        assert not re.search(r"\bCI\b", single.caption) and "n = 1 seed per condition" in single.caption, single.caption
+        assert not any(isinstance(c, PolyCollection) for ax in single.figure.axes for c in ax.collections)
+        (double,) = draw(two_seeds)
+        assert "95% bootstrap CI" in double.caption and "n = 2 seeds per condition" in double.caption, double.caption
+    (accuracy,) = figures.accuracy_fragility(one_seed)
+    assert "sampling SE" in accuracy.caption  # the grey SE bars are drawn from n images even for one seed
+
+
+def test_text_renders_at_one_size_whatever_the_panel_count(one_seed):
+    data = one_seed
+    sizes, panel_counts = set(), set()
+    for draw in (figures.ssdc_clean, figures.fragility_severity, figures.pe_scaling, figures.mad_per_layer,
+                 figures.mad_entropy):
+        fig = draw(data)[0].figure
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        panel_counts.add(len(panels))
+        asked = figures.display_px(fig)  # the <img> width the report gives it
+        with Image.open(io.BytesIO(figures.render_png(fig))) as png:
+            assert png.size[0] * pl.PX_PER_IN / pl.DPI == pytest.approx(asked, abs=1)
+        shown = min(asked, pl.PAGE_IN * pl.PX_PER_IN)  # a wider one is shrunk to the page, text with it
+        for ax in panels:
+            for tick in ax.get_xticklabels() + ax.get_yticklabels():
+                sizes.add(round(tick.get_fontsize() / 72 * shown / fig.get_figwidth(), 2))  # CSS px on the page
+    assert panel_counts == {1, 2, 3, 4} and sizes == {12.5}
+
+
+def test_mad_entropy_axes_fit_every_point(one_seed):
+    (plot,) = figures.mad_entropy(one_seed)
+    for ax in (a for a in plot.figure.axes if a.get_visible()):
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        pts = [c.get_offsets() for c in ax.collections if isinstance(c, PathCollection)][0]
+        for low, high, v in ((x0, x1, pts[:, 0]), (y0, y1, pts[:, 1])):
+            span = high - low
+            assert low + 0.03 * span <= v.min() and v.max() <= high - 0.03 * span  # no point on an edge
+
+
+def test_panel_titles_name_their_factors_and_panels_are_lettered(one_seed, two_seeds):
+    (fragility,) = figures.fragility_severity(two_seeds)
+    panels = fragility.figure.axes
+    assert [ax.get_title() for ax in panels] == ["cifar10, baseline, jpeg", "cifar10, baseline, blur",
+                                                 "cifar100, baseline, jpeg", "cifar100, baseline, blur"]
+    assert [_letters(ax) for ax in panels] == [["a"], ["b"], ["c"], ["d"]]
+    (mad,) = figures.mad_per_layer(one_seed)[:1]
+    assert _panel(mad.figure, "cutmix").get_title() == "cifar100, ape, CutMix, n=1"
+    (single,) = figures.ssdc_clean(one_seed)
+    assert single.figure.axes[0].get_title() == "cifar100, baseline" and _letters(single.figure.axes[0]) == []
+
+
+def _letters(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts if t.get_label() == pl.LETTER]
+
+
+def test_svg_text_is_editable_and_every_figure_has_a_pdf(one_seed):
+    (plot,) = figures.ssdc_clean(one_seed)
+    before = matplotlib.rcParams["svg.fonttype"]
+    svg = figures.render_svg(plot.figure).decode()
+    assert "<text" in svg and "layer l (input of block l)" in svg  # text, not glyph outlines
+    pdf = figures.render_pdf(plot.figure)
+    assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf  # embedded TrueType: text stays text
+    assert matplotlib.rcParams["svg.fonttype"] == before  # scoped to the rendering
+    assert figures.render_png(plot.figure).startswith(b"\x89PNG")  # back on the raster canvas
+
+
+def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
+    from trainables import datasets, shapes
+
+    for name, n in report.TEST_SPLIT_IMAGES.items():  # the copies agree with the data sets' own numbers
+        described = re.search(r"/ ~?([\d,]+) (?:test|val)", datasets.DATASETS[name].description).group(1)
+        assert int(described.replace(",", "")) == n, name
+    assert report.TEST_SPLIT_IMAGES["shapes"] == shapes.TEST_SIZE
+    results = str(tmp_path)
+    write_study(results, "se", seeds=1, protocols=["baseline"], models=[("none", False)], checkpoints=(4,),
+                tables=("trials", "measurements"))
+    write_study(results, "se", seeds=1, protocols=["baseline"], models=[], checkpoints=(4,), dataset="folder",
+                tables=("trials", "measurements"))
+    pt = StudyData.load(results, "se").per_trial.set_index("dataset")
+    cifar, folder = pt.loc[pt.index == "cifar100"].iloc[0], pt.loc["folder"]
+    assert cifar["n_images"] == N_IMAGES and cifar["test_images"] == 10_000  # a 2,000-image analysis set
+    assert cifar["test_acc_se"] == pytest.approx(numbers.binomial_se(cifar["test_acc"], 10_000))
+    assert cifar["fs_jpeg_se"] == pytest.approx(
+        numbers.fragility_se(cifar["fs_jpeg"], cifar["acc_clean"], N_IMAGES))  # FS is the analysis set's
+    assert folder["test_acc_se_on_subset"] and not cifar["test_acc_se_on_subset"]
+    assert folder["test_acc_se"] == pytest.approx(numbers.binomial_se(folder["test_acc"], N_IMAGES))
+    note = report._se_note(StudyData.load(results, "se").per_trial)
+    assert "test split's images (cifar100 10,000)" in note
+    assert "For folder the test accuracy SE is over the analysis set's" in note
