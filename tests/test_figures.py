@@ -189,7 +189,7 @@ def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
     assert cifar["n_images"] == N_IMAGES and cifar["test_images"] == 10_000  # a 2,000-image analysis set
     assert cifar["test_acc_se"] == pytest.approx(numbers.binomial_se(cifar["test_acc"], 10_000))
     assert cifar["fs_jpeg_se"] == pytest.approx(
-        numbers.fragility_se(cifar["fs_jpeg"], cifar["acc_clean"], N_IMAGES))  # FS is the analysis set's
+        numbers.fragility_se_without_counts(cifar["fs_jpeg"], cifar["acc_clean"], N_IMAGES))  # the analysis set's
     assert folder["test_acc_se_on_subset"] and not cifar["test_acc_se_on_subset"]
     assert folder["test_acc_se"] == pytest.approx(numbers.binomial_se(folder["test_acc"], N_IMAGES))
     note = report._se_note(StudyData.load(results, "se").per_trial)
