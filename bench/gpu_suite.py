@@ -59,7 +59,7 @@ from trainables.config import RunConfig
 from trainables.images import TensorImages
 from trainables.inputs import TrainSource, decode_on_device
 from trainables.packed import PackedViT
-from trainables.train import _epoch_seed, build_optimizer, pack_step
+from trainables.train import epoch_seed, build_optimizer, pack_step
 from trainables.vit import ViTConfig
 
 AUGMENTATIONS = [  # (name, image side, strong augmentation)
@@ -161,8 +161,8 @@ def section_memory_and_step(device, budget_s: float, tiny: bool, compile_budget_
         if compiled:
             pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
         pack.train()
-        mix_gen = torch.Generator().manual_seed(_epoch_seed(0, 1, 2))
-        perm_gen = torch.Generator().manual_seed(_epoch_seed(0, 1, 3))
+        mix_gen = torch.Generator().manual_seed(epoch_seed(0, 1, 2))
+        perm_gen = torch.Generator().manual_seed(epoch_seed(0, 1, 3))
         batches = iter(())
         epoch = [0]
 
