@@ -23,7 +23,8 @@ Two modes, stacked:
     (nonzero, boolean-mask indexing, unique, ...): each waits for the device.
 
   A read returns a dummy value (0, or zeros from a copy) so a count can be taken on code
-  that still syncs; `strict=True` raises instead.
+  that still syncs; `strict=True` raises instead. Ops with data-dependent output sizes are
+  counted, then fail (DynamicOutputShapeException: the fake mode cannot know their size).
 
 The CPU build has no pinned memory: `pin_memory()` is stubbed (the tensor itself, marked
 pinned). Backward needs a CUDA context (hasPrimaryContext), so tests stop at the loss.
