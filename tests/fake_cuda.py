@@ -42,8 +42,6 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables.images import clear_device_constants
-
 aten = torch.ops.aten
 
 # Ops whose output size (or value on the host) depends on device data: each waits for the device.
@@ -65,17 +63,18 @@ def _target(kwargs) -> torch.device | None:
 
 class SyncCounter(TorchDispatchMode):
     """Counts blocking host-to-device copies and device reads (see the module docstring);
-    `ops`: every op dispatched (a proxy for kernel launches)."""
+    `ops`: every op dispatched; `device_ops`: those that compute on CUDA (no views): a proxy
+    for kernel launches."""
 
     def __init__(self, strict: bool = False):
         super().__init__()
         self.strict = strict
-        self.blocking_copies = self.device_reads = self.ops = 0
+        self.blocking_copies = self.device_reads = self.ops = self.device_ops = 0
         self.events: list[str] = []
         self._pinned = weakref.WeakValueDictionary()  # id -> tensor (tensors compare by value, not identity)
 
     def reset(self) -> None:
-        self.blocking_copies = self.device_reads = self.ops = 0
+        self.blocking_copies = self.device_reads = self.ops = self.device_ops = 0
         self.events = []
 
     def _copy_event(self, what: str, src: torch.Tensor, non_blocking: bool) -> None:
@@ -99,6 +98,7 @@ class SyncCounter(TorchDispatchMode):
         on_cuda = any(_is_cuda(t) for t in tensors)
         target = _target(kwargs)
         self.ops += 1
+        self.device_ops += (on_cuda or (target is not None and target.type == "cuda")) and not func.is_view
         if func is aten._pin_memory.default:
             self._pinned[id(args[0])] = args[0]
             return args[0]
@@ -137,6 +137,13 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def clear_device_constants() -> None:
+    from trainables import images
+
+    # (a checkout from before the registry has none: bench/host_syncs.py measures such a baseline)
+    getattr(images, "clear_device_constants", lambda: None)()
+
+
 @contextlib.contextmanager
 def fake_cuda(strict: bool = False):
     """FakeTensorMode + SyncCounter; yields the counter. See the module docstring."""
@@ -157,19 +164,20 @@ STRONG_AT = {"autoaugment_cifar10": ("cifar10", 32), "color_jitter": ("tinyimage
 
 
 def member_configs(protocols, *, dataset: str = "cifar10", img_size: int = 32, batch_size: int = 16,
-                   rpt_per_image: bool = False):
-    """Tiny RunConfigs, one per protocol name (seeds 0, 1, ...); RPT on for every other member."""
+                   rpt_per_image: bool = False, preset: str = "tiny", rpt: bool | None = None):
+    """RunConfigs, one per protocol name (seeds 0, 1, ...); RPT on every other member (rpt=None) or all/none."""
     from trainables.config import RunConfig
     from trainables.protocols import Protocol
     from trainables.vit import ViTConfig
 
-    model = ViTConfig.preset("tiny", img_size=img_size, patch_size=img_size // 8, num_classes=10)
+    model = ViTConfig.preset(preset, img_size=img_size, patch_size=img_size // 8, num_classes=10)
     cfgs = []
     for seed, name in enumerate(protocols):
         p = Protocol.from_name(name)
-        cfgs.append(RunConfig(dataset=dataset, preset="tiny", model=model, batch_size=batch_size, seed=seed,
+        cfgs.append(RunConfig(dataset=dataset, preset=preset, model=model, batch_size=batch_size, seed=seed,
                               autoaugment=p.autoaugment, cutmix=p.cutmix, label_smoothing=p.label_smoothing,
-                              rpt=seed % 2 == 1, rpt_per_image=rpt_per_image, device="cuda"))
+                              rpt=seed % 2 == 1 if rpt is None else rpt, rpt_per_image=rpt_per_image,
+                              device="cuda"))
     return cfgs
 
 
