@@ -143,3 +143,27 @@ def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_an
         box = resized_crop_params(np.array([key]), np.array([image.shape[1]]), np.array([image.shape[2]]))[0]
         crops.append(resized_crop(image, box, 128))
     assert torch.equal(streamed, apply(spec, torch.stack(crops), draw(spec, keys)))
+
+
+def test_a_pack_is_augmented_in_one_call_per_protocol_group(split, monkeypatch):
+    """Four members, two protocols: per chunk one `apply` per protocol, and each member gets
+    exactly the batches it would get alone (its own order and draws)."""
+    from trainables import inputs
+
+    specs = [Augmentation(32, "autoaugment_cifar10"), Augmentation(32, None)]
+    base = TrainSource(split, specs[0])
+    sources = [base.with_spec(specs[k % 2]) for k in range(4)]
+    seeds = [3, 4, 5, 6]
+    calls = []
+    real_apply = inputs.apply
+    monkeypatch.setattr(inputs, "apply", lambda spec, images, params, rows=None: calls.append(
+        (spec, len(params))) or real_apply(spec, images, params, rows))
+    steps = list(inputs.pack_epoch(sources, seeds, epoch=2, batch_size=16, chunk_images=32))
+    assert len(steps) == 96 // 16 and all(len(batches) == 4 for batches in steps)
+    assert len(calls) == 2 * 3 and {n for _, n in calls} == {2 * 2 * 16}  # 3 chunks x 2 groups, 2 members each
+    for k, (source, seed) in enumerate(zip(sources, seeds)):
+        alone, alone_labels = _epoch(source, seed=seed, epoch=2, batch_size=16, chunk_images=32)
+        packed = torch.cat([batches[k][0] for batches in steps])
+        assert torch.equal(packed, alone) and torch.equal(torch.cat([b[k][1] for b in steps]), alone_labels)
+    with pytest.raises(ValueError, match="one seed per source"):
+        next(inputs.pack_epoch(sources, seeds[:2], epoch=1, batch_size=16))

@@ -24,8 +24,8 @@ Care under vmap:
   * attention: fused `scaled_dot_product_attention` where the device's fused kernels have a vmap
     batching rule (CUDA), the explicit softmax path where they have none (CPU: vmap would fall back
     to a per-member loop), chosen in one place, `fused_attention_under_vmap`;
-  * precision: under autocast the Linear and Conv parameters enter the vmapped forward as bf16
-    copies (`_autocast_params`), so Linear outputs are bf16 as in the plain module;
+  * precision: under autocast the Linear parameters enter the vmapped forward as bf16 copies
+    (`_autocast_params`), so Linear outputs are bf16 as in the plain module;
   * RPT: members differ (no RPT, one permutation per batch (N,), one per image (B, N)), so every
     member's permutation is expanded to (B, N) and gathered; a gather reproduces `patches[:, perm]`
     exactly, and no RPT in any member passes no permutation at all;
@@ -173,9 +173,9 @@ class PackedViT:
         self.template = copy.deepcopy(models[0])
         self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
         self.base = base
-        # What autocast runs in low precision inside the plain module: Linear and Conv weights and biases.
+        # What autocast runs in low precision inside the plain module and vmap hides from it: Linear.
         self._low_precision = {f"{name}.{leaf}" for name, module in self.base.named_modules()
-                               if isinstance(module, (nn.Linear, nn.Conv2d)) for leaf, _ in module.named_parameters()}
+                               if isinstance(module, nn.Linear) for leaf, _ in module.named_parameters()}
 
     # -- shape of the pack ---------------------------------------------------------------------------
     @property
@@ -254,9 +254,10 @@ class PackedViT:
         Linear runs in bf16 (weight, bias and output), but vmap splits a batched F.linear into a
         matmul and a bias add before autocast sees it, and the add of an fp32 bias would promote
         every Linear output back to fp32 (twice the activation memory). So under autocast the
-        Linear and Conv parameters go in as low-precision copies, as autocast itself would cast
+        Linear weights and biases go in as low-precision copies, as autocast itself would cast
         them; the casts are differentiable, so the fp32 leaves (the optimiser's master weights)
-        get fp32 gradients. Everything else (norms, CLS, PE) stays fp32, as in the plain module."""
+        get fp32 gradients. Everything else (norms, CLS, PE, the patch embedding's convolution,
+        which vmap runs in fp32) stays fp32."""
         if not torch.is_autocast_enabled(device.type):
             return self.params
         dtype = torch.get_autocast_dtype(device.type)
