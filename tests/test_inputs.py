@@ -167,3 +167,32 @@ def test_a_pack_is_augmented_in_one_call_per_protocol_group(split, monkeypatch):
         assert torch.equal(packed, alone) and torch.equal(torch.cat([b[k][1] for b in steps]), alone_labels)
     with pytest.raises(ValueError, match="one seed per source"):
         next(inputs.pack_epoch(sources, seeds[:2], epoch=1, batch_size=16))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_default(tmp_path, split, monkeypatch):
+    """nvjpeg writes from its own stream: decode_on_device waits for the device once after the GPU
+    decode (and before any CPU-fallback copy), on fake CUDA tensors; TrainSource decodes on the CPU
+    unless asked (that wait is a host sync per batch)."""
+    from fake_cuda import fake_cuda
+
+    samples = _jpeg_folder(tmp_path, split.images[:3])
+    encoded = [torchvision.io.read_file(p) for p, _ in samples]
+    png = torchvision.io.encode_png(split.images[4])
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", str(device))))
+
+    def fake_nvjpeg(datas, mode, device):
+        events.append(("decode", len(datas)))
+        return [torchvision.io.decode_jpeg(d, mode=mode).to(device) for d in datas]
+
+    with fake_cuda():
+        out = decode_on_device([*encoded, png], "cuda", gpu_decoder=fake_nvjpeg)
+        assert all(image.device.type == "cuda" and image.shape == (3, 32, 32) for image in out)
+    assert events == [("decode", 3), ("sync", "cuda")]
+    events.clear()
+    decode_on_device(encoded, "cpu", gpu_decoder=fake_nvjpeg)
+    assert events == [("decode", 3)]  # no wait off CUDA
+    files = ImageFiles(samples, 32, evaluation=False)
+    assert not TrainSource(files, Augmentation(32), device="cuda").gpu_decode
+    assert TrainSource(files, Augmentation(32), device="cuda", gpu_decode=True).gpu_decode

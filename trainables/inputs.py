@@ -17,8 +17,9 @@ is an index into it, so no DataLoader, no worker and no host-to-device copy
 of images per step. Folder-backed splits (`ImageFiles`: ImageNet-100, large
 `folder` roots) are read by DataLoader workers that only read and decode
 (plus the per-image random resized crop at native size, from the image's
-key); on CUDA the workers only read the bytes and JPEGs are decoded on the
-GPU (`decode_on_device`, with a CPU fallback for files nvjpeg rejects).
+key); with `gpu_decode=True` (CUDA) the workers only read the bytes and JPEGs
+are decoded on the GPU (`decode_on_device`: a device sync per batch, since
+nvjpeg writes from its own stream; a CPU fallback for files it rejects).
 Either way flip and the strong augmentation run batched on the device.
 """
 
@@ -76,7 +77,8 @@ class TrainSource:
         elif not isinstance(split, ImageFiles):
             raise TypeError(f"TrainSource takes TensorImages or ImageFiles, got {type(split).__name__}")
         self.num_workers = default_workers(num_workers)
-        self.gpu_decode = self.device.type == "cuda" if gpu_decode is None else gpu_decode
+        # GPU decoding costs a host sync per batch (`decode_on_device`): CPU workers decode by default.
+        self.gpu_decode = bool(gpu_decode)
 
     def __len__(self) -> int:
         return self.length
@@ -247,7 +249,14 @@ def decode_on_device(encoded: Sequence[torch.Tensor], device: torch.device | str
     JPEGs go to `gpu_decoder` (torchvision's nvjpeg `decode_jpeg`, which takes a list) in
     one call; if that call fails, each file is retried alone, and the files it still
     rejects (CMYK JPEGs exist in ImageNet; PNGs are no JPEGs) are decoded on the CPU
-    and moved to the device. Returns the images in input order."""
+    and moved to the device. Returns the images in input order.
+
+    On CUDA the device is synchronised after the GPU decode: torchvision's nvjpeg path writes
+    its output from a stream of its own that the caller's stream does not wait for (a known,
+    unmerged upstream report of corrupted images), so without it the augmentation kernels
+    could read half-written pixels. That is a host sync per decoded batch, which is why
+    `TrainSource` decodes on the CPU by default (`gpu_decode=True` opts in; bench/gpu_suite.py
+    compares GPU-decoded pixels with CPU-decoded ones)."""
     device = torch.device(device)
     rgb = torchvision.io.ImageReadMode.RGB
     out: list[torch.Tensor | None] = [None] * len(encoded)
@@ -262,6 +271,8 @@ def decode_on_device(encoded: Sequence[torch.Tensor], device: torch.device | str
                 out[i] = gpu_decoder([encoded[i]], mode=rgb, device=device)[0]
             except RuntimeError:
                 pass  # the CPU decoder below
+    if jpeg and device.type == "cuda":
+        torch.cuda.synchronize(device)  # the decoder's own stream has finished writing (see above)
     for i, image in enumerate(out):
         if image is None:
             out[i] = torchvision.io.decode_image(encoded[i], mode=rgb).to(device)
