@@ -229,7 +229,7 @@ def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img
     reads = []
     for batches in (2, 4):
         counter.reset()
-        train._evaluate_pack(pack, list(eval_source.batches(images // 4))[:batches], (0.5,) * 3, (0.25,) * 3,
+        train.evaluate_pack(pack, list(eval_source.batches(images // 4))[:batches], (0.5,) * 3, (0.25,) * 3,
                              device, use_amp=True)
         reads.append((counter.blocking_copies, counter.device_reads))
     result["eval"] = reads

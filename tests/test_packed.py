@@ -301,11 +301,11 @@ def test_attention_selector_picks_fused_on_cuda_and_explicit_on_the_cpu():
 
 
 def test_evaluation_under_autocast_is_within_a_fifth_of_a_point_of_fp32():
-    """`_evaluate_pack` runs the forward under the step's bf16 autocast. On a test model (random
+    """`evaluate_pack` runs the forward under the step's bf16 autocast. On a test model (random
     ViT features, least-squares head; noisy class templates, ~97% accuracy) its top-1 stays
     within 0.2 points of the fp32 evaluation for every member (CPU bf16 autocast here)."""
     from trainables.protocols import normalize
-    from trainables.train import _evaluate_pack
+    from trainables.train import evaluate_pack
 
     g = torch.Generator().manual_seed(0)
     templates = torch.rand(10, 3, 4, 4, generator=g).repeat_interleave(8, -1).repeat_interleave(8, -2) * 255
@@ -331,11 +331,11 @@ def test_evaluation_under_autocast_is_within_a_fifth_of_a_point_of_fp32():
         models.append(model)
     pack = PackedViT([member(0), member(1)], models=models)
     batches = list(zip(images.split(500), labels.split(500)))
-    fp32 = _evaluate_pack(pack, batches, mean, std, torch.device("cpu"), use_amp=False)
+    fp32 = evaluate_pack(pack, batches, mean, std, torch.device("cpu"), use_amp=False)
     seen = []
     forward = pack.forward
     pack.forward = lambda *a, **kw: seen.append(forward(*a, **kw).dtype) or forward(*a, **kw)
-    bf16 = _evaluate_pack(pack, batches, mean, std, torch.device("cpu"), use_amp=True)
+    bf16 = evaluate_pack(pack, batches, mean, std, torch.device("cpu"), use_amp=True)
     assert seen and all(dtype == torch.bfloat16 for dtype in seen)  # the forward ran under autocast
     for (_, acc32), (_, acc16) in zip(fp32, bf16):
         assert 0.6 < acc32 < 0.995 and abs(acc16 - acc32) <= 0.002 + 1e-9, (fp32, bf16)

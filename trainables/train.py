@@ -383,7 +383,7 @@ def train_pack(
             loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
             members = [members[k] for k in keep]
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
-        evals = _evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
+        evals = evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
         reports = []
         checkpoint_now = epoch == cfg.epochs or (
             epoch % cfg.checkpoint_every == 0 and time.monotonic() - last_checkpoint >= cfg.checkpoint_interval_s)
@@ -491,7 +491,7 @@ def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, l
 
 
 @torch.no_grad()
-def _evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
+def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
                    use_amp: bool = False) -> list[tuple[float, float]]:
     """(mean cross-entropy, top-1) per member over (uint8 images, labels) batches; one batch serves all.
     The forward runs under the training step's precision (`mixed_precision`); the loss in fp32.
