@@ -72,7 +72,8 @@ def _step_losses(pack, cfgs, batches, *, num_classes, mean, std, mix_gens, perm_
 def _steps(sources, cfgs, epoch: int = 1):
     if hasattr(inputs, "pack_epoch"):
         return inputs.pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
-    return zip(*[s.epoch(seed=c.seed, epoch=epoch, batch_size=BATCH, chunk_images=CHUNK) for s, c in zip(sources, cfgs)])
+    return zip(*[s.epoch(seed=c.seed, epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
+                 for s, c in zip(sources, cfgs)])
 
 
 def _clear_old_caches() -> None:
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
         for k in PACKS:
             copies, reads, device_ops = fake_counts(protocol, k)
             results.setdefault(case, {})[k] = (copies, reads, device_ops, profiler_ops(protocol, k))
-    header = f"{'case':12s} {'K':>2s}  {'blocking copies':>17s}  {'device reads':>13s}  {'device ops':>17s}  {'profiler ops':>19s}"
+    header = (f"{'case':12s} {'K':>2s}  {'blocking copies':>17s}  {'device reads':>13s}  {'device ops':>17s}  "
+              f"{'profiler ops':>19s}")
     print("per training step (32 px, batch 128 per member):")
     print(header if not args.no_baseline else header.replace("  ", " "))
     for case, rows in results.items():

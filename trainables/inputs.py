@@ -162,7 +162,8 @@ def pack_epoch(sources: Sequence[TrainSource], seeds: Sequence[int], *, epoch: i
             indices = np.concatenate([orders[k][rows] for k in members])
             member_seeds = np.repeat(np.asarray([seeds[k] for k in members], dtype=np.int64), count * batch_size)
             images, labels = sources[members[0]].batch(member_seeds, epoch, indices)  # one call per group
-            for k, part, part_labels in zip(members, images.split(count * batch_size), labels.split(count * batch_size)):
+            parts = zip(members, images.split(count * batch_size), labels.split(count * batch_size))
+            for k, part, part_labels in parts:
                 chunk[k] = (part.split(batch_size), part_labels.split(batch_size))
         for step in range(count):
             yield [(images[step], labels[step]) for images, labels in chunk]

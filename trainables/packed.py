@@ -63,6 +63,7 @@ Per-trial checkpoints are the unpacked formats, so a trial resumes packed or unp
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -111,6 +112,23 @@ def init_member(cfg: RunConfig) -> ViT:
     against `train()`'s epoch-0 snapshot)."""
     torch.manual_seed(cfg.seed)
     return ViT(cfg.model)
+
+
+@contextlib.contextmanager
+def mixed_precision(device: torch.device, enabled: bool):
+    """The step's and the evaluation's precision, in one place: bf16 autocast when `enabled`, and
+    on CUDA TF32 for whatever fp32 matmuls and convolutions remain (restored on exit)."""
+    device = torch.device(device)
+    cuda = enabled and device.type == "cuda"
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if cuda else None
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
+            yield
+    finally:
+        if saved is not None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def fused_attention_under_vmap(device: torch.device | str) -> bool:

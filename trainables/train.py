@@ -42,7 +42,6 @@ non-finite leaves the pack at the end of that epoch, the others go on.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import pickle
@@ -61,7 +60,7 @@ from trainables.config import RunConfig, did_not_learn
 from trainables.datasets import capped_subset, load_dataset
 from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
-from trainables.packed import PackedViT
+from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, normalize, soft_targets
 from trainables.vit import ViT
 
@@ -168,23 +167,6 @@ def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_clas
         logits = pack(x, perms)  # (K, B, C)
     losses = pack.losses(logits, target)  # (K,)
     return losses, (logits.argmax(-1) == target.argmax(-1)).sum(-1)
-
-
-@contextlib.contextmanager
-def mixed_precision(device: torch.device, enabled: bool):
-    """The step's and the evaluation's precision, in one place: bf16 autocast when `enabled`, and
-    on CUDA TF32 for whatever fp32 matmuls and convolutions remain (restored on exit)."""
-    device = torch.device(device)
-    cuda = enabled and device.type == "cuda"
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if cuda else None
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    try:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
-            yield
-    finally:
-        if saved is not None:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def mix_batch(cfg: RunConfig, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
