@@ -83,6 +83,15 @@ def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split):
     # The GPU-decode path (here with the CPU as its "device") reads bytes in workers, decodes in the loop.
     gpu_path, _ = _epoch(TrainSource(files, spec, num_workers=0, gpu_decode=True), seed=1, epoch=1, batch_size=8)
     assert torch.equal(gpu_path, held)
+    # A pack streams each member's own order and draws, augmented per protocol group.
+    from trainables.inputs import pack_epoch
+
+    folder = TrainSource(files, spec, num_workers=0)
+    members = [folder, folder.with_spec(Augmentation(32)), folder]
+    steps = list(pack_epoch(members, [1, 2, 3], epoch=1, batch_size=8, chunk_images=16))
+    for k, seed in enumerate([1, 2, 3]):
+        alone, _ = _epoch(TrainSource(memory, members[k].spec), seed=seed, epoch=1, batch_size=8)
+        assert torch.equal(torch.cat([batches[k][0] for batches in steps]), alone), k
 
 
 def test_gpu_decode_falls_back_to_the_cpu_for_files_nvjpeg_rejects(tmp_path, split):
