@@ -244,7 +244,13 @@ def section_probe(device, size: Size, results: dict) -> dict:
         loop = Loop(_configs("autoaugment+cutmix", k, size), split, device, size, amp=cuda)
         forward = loop.pack.forward
         dtypes = []
-        loop.pack.forward = lambda *a, **kw: dtypes.append(forward(*a, **kw)) or dtypes[-1]
+
+        def recording(*a, forward=forward, **kw):  # the logits' dtype only: keeping them would keep their graphs
+            logits = forward(*a, **kw)
+            dtypes.append(logits.dtype)
+            return logits
+
+        loop.pack.forward = recording
         loop.step()  # the first step builds the caches (grids, constants, pinned buffers)
         _sync(device)
         row = {"attention": _attention_kernel(loop, device),
@@ -265,7 +271,7 @@ def section_probe(device, size: Size, results: dict) -> dict:
         row["sync_sites"] = sorted({str(w.message)[:120] for w in syncs})[:5]
         if not cuda:
             row["syncs_note"] = "set_sync_debug_mode needs CUDA; on the CPU tests/test_fake_cuda.py counts them"
-        row["logits_dtype"] = str(dtypes[-1].dtype).replace("torch.", "")
+        row["logits_dtype"] = str(dtypes[-1]).replace("torch.", "")
         out[f"K={k}"] = row
         del loop
     return out

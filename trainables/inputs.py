@@ -3,10 +3,11 @@
     source = TrainSource(split, spec, device=device)                     # in-memory: copied to the device once
     images, labels = source.batch(seeds, epoch, indices)                 # uint8 (n, 3, S, S), int64 (n,) on the device
     for images, labels in source.epoch(seed=0, epoch=1, batch_size=128): ...   # one step's batch at a time
+    for batches in pack_epoch(sources, seeds, epoch=1, batch_size=128): ...    # a pack: [(images, labels)] * K
 
 `batch` is the per-step input as a pure function of (seed(s), epoch, image
-indices): packed trials call it once for K members, concatenating their
-indices and passing one seed per image. An epoch is augmented
+indices): `pack_epoch` calls it once per protocol group of a pack's members,
+concatenating their indices and passing one seed per image. An epoch is augmented
 `augment.CHUNK_IMAGES` (1,024) images per call, several steps at once;
 since each image's draws are keyed by (seed, epoch, index) the chunk size
 changes nothing but speed.
