@@ -474,7 +474,7 @@ def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, l
 
 @torch.no_grad()
 def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
-                   use_amp: bool = False) -> list[tuple[float, float]]:
+                  use_amp: bool = False) -> list[tuple[float, float]]:
     """(mean cross-entropy, top-1) per member over (uint8 images, labels) batches; one batch serves all.
     The forward runs under the training step's precision (`mixed_precision`); the loss in fp32.
     The sums stay on the device: one read at the end, none per batch."""
