@@ -1,36 +1,34 @@
-"""GPU suite: the device input path and the training step on one GPU, as one table.
+"""GPU suite: the training loop's device work on one GPU, as one table that cannot lose its numbers.
 
     PYTHONPATH=. python3 bench/gpu_suite.py            # on a CUDA machine: full size, < 8 minutes
-    PYTHONPATH=. python3 bench/gpu_suite.py --tiny     # anywhere (CPU): the same code at a tiny size
+    PYTHONPATH=. python3 bench/gpu_suite.py --keep     # ... and copy the table to bench/measured/gpu_suite.json
+    PYTHONPATH=. python3 bench/gpu_suite.py --tiny     # anywhere (CPU): every section at a tiny size
 
-Needs torch, torchvision, numpy only (no Ray, no MLflow). Sections, each
-time-capped (`--section-s`) so the whole run stays under 8 minutes:
+Needs torch, torchvision, numpy only (no Ray, no MLflow: the GPU machine's Python has neither).
+Each section runs in its own try/except and the JSON is rewritten after every section, so a
+failure (or the machine's time running out) loses that section only. The estimated time of
+every section is printed before the first starts; a section that would end past `--deadline-s`
+is skipped with that reason. In order:
 
-* augment: `augment.draw` + `augment.apply` of every protocol's augmentation
-  (crop + flip, AutoAugment CIFAR-10 at 32 px, ColorJitter at 64 px,
-  flip + AutoAugment ImageNet at 224 px) on chunks of `augment.CHUNK_IMAGES`
-  images already on the device: images/s (target: >= 2M/s at 32 px);
-* decode: nvjpeg `decode_jpeg(list, device=...)` images/s on 224-px JPEGs,
-  and the largest difference of the antialiased random resized crop on the
-  device against the CPU kernel (the stated tolerance of that stage);
-* memory: GPU memory of one Study L trial on CIFAR-size data (the uint8 data
-  copy, then the peak of a training step at batch 128);
-* step: the `study_l` training step (CutMix, RPT, bf16 autocast, AdamW) fed by
-  `TrainSource` at batch 128, images/s, eager and `torch.compile`d with CUDA
-  graphs (target: >= 50,000 images/s for one model), and the eager step
-  under `torch.use_deterministic_algorithms(True)` with
-  CUBLAS_WORKSPACE_CONFIG=:4096:8 (what bit-reproducible CUDA runs need),
-  so its cost is measured;
-* packing: training images/s of K `study_l` models packed in one process
-  (`trainables.packed`, bf16, batch 128 per member) for K = 1, 4, 8, 16, 32,
-  GPU memory per member (to size `--pack`), the same number of separate
-  one-model processes sharing the GPU (K = 4 and 8, eager), and the
-  packed-vs-alone loss difference after 50 steps under bf16 autocast
-  (target: >= 100,000 training images/s per GPU with packing).
+* packing (first: `--dry-run` GPU-hours read it): training images/s of K `study_l` models packed
+  in one process, K = 1, 4, 8, 16, 32, through the loop's real input path (`pack_epoch`:
+  batched augmentation per protocol group, crop + flip and AutoAugment + CutMix + RPT) and its
+  real step (`pack_step`, bf16), with the per-epoch evaluation pass priced in (CIFAR: 10,000
+  test images per 50,000 training images per member), and GPU memory per member;
+* probe: 10 real training steps (K = 1 and 8) under torch.cuda.set_sync_debug_mode("warn"):
+  host syncs per step after the first, the logits' dtype, and which attention kernel ran;
+* separate: the same step as N one-model processes sharing the GPU (N = 4, 8), started behind
+  a barrier and timed over one fixed window; a failed child is reported as a failure;
+* augment: `augment.draw` + `augment.apply` images/s per protocol on chunks already on the device;
+* decode: nvjpeg `decode_jpeg(list, device=...)` images/s, GPU-decoded pixels against
+  CPU-decoded ones, and the antialiased random resized crop on the device against the CPU;
+* step: GPU memory of one Study L trial (data copy, step peak), the eager K = 1 step images/s;
+* deterministic: the eager step under `torch.use_deterministic_algorithms(True)` with
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 (a fresh process: it must be set before CUDA starts);
+* compile (last): the step `torch.compile`d with CUDA graphs; skipped, with the reason, when
+  there is no CUDA, no Triton or no C compiler.
 
-Prints one table; writes it as JSON to $OUT/gpu_suite.json when OUT is set
-(else bench/out/gpu_suite.json). Kept as bench/measured/gpu_suite.json, it is
-what `vitsweep sweep ... --dry-run` estimates GPU-hours from.
+Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
 """
 
 from __future__ import annotations
@@ -38,9 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,7 @@ from trainables.augment import (
     CHUNK_IMAGES,
     Augmentation,
     apply,
+    augmentation,
     draw,
     item_keys,
     resized_crop,
@@ -57,17 +60,27 @@ from trainables.augment import (
 )
 from trainables.config import RunConfig
 from trainables.images import TensorImages
-from trainables.inputs import TrainSource, decode_on_device
-from trainables.packed import PackedViT
-from trainables.train import _epoch_seed, build_optimizer, pack_step
+from trainables.inputs import EvalSource, TrainSource, decode_on_device, pack_epoch
+from trainables.packed import PackedViT, fused_attention_under_vmap
+from trainables.protocols import Protocol
+from trainables.train import build_optimizer, epoch_seed, evaluate_pack, pack_step
 from trainables.vit import ViTConfig
 
+ROOT = Path(__file__).resolve().parents[1]
+KEEP_PATH = ROOT / "bench" / "measured" / "gpu_suite.json"
 AUGMENTATIONS = [  # (name, image side, strong augmentation)
     ("crop+flip 32px", 32, None),
     ("autoaugment cifar10 32px", 32, "autoaugment_cifar10"),
     ("color_jitter 64px", 64, "color_jitter"),
     ("flip+autoaugment imagenet 224px", 224, "autoaugment_imagenet"),
 ]
+PROTOCOL_GROUPS = {"crop+flip": "baseline", "autoaugment+cutmix": "autoaugment+cutmix"}
+MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
+
+
+class Skipped(Exception):
+    """A section that cannot run here: the reason is recorded, not an error."""
 
 
 def _sync(device: torch.device) -> None:
@@ -87,15 +100,261 @@ def _rate(fn, items: int, device: torch.device, budget_s: float, min_reps: int =
     return reps * items / (time.perf_counter() - start)
 
 
-def section_augment(device, chunk: int, budget_s: float, tiny: bool) -> dict:
+class Size:
+    """Every size the suite uses, full (H200) or tiny (CPU)."""
+
+    def __init__(self, tiny: bool, section_s: float | None):
+        self.tiny = tiny
+        self.section_s = section_s if section_s is not None else (0.2 if tiny else 4.0)
+        self.preset, self.batch = ("tiny", 16) if tiny else ("study_l", 128)
+        self.packs = [1, 2] if tiny else [1, 4, 8, 16, 32]
+        self.probe_packs = [1, 2] if tiny else [1, 8]
+        self.separate = [2] if tiny else [4, 8]
+        self.images = 512 if tiny else CIFAR_TRAIN
+        self.eval_images = 64 if tiny else 2048  # timed; priced at CIFAR_TEST per epoch
+        self.chunk = 64 if tiny else CHUNK_IMAGES
+        self.steps, self.warmup = (2, 1) if tiny else (20, 3)
+        self.window_s = 1.0 if tiny else 10.0  # separate processes' common timing window
+
+
+def _configs(protocol: str, k: int, size: Size) -> list[RunConfig]:
+    """K members of the Study L recipe at 32 px (seeds 0..K-1), `protocol`, RPT on."""
+    p = Protocol.from_name(protocol)
+    model = ViTConfig.preset(size.preset, img_size=32, patch_size=4, num_classes=10)
+    return [RunConfig(dataset="cifar10", preset=size.preset, model=model, batch_size=size.batch, epochs=1,
+                      warmup_epochs=0, seed=seed, autoaugment=p.autoaugment, cutmix=p.cutmix,
+                      label_smoothing=p.label_smoothing, rpt=True) for seed in range(k)]
+
+
+def _split(n: int, device: torch.device) -> TensorImages:
+    g = torch.Generator().manual_seed(0)
+    return TensorImages(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g),
+                        torch.randint(0, 10, (n,), generator=g))
+
+
+class Loop:
+    """The training loop's step for a pack of `cfgs`: `pack_epoch` input, `pack_step`, endless."""
+
+    def __init__(self, cfgs: list[RunConfig], split: TensorImages, device: torch.device, size: Size, *,
+                 amp: bool, base: TrainSource | None = None):
+        self.cfgs, self.device, self.size, self.amp = cfgs, device, size, amp
+        base = base or TrainSource(split, augmentation(cfgs[0].protocol, "cifar10", 32), device=device)
+        self.base = base
+        self.sources = [base.with_spec(augmentation(c.protocol, "cifar10", 32)) for c in cfgs]
+        self.pack = PackedViT(cfgs, device)
+        self.optimizer = self.pack.optimizer(build_optimizer, cfgs[0])
+        self.pack.train()
+        self.epoch, self.steps = 0, iter(())
+        self.logits_dtype = None
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self.mix = [torch.Generator().manual_seed(epoch_seed(c.seed, self.epoch, 2)) for c in self.cfgs]
+        self.perm = [torch.Generator().manual_seed(epoch_seed(c.seed, self.epoch, 3)) for c in self.cfgs]
+        self.steps = pack_epoch(self.sources, [c.seed for c in self.cfgs], epoch=self.epoch,
+                                batch_size=self.size.batch, chunk_images=self.size.chunk)
+
+    def step(self) -> None:
+        batches = next(self.steps, None)
+        if batches is None:
+            self._new_epoch()
+            batches = next(self.steps)
+        pack_step(self.pack, self.optimizer, self.cfgs, batches, num_classes=10, mean=MEAN, std=STD,
+                  mix_gens=self.mix, perm_gens=self.perm, use_amp=self.amp)
+
+    def images_per_step(self) -> int:
+        return len(self.cfgs) * self.size.batch
+
+
+def _timed(fn, steps: int, device: torch.device, max_s: float) -> tuple[float, int]:
+    _sync(device)
+    start, done = time.perf_counter(), 0
+    while done < steps and (done == 0 or time.perf_counter() - start < max_s):
+        fn()
+        done += 1
+    _sync(device)
+    return time.perf_counter() - start, done
+
+
+# -- sections ----------------------------------------------------------------------------------
+
+
+def section_packing(device, size: Size, results: dict) -> dict:
+    """Per protocol group and K: training, evaluation and per-epoch (both) images/s, MiB per member.
+    The estimate table (`results["packing"]`) takes the slower protocol group per K."""
+    cuda = device.type == "cuda"
+    split = _split(size.images, device)
+    eval_source = EvalSource(_split(size.eval_images, device), 32, device=device)
+    base = TrainSource(split, Augmentation(32), device=device)  # one device copy for every row
+    rows: dict = {}
+    for group, protocol in PROTOCOL_GROUPS.items():
+        for k in size.packs:
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+                before = torch.cuda.memory_allocated(device)
+            loop = Loop(_configs(protocol, k, size), split, device, size, amp=cuda, base=base)
+            _timed(loop.step, size.warmup, device, size.section_s)
+            seconds, done = _timed(loop.step, size.steps, device, size.section_s)
+            train_rate = done * loop.images_per_step() / seconds
+            eval_s = time.perf_counter()
+            evaluate_pack(loop.pack, eval_source.batches(max(256, size.batch)), MEAN, STD, device, use_amp=cuda)
+            eval_rate = size.eval_images / (time.perf_counter() - eval_s)  # images through all K members
+            # One epoch per member: 50,000 training images, then 10,000 test images through the pack.
+            epoch_s = k * CIFAR_TRAIN / train_rate + CIFAR_TEST / eval_rate
+            row = {"images_per_s": k * CIFAR_TRAIN / epoch_s, "train_images_per_s": train_rate,
+                   "eval_images_per_s": eval_rate, "steps_timed": done}
+            if cuda:
+                row["mib_per_member"] = (torch.cuda.max_memory_allocated(device) - before) / k / 2**20
+            rows[f"{group} K={k}"] = row
+            del loop
+    estimate = {}
+    for k in size.packs:
+        slower = min((rows[f"{g} K={k}"] for g in PROTOCOL_GROUPS), key=lambda r: r["images_per_s"])
+        estimate[f"K={k}"] = {key: slower[key] for key in ("images_per_s", "mib_per_member") if key in slower}
+    results["packing"] = {size.preset: estimate}
+    best = max(estimate, key=lambda name: estimate[name]["images_per_s"])
+    rows["best K"] = best
+    rows["best K / K=1"] = estimate[best]["images_per_s"] / estimate["K=1"]["images_per_s"]
+    return rows
+
+
+def _attention_kernel(loop: Loop, device: torch.device) -> str:
+    """Which attention ran in one step: the profiler's kernel (CUDA) or op (CPU) names."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        loop.step()
+        _sync(device)
+    names = " ".join(e.key.lower() for e in prof.key_averages())
+    for needle, kernel in (("flash", "fused: flash"), ("efficient", "fused: memory-efficient"),
+                           ("fmha", "fused: memory-efficient"), ("cudnn_attention", "fused: cudnn"),
+                           ("_scaled_dot_product_cudnn", "fused: cudnn")):
+        if needle in names:
+            return kernel
+    return "explicit softmax" if "softmax" in names else "unknown"
+
+
+def section_probe(device, size: Size, results: dict) -> dict:
+    """10 real steps per K under set_sync_debug_mode("warn"): syncs per step after the first."""
+    cuda = device.type == "cuda"
+    split = _split(max(size.images // 4, 10 * size.batch), device)
+    out = {}
+    for k in size.probe_packs:
+        loop = Loop(_configs("autoaugment+cutmix", k, size), split, device, size, amp=cuda)
+        forward = loop.pack.forward
+        dtypes = []
+
+        def recording(*a, forward=forward, **kw):  # the logits' dtype only: keeping them would keep their graphs
+            logits = forward(*a, **kw)
+            dtypes.append(logits.dtype)
+            return logits
+
+        loop.pack.forward = recording
+        loop.step()  # the first step builds the caches (grids, constants, pinned buffers)
+        _sync(device)
+        row = {"attention": _attention_kernel(loop, device),
+               "attention_selected": "fused" if k == 1 or fused_attention_under_vmap(device) else "explicit"}
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(9):
+                    loop.step()
+                _sync(device)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+        row["syncs_per_step"] = len(syncs) / 9 if cuda else None
+        row["sync_sites"] = sorted({str(w.message)[:120] for w in syncs})[:5]
+        if not cuda:
+            row["syncs_note"] = "set_sync_debug_mode needs CUDA; on the CPU tests/test_fake_cuda.py counts them"
+        row["logits_dtype"] = str(dtypes[-1]).replace("torch.", "")
+        out[f"K={k}"] = row
+        del loop
+    return out
+
+
+def section_separate(device, size: Size, results: dict, args) -> dict:
+    """N one-model processes: each sets up and warms up, then all start one timing window together."""
+    out = {}
+    for n in size.separate:
+        cmd = [sys.executable, __file__, "--only-alone", "--window-s", str(size.window_s)]
+        cmd += ["--tiny"] if size.tiny else []
+        logs = [tempfile.TemporaryFile(mode="w+") for _ in range(n)]  # a pipe could fill and stall a child
+        procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                  env={**os.environ, "OUT": ""}) for log in logs]
+        failures, rates = [], []
+        try:
+            ready = 0
+            deadline = time.monotonic() + (120 if not size.tiny else 300)
+            for proc in procs:  # the barrier: every child set up and warmed up
+                line = ""
+                while not line.startswith("READY") and time.monotonic() < deadline:
+                    line = proc.stdout.readline()
+                    if not line and proc.poll() is not None:
+                        break
+                ready += line.startswith("READY")
+            if ready < n:
+                failures.append(f"{n - ready} of {n} children never got ready")
+            start_at = time.time() + 0.5  # one wall-clock start for all
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.stdin.write(f"GO {start_at}\n")
+                    proc.stdin.flush()
+            for i, proc in enumerate(procs):
+                try:
+                    stdout, _ = proc.communicate(timeout=size.window_s * 5 + 120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    failures.append(f"child {i} timed out")
+                    continue
+                logs[i].seek(0)
+                stderr = logs[i].read()
+                lines = [line for line in stdout.splitlines() if line.startswith("ALONE ")]
+                if proc.returncode != 0 or not lines:
+                    failures.append(f"child {i} failed (exit {proc.returncode}): {stderr.strip()[-300:]}")
+                else:
+                    rates.append(float(lines[-1].split()[1]))
+        finally:
+            for proc, log in zip(procs, logs):
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+        out[f"{n} separate processes"] = {"images_per_s": sum(rates) if not failures else None,
+                                          "children_ok": len(rates), "window_s": size.window_s,
+                                          **({"failures": failures} if failures else {})}
+    return out
+
+
+def run_alone(device, size: Size, window_s: float) -> None:
+    """A child of section_separate: set up, warm up, report READY, wait for GO, time the window."""
+    loop = Loop(_configs("autoaugment+cutmix", 1, size), _split(size.images // 2, device), device, size,
+                amp=device.type == "cuda")
+    _timed(loop.step, size.warmup + 1, device, 60)
+    print("READY", flush=True)
+    start_at = float(sys.stdin.readline().split()[1])
+    while time.time() < start_at:
+        time.sleep(0.001)
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < window_s:
+        loop.step()
+        done += 1
+    _sync(device)
+    print(f"ALONE {done * loop.images_per_step() / (time.perf_counter() - start)}", flush=True)
+
+
+def section_augment(device, size: Size, results: dict) -> dict:
     """What the loop does per chunk: draw on the host, apply to rows of a split held on the device."""
     out = {}
-    for name, size, strong in AUGMENTATIONS:
-        if tiny:  # the same code paths at small sizes (128 px keeps the resized-crop path)
-            size = 128 if strong == "autoaugment_imagenet" else min(size, 64)
-        spec = Augmentation(size, strong)
-        for images_per_call in (chunk, 4 * chunk) if size <= 64 else (chunk,):
-            split = torch.randint(0, 256, (2 * images_per_call, 3, size, size), dtype=torch.uint8, device=device)
+    for name, side, strong in AUGMENTATIONS:
+        if size.tiny:  # the same code paths at small sizes (128 px keeps the resized-crop path)
+            side = 128 if strong == "autoaugment_imagenet" else min(side, 64)
+        spec = Augmentation(side, strong)
+        for images_per_call in (size.chunk, 4 * size.chunk) if side <= 64 else (size.chunk,):
+            split = torch.randint(0, 256, (2 * images_per_call, 3, side, side), dtype=torch.uint8, device=device)
             rng = np.random.default_rng(0)
             counter = iter(range(10**9))
 
@@ -103,211 +362,212 @@ def section_augment(device, chunk: int, budget_s: float, tiny: bool) -> dict:
                 rows = rng.choice(len(split), images_per_call, replace=False)
                 apply(spec, split, draw(spec, item_keys(0, next(counter), rows)), rows=rows)
 
-            label = name if images_per_call == chunk else f"{name} (chunk {images_per_call})"
-            out[label] = {"images_per_s": _rate(run, images_per_call, device, budget_s), "chunk": images_per_call,
-                          "img_size": size}
+            label = name if images_per_call == size.chunk else f"{name} (chunk {images_per_call})"
+            out[label] = {"images_per_s": _rate(run, images_per_call, device, size.section_s),
+                          "chunk": images_per_call, "img_size": side}
     return out
 
 
-def section_decode(device, budget_s: float, tiny: bool) -> dict:
+def section_decode(device, size: Size, results: dict) -> dict:
+    """nvjpeg images/s; GPU-decoded pixels against CPU-decoded ones; the resized crop on the device."""
     import torchvision.io
 
-    n, side = (8, 160) if tiny else (256, 400)
+    n, side = (8, 160) if size.tiny else (256, 400)
     g = torch.Generator().manual_seed(0)
     raw = [torch.randint(0, 256, (3, side, side + 40), dtype=torch.uint8, generator=g) for _ in range(n)]
     encoded = [torchvision.io.encode_jpeg(image, quality=90) for image in raw]
     out = {"files": n, "image": f"{side}x{side + 40}"}
-    out["decode_images_per_s"] = _rate(lambda: decode_on_device(encoded, device), n, device, budget_s)
+    out["decode_images_per_s"] = _rate(lambda: decode_on_device(encoded, device), n, device, size.section_s)
     decoded_cpu = [torchvision.io.decode_jpeg(e) for e in encoded]
+    decoded_dev = decode_on_device(encoded, device)
+    diffs = [(d.cpu().int() - c.int()).abs() for d, c in zip(decoded_dev, decoded_cpu)]
+    out["decoded_max_level_diff_vs_cpu"] = int(max(int(d.max()) for d in diffs))
+    out["decoded_share_of_pixels_differing"] = float(sum(int((d > 0).sum()) for d in diffs) /
+                                                     sum(d.numel() for d in diffs))
     keys = item_keys(0, 1, np.arange(n))
     boxes = resized_crop_params(keys, np.full(n, side), np.full(n, side + 40))
-    size = 128 if tiny else 224
-    diffs = [
-        (resized_crop(image.to(device), box, size).cpu().int() - resized_crop(image, box, size).int()).abs().max()
-        for image, box in zip(decoded_cpu, boxes)
-    ]
-    out["resized_crop_max_level_diff_vs_cpu"] = int(max(diffs))
+    crop = 128 if size.tiny else 224
+    crop_diffs = [(resized_crop(image.to(device), box, crop).cpu().int() - resized_crop(image, box, crop).int())
+                  .abs().max() for image, box in zip(decoded_cpu, boxes)]
+    out["resized_crop_max_level_diff_vs_cpu"] = int(max(crop_diffs))
     return out
 
 
-def _study_l(tiny: bool) -> RunConfig:
-    """The Study L recipe's step at 32 px, every per-step switch on (AutoAugment, CutMix, RPT)."""
-    preset = "tiny" if tiny else "study_l"
-    model = ViTConfig.preset(preset, img_size=32, patch_size=4, num_classes=10)
-    return RunConfig(dataset="cifar10", preset=preset, model=model, batch_size=128, epochs=1, warmup_epochs=0,
-                     autoaugment=True, cutmix=True, rpt=True)
-
-
-def section_memory_and_step(device, budget_s: float, tiny: bool, compile_budget_s: float, deterministic: bool) -> dict:
-    n_images = 4096 if tiny else 50_000
-    g = torch.Generator().manual_seed(0)
-    split = TensorImages(torch.randint(0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g),
-                         torch.randint(0, 10, (n_images,), generator=g))
-    out = {}
+def section_step(device, size: Size, results: dict, deterministic: bool = False) -> dict:
+    """GPU memory of one Study L trial and its eager step, K = 1 (the loop's own step)."""
     cuda = device.type == "cuda"
+    out = {}
     if cuda:
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    cfg = _study_l(tiny)
+    split = _split(size.images, device)
     source = TrainSource(split, Augmentation(32, "autoaugment_cifar10"), device=device)
     if cuda:
         out["data_copy_mib"] = (torch.cuda.memory_allocated(device) - base) / 2**20
-    modes = [("eager", False)] + ([("compiled", True)] if cuda else [])
-    if deterministic:
-        modes = [("eager_deterministic", False)]
-    for mode, compiled in modes:
-        pack = PackedViT([cfg], device)  # a pack of one is the plain module: the loop's own step
-        optimizer = pack.optimizer(build_optimizer, cfg)
-        if compiled:
-            pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
-        pack.train()
-        mix_gen = torch.Generator().manual_seed(_epoch_seed(0, 1, 2))
-        perm_gen = torch.Generator().manual_seed(_epoch_seed(0, 1, 3))
-        batches = iter(())
-        epoch = [0]
-
-        def step():
-            nonlocal batches
-            try:
-                images, labels = next(batches)
-            except StopIteration:
-                epoch[0] += 1
-                batches = source.epoch(seed=0, epoch=epoch[0], batch_size=cfg.batch_size)
-                images, labels = next(batches)
-            pack_step(pack, optimizer, [cfg], [(images, labels)], num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3,
-                      mix_gens=[mix_gen], perm_gens=[perm_gen], use_amp=cuda)
-
-        t0 = time.perf_counter()
-        for _ in range(3):  # warm-up (and compilation, capped by the section's budget)
-            step()
-            if time.perf_counter() - t0 > compile_budget_s:
-                break
-        _sync(device)
-        out[f"{mode}_warmup_s"] = time.perf_counter() - t0
-        if cuda and mode == "eager":
-            out["step_peak_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-        out[f"{mode}_step_images_per_s"] = _rate(step, cfg.batch_size, device, budget_s, min_reps=3)
+    loop = Loop(_configs("autoaugment+cutmix", 1, size), split, device, size, amp=cuda, base=source)
+    _timed(loop.step, size.warmup, device, size.section_s)
+    if cuda:
+        out["step_peak_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    name = "eager_deterministic" if deterministic else "eager"
+    out[f"{name}_step_images_per_s"] = _rate(loop.step, loop.images_per_step(), device, size.section_s,
+                                             min_reps=3)
     return out
 
 
-def section_packing(device, budget_s: float, tiny: bool) -> tuple[dict, dict]:
-    """(printed rows, the estimate table's rows): packed images/s per K, memory per member, loss drift."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import packing  # bench/packing.py: the same step, timed side by side
-
-    cuda = device.type == "cuda"
-    preset, batch = ("tiny", 16) if tiny else ("study_l", 128)
-    sizes = [1, 2] if tiny else [1, 4, 8, 16, 32]
-    table = packing.measure(device, preset=preset, batch=batch, sizes=sizes, steps=2 if tiny else 20,
-                            repeats=1 if tiny else 2, warmup=1 if tiny else 3, amp=cuda, max_seconds=budget_s)
-    clock = "images_per_s_wall" if cuda else "images_per_s_cpu"
-    rows, estimate_rows = {}, {}
-    for name, row in table.items():
-        rows[f"packed {name}"] = {"images_per_s": row[clock]}
-        estimate_rows[name] = {"images_per_s": row[clock], **({"mib_per_member": row["mib_per_member"]}
-                                                              if "mib_per_member" in row else {})}
-        if "mib_per_member" in row:
-            rows[f"packed {name} MiB per member"] = row["mib_per_member"]
-    best = max(table, key=lambda name: table[name][clock])
-    rows["best K"] = best
-    rows["best K / K=1"] = table[best][clock] / table["K=1"][clock]
-    for n in ([2] if tiny else [4, 8]):
-        rows[f"{n} separate processes"] = {"images_per_s": _separate_processes(n, budget_s, tiny)}
-    rows["bf16 packed-vs-alone loss diff (rel.)"] = packing.loss_drift(
-        device, preset=preset, batch=batch, k=2 if tiny else 4, steps=3 if tiny else 50, amp=cuda)
-    return rows, {preset: estimate_rows}
-
-
-def _separate_processes(n: int, budget_s: float, tiny: bool) -> float:
-    """Summed training images/s of `n` one-model processes started together on this device."""
-    cmd = [sys.executable, __file__, "--only-alone", "--section-s", str(budget_s)] + (["--tiny"] if tiny else [])
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "OUT": ""}) for _ in range(n)]
-    total = 0.0
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=budget_s * 10 + 120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            continue
-        lines = [line for line in out.splitlines() if line.startswith("ALONE ")]
-        total += float(lines[-1].split()[1]) if lines else 0.0
-    return total
-
-
-def _deterministic_subprocess(args, timeout_s: float) -> dict:
-    """The eager step under deterministic algorithms, in a fresh process: CUBLAS_WORKSPACE_CONFIG
-    must be set before CUDA starts."""
+def section_deterministic(device, size: Size, results: dict, args) -> dict:
+    if device.type != "cuda":
+        raise Skipped("CUDA only (CUBLAS_WORKSPACE_CONFIG concerns cuBLAS)")
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OUT": ""}
-    cmd = [sys.executable, __file__, "--only-deterministic", "--section-s", str(args.section_s)]
-    cmd += ["--tiny"] if args.tiny else []
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        line = [l for l in done.stdout.splitlines() if l.startswith("DETERMINISTIC ")]
-        return json.loads(line[-1].split(" ", 1)[1]) if line else {"error": done.stderr[-500:]}
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
+    cmd = [sys.executable, __file__, "--only-deterministic", "--section-s", str(size.section_s)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    line = [l for l in done.stdout.splitlines() if l.startswith("DETERMINISTIC ")]
+    if done.returncode != 0 or not line:
+        raise RuntimeError(f"the deterministic child failed (exit {done.returncode}): {done.stderr[-500:]}")
+    return json.loads(line[-1].split(" ", 1)[1])
+
+
+def section_compile(device, size: Size, results: dict) -> dict:
+    """The K = 1 step under torch.compile(mode="reduce-overhead") (CUDA graphs), as the loop runs it."""
+    if device.type != "cuda":
+        raise Skipped("the loop compiles on CUDA only (compiling measured slower on CPU)")
+    from torch.utils._triton import has_triton
+
+    if not has_triton():
+        raise Skipped("Triton is not installed: torch.compile's CUDA backend needs it")
+    if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        raise Skipped("no C compiler (cc, gcc, clang) on PATH: Triton needs one")
+    loop = Loop(_configs("autoaugment+cutmix", 1, size), _split(size.images, device), device, size, amp=True)
+    loop.pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
+    start = time.perf_counter()
+    _timed(loop.step, 3, device, 150)
+    out = {"compile_warmup_s": time.perf_counter() - start}
+    out["compiled_step_images_per_s"] = _rate(loop.step, loop.images_per_step(), device, size.section_s,
+                                              min_reps=3)
+    return out
+
+
+# (name, function, estimated seconds on an H200 at full size): packing first, compile last.
+SECTIONS = [
+    ("packing", section_packing, 110),
+    ("probe", section_probe, 25),
+    ("separate", section_separate, 70),
+    ("augment", section_augment, 45),
+    ("decode", section_decode, 20),
+    ("step", section_step, 20),
+    ("deterministic", section_deterministic, 40),
+    ("compile", section_compile, 120),
+]
+NEEDS_ARGS = {"separate", "deterministic"}
+
+
+def _write(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _print_table(results: dict) -> None:
+    print(f"gpu_suite on {results['device']} (torch {results['torch']}{', tiny' if results['tiny'] else ''}), "
+          f"{results['wall_s']:.0f} s")
+    print(f"{'section':13s} {'measure':52s} {'value':>16s}")
+    for section, rows in results["sections"].items():
+        for name, value in rows.items():
+            if isinstance(value, dict) and isinstance(value.get("images_per_s"), (int, float)):
+                value = f"{value['images_per_s']:,.0f} img/s"
+            elif isinstance(value, dict):
+                value = json.dumps(value, default=str)[:60]
+            elif isinstance(value, float):
+                value = f"{value:,.3f}"
+            print(f"{section:13s} {name:52s} {value!s:>16s}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the CPU mode CI runs); implied without CUDA")
-    parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 6, tiny 0.2)")
+    parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 4, tiny 0.2)")
+    parser.add_argument("--deadline-s", type=float, default=450.0,
+                        help="skip sections whose estimate would end past this many seconds (default 450)")
+    parser.add_argument("--keep", nargs="?", const=str(KEEP_PATH), default=None, metavar="PATH",
+                        help=f"copy the table to PATH (default {KEEP_PATH.relative_to(ROOT)}), what --dry-run reads")
+    parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")
+    parser.add_argument("--fail-section", default=None, help=argparse.SUPPRESS)  # tests: a section that raises
+    parser.add_argument("--window-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--only-deterministic", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     args.tiny = args.tiny or device.type != "cuda"
-    args.section_s = args.section_s if args.section_s is not None else (0.2 if args.tiny else 6.0)
+    size = Size(args.tiny, args.section_s)
+    if args.keep and args.tiny and Path(args.keep).resolve() == KEEP_PATH.resolve():
+        parser.error("a tiny (CPU) table is no GPU measurement: --keep it elsewhere (--keep PATH) or run on a GPU")
+    if args.only_alone:
+        return run_alone(device, size, args.window_s or size.window_s)
     if args.only_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)  # measure, even where an op has no such kernel
-        result = section_memory_and_step(device, args.section_s, args.tiny, 120, deterministic=True)
+        result = section_step(device, size, {}, deterministic=True)
         print("DETERMINISTIC " + json.dumps(result))
         return result
 
-    if args.only_alone:  # one of the separate processes of section_packing
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import packing
-
-        preset, batch = ("tiny", 16) if args.tiny else ("study_l", 128)
-        row = packing.measure(device, preset=preset, batch=batch, sizes=[1], steps=2 if args.tiny else 20,
-                              repeats=1, warmup=1 if args.tiny else 3, amp=device.type == "cuda",
-                              max_seconds=args.section_s)["K=1"]
-        print(f"ALONE {row['images_per_s_wall']}")
-        return row
-
-    chunk = 64 if args.tiny else CHUNK_IMAGES
+    chosen = [s for s in SECTIONS if args.only is None or s[0] in args.only.split(",")]
+    scale = 0.5 if args.tiny else 1.0  # the estimates are the H200's; tiny mode only prints them
+    print("estimated time per section (H200, full size): " +
+          ", ".join(f"{name} {est} s" for name, _, est in chosen) +
+          f"; total {sum(est for _, _, est in chosen)} s (deadline {args.deadline_s:.0f} s)", flush=True)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "bench" / "out"
+    path = out_dir / "gpu_suite.json"
     t_start = time.perf_counter()
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "tiny": args.tiny, "chunk_images": chunk, "sections": {},
-        "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+        "torch": torch.__version__, "python": sys.version.split()[0], "tiny": args.tiny,
+        "chunk_images": size.chunk, "measured_at": time.strftime("%Y-%m-%d", time.gmtime()),
+        "sections": {}, "section_s": {}, "failed": [], "skipped": {},
     }
-    sections = results["sections"]
-    sections["augment"] = section_augment(device, chunk, args.section_s, args.tiny)
-    sections["decode"] = section_decode(device, args.section_s, args.tiny)
-    sections["step"] = section_memory_and_step(device, args.section_s, args.tiny, 150 if not args.tiny else 60,
-                                               deterministic=False)
-    if device.type == "cuda":
-        sections["step"].update(_deterministic_subprocess(args, timeout_s=120))
-    sections["packing"], results["packing"] = section_packing(device, args.section_s, args.tiny)
+    for name, fn, estimate in chosen:
+        elapsed = time.perf_counter() - t_start
+        if not args.tiny and elapsed + estimate * scale > args.deadline_s:
+            results["skipped"][name] = f"not started: {elapsed:.0f} s gone, estimate {estimate} s, deadline " \
+                                       f"{args.deadline_s:.0f} s"
+            results["sections"][name] = {"skipped": results["skipped"][name]}
+            _write(results, path)
+            continue
+        print(f"[{elapsed:6.1f} s] {name} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            if name == args.fail_section:
+                raise RuntimeError(f"--fail-section {name}: a failure injected by the test")
+            rows = fn(device, size, results, args) if name in NEEDS_ARGS else fn(device, size, results)
+            results["sections"][name] = rows
+        except Skipped as why:
+            results["skipped"][name] = str(why)
+            results["sections"][name] = {"skipped": str(why)}
+        except Exception as exc:  # noqa: BLE001 - one section's failure must not lose the others
+            results["failed"].append(name)
+            results["sections"][name] = {"error": f"{type(exc).__name__}: {exc}",
+                                         "traceback": traceback.format_exc()[-2000:]}
+            print(f"  {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            _sync_quietly(device)
+        results["section_s"][name] = time.perf_counter() - t0
+        results["wall_s"] = time.perf_counter() - t_start
+        _write(results, path)  # after every section: a later failure or timeout loses nothing written
     results["wall_s"] = time.perf_counter() - t_start
-
-    print(f"gpu_suite on {results['device']} (torch {results['torch']}{', tiny' if args.tiny else ''}), "
-          f"chunk {chunk} images, {results['wall_s']:.0f} s")
-    print(f"{'section':10s} {'measure':48s} {'value':>14s}")
-    for section, rows in sections.items():
-        for name, value in rows.items():
-            if isinstance(value, dict):
-                print(f"{section:10s} {name + ' images/s':48s} {value['images_per_s']:14,.0f}")
-            else:
-                print(f"{section:10s} {name:48s} {value:14,.1f}" if isinstance(value, float)
-                      else f"{section:10s} {name:48s} {value!s:>14s}")
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "out"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_suite.json").write_text(json.dumps(results, indent=2))
-    print(f"wrote {out_dir / 'gpu_suite.json'}")
+    _write(results, path)
+    _print_table(results)
+    print(f"wrote {path}")
+    if args.keep:
+        Path(args.keep).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, args.keep)
+        print(f"kept a copy at {args.keep}")
     return results
+
+
+def _sync_quietly(device: torch.device) -> None:
+    try:
+        _sync(device)
+    except Exception:  # noqa: BLE001 - a broken device shows in the next section's error
+        pass
 
 
 if __name__ == "__main__":

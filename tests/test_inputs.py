@@ -83,6 +83,15 @@ def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split):
     # The GPU-decode path (here with the CPU as its "device") reads bytes in workers, decodes in the loop.
     gpu_path, _ = _epoch(TrainSource(files, spec, num_workers=0, gpu_decode=True), seed=1, epoch=1, batch_size=8)
     assert torch.equal(gpu_path, held)
+    # A pack streams each member's own order and draws, augmented per protocol group.
+    from trainables.inputs import pack_epoch
+
+    folder = TrainSource(files, spec, num_workers=0)
+    members = [folder, folder.with_spec(Augmentation(32)), folder]
+    steps = list(pack_epoch(members, [1, 2, 3], epoch=1, batch_size=8, chunk_images=16))
+    for k, seed in enumerate([1, 2, 3]):
+        alone, _ = _epoch(TrainSource(memory, members[k].spec), seed=seed, epoch=1, batch_size=8)
+        assert torch.equal(torch.cat([batches[k][0] for batches in steps]), alone), k
 
 
 def test_gpu_decode_falls_back_to_the_cpu_for_files_nvjpeg_rejects(tmp_path, split):
@@ -143,3 +152,56 @@ def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_an
         box = resized_crop_params(np.array([key]), np.array([image.shape[1]]), np.array([image.shape[2]]))[0]
         crops.append(resized_crop(image, box, 128))
     assert torch.equal(streamed, apply(spec, torch.stack(crops), draw(spec, keys)))
+
+
+def test_a_pack_is_augmented_in_one_call_per_protocol_group(split, monkeypatch):
+    """Four members, two protocols: per chunk one `apply` per protocol, and each member gets
+    exactly the batches it would get alone (its own order and draws)."""
+    from trainables import inputs
+
+    specs = [Augmentation(32, "autoaugment_cifar10"), Augmentation(32, None)]
+    base = TrainSource(split, specs[0])
+    sources = [base.with_spec(specs[k % 2]) for k in range(4)]
+    seeds = [3, 4, 5, 6]
+    calls = []
+    real_apply = inputs.apply
+    monkeypatch.setattr(inputs, "apply", lambda spec, images, params, rows=None: calls.append(
+        (spec, len(params))) or real_apply(spec, images, params, rows))
+    steps = list(inputs.pack_epoch(sources, seeds, epoch=2, batch_size=16, chunk_images=32))
+    assert len(steps) == 96 // 16 and all(len(batches) == 4 for batches in steps)
+    assert len(calls) == 2 * 3 and {n for _, n in calls} == {2 * 2 * 16}  # 3 chunks x 2 groups, 2 members each
+    for k, (source, seed) in enumerate(zip(sources, seeds)):
+        alone, alone_labels = _epoch(source, seed=seed, epoch=2, batch_size=16, chunk_images=32)
+        packed = torch.cat([batches[k][0] for batches in steps])
+        assert torch.equal(packed, alone) and torch.equal(torch.cat([b[k][1] for b in steps]), alone_labels)
+    with pytest.raises(ValueError, match="one seed per source"):
+        next(inputs.pack_epoch(sources, seeds[:2], epoch=1, batch_size=16))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_default(tmp_path, split, monkeypatch):
+    """nvjpeg writes from its own stream: decode_on_device waits for the device once after the GPU
+    decode (and before any CPU-fallback copy), on fake CUDA tensors; TrainSource decodes on the CPU
+    unless asked (that wait is a host sync per batch)."""
+    from fake_cuda import fake_cuda
+
+    samples = _jpeg_folder(tmp_path, split.images[:3])
+    encoded = [torchvision.io.read_file(p) for p, _ in samples]
+    png = torchvision.io.encode_png(split.images[4])
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", str(device))))
+
+    def fake_nvjpeg(datas, mode, device):
+        events.append(("decode", len(datas)))
+        return [torchvision.io.decode_jpeg(d, mode=mode).to(device) for d in datas]
+
+    with fake_cuda():
+        out = decode_on_device([*encoded, png], "cuda", gpu_decoder=fake_nvjpeg)
+        assert all(image.device.type == "cuda" and image.shape == (3, 32, 32) for image in out)
+    assert events == [("decode", 3), ("sync", "cuda")]
+    events.clear()
+    decode_on_device(encoded, "cpu", gpu_decoder=fake_nvjpeg)
+    assert events == [("decode", 3)]  # no wait off CUDA
+    files = ImageFiles(samples, 32, evaluation=False)
+    assert not TrainSource(files, Augmentation(32), device="cuda").gpu_decode
+    assert TrainSource(files, Augmentation(32), device="cuda", gpu_decode=True).gpu_decode

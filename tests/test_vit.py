@@ -79,6 +79,10 @@ def test_fused_and_explicit_attention_agree(pe):
     for attn in explicit.attention:
         assert (attn >= 0).all()
         torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]))
+    # explicit_attention (the packed forward on the CPU) computes the explicit path, keeps no maps.
+    with torch.no_grad():
+        no_maps = model(x, explicit_attention=True)
+    assert no_maps.attention is None and torch.equal(no_maps.logits, explicit.logits)
 
 
 def test_tokens_are_norm1_of_block_inputs():

@@ -41,10 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
-from trainables.images import LARGE_IMAGE_SIZE, to_device
+from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
 from trainables.protocols import COLOR_JITTER, Protocol, augmentation_for
 
 CHUNK_IMAGES = 1024  # images per `apply` call in the training loop: per-call costs dominate below ~1,000
@@ -273,20 +275,25 @@ def _stage_codes(strong: str, height: int, width: int) -> tuple[np.ndarray, tupl
 
 def autoaugment_op(images: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
     """One AutoAugment op on a batch, as torchvision's AutoAugment applies it to one image
-    (nearest interpolation, zero fill, shear about the corner)."""
-    if op in ("ShearX", "ShearY"):
-        shear = math.degrees(math.atan(magnitude))
-        return TF.affine(images, angle=0.0, translate=[0, 0], scale=1.0, center=[0, 0],
-                         shear=[shear, 0.0] if op == "ShearX" else [0.0, shear])
-    if op in ("TranslateX", "TranslateY"):
-        shift = [int(magnitude), 0] if op == "TranslateX" else [0, int(magnitude)]
-        return TF.affine(images, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0])
+    (nearest interpolation, zero fill, shear about the corner).
+
+    Geometric ops and sharpness run torchvision's arithmetic, op for op (its `affine_image`,
+    `rotate_image`, `adjust_sharpness_image`), with one change: their matrices and kernel come
+    from tensors already on the device, made once per (op, magnitude, size, device)
+    (`device_constant`), where torchvision builds them with `torch.tensor(..., device=...)` per
+    call: a blocking copy from pageable memory, i.e. a host sync per group per chunk on CUDA."""
+    if op in _GEOMETRIC:
+        h, w = images.shape[-2:]
+        if op == "Rotate" and magnitude % 360 in (0, 90, 180, 270):  # torchvision's fast paths
+            return TF.rotate(images, angle=magnitude)
+        grid = device_constant(("autoaugment_grid", op, magnitude, h, w, images.device),
+                               lambda: _sampling_grid(op, magnitude, h, w, images.device))
+        return _grid_sample(images, grid)
     kernels = {
-        "Rotate": lambda x: TF.rotate(x, angle=magnitude),
         "Brightness": lambda x: TF.adjust_brightness(x, 1.0 + magnitude),
         "Color": lambda x: TF.adjust_saturation(x, 1.0 + magnitude),
         "Contrast": lambda x: TF.adjust_contrast(x, 1.0 + magnitude),
-        "Sharpness": lambda x: TF.adjust_sharpness(x, 1.0 + magnitude),
+        "Sharpness": lambda x: _sharpness(x, 1.0 + magnitude),
         "Posterize": lambda x: TF.posterize(x, int(magnitude)),
         "Solarize": lambda x: TF.solarize(x, 255.0 * magnitude),
         "AutoContrast": TF.autocontrast,
@@ -294,6 +301,58 @@ def autoaugment_op(images: torch.Tensor, op: str, magnitude: float) -> torch.Ten
         "Invert": TF.invert,
     }
     return kernels[op](images)
+
+
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+def _inverse_matrix(op: str, magnitude: float, h: int, w: int) -> list[float]:
+    """The inverse affine matrix torchvision's AutoAugment uses for `op` (as TF.affine / TF.rotate
+    compute it for these arguments; its `_get_inverse_affine_matrix`, so the numbers are its own)."""
+    if op in ("ShearX", "ShearY"):  # TF.affine(..., center=[0, 0]): the corner, in centred coordinates
+        shear = math.degrees(math.atan(magnitude))
+        return _get_inverse_affine_matrix([-0.5 * w, -0.5 * h], 0.0, [0.0, 0.0], 1.0,
+                                          [shear, 0.0] if op == "ShearX" else [0.0, shear])
+    if op in ("TranslateX", "TranslateY"):
+        shift = [float(int(magnitude)), 0.0] if op == "TranslateX" else [0.0, float(int(magnitude))]
+        return _get_inverse_affine_matrix([0.0, 0.0], 0.0, shift, 1.0, [0.0, 0.0])
+    return _get_inverse_affine_matrix([0.0, 0.0], -(magnitude % 360), [0.0, 0.0], 1.0, [0.0, 0.0])  # Rotate
+
+
+def _sampling_grid(op: str, magnitude: float, h: int, w: int, device: torch.device) -> torch.Tensor:
+    """float32 (1, h, w, 2): torchvision's `_affine_grid` for the op, its theta and divisor sent in
+    one pinned, non-blocking copy (torchvision makes both with torch.tensor(..., device=...))."""
+    host = torch.tensor([*_inverse_matrix(op, magnitude, h, w), 0.5 * w, 0.5 * h], dtype=torch.float32)
+    values = to_device(host, device)
+    theta, divisor = values[:6].reshape(1, 2, 3), values[6:]
+    base_grid = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base_grid[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base_grid[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
+    base_grid[..., 2].fill_(1)
+    rescaled_theta = theta.transpose(1, 2).div_(divisor)
+    return base_grid.view(1, h * w, 3).bmm(rescaled_theta).view(1, h, w, 2)
+
+
+def _grid_sample(images: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    # torchvision's `_apply_grid_transform` for uint8 images, nearest, fill None (AutoAugment's).
+    n = images.shape[0]
+    out = F.grid_sample(images.to(grid.dtype), grid.expand(n, -1, -1, -1) if n > 1 else grid, mode="nearest",
+                        padding_mode="zeros", align_corners=False)
+    return out.round_().to(images.dtype)
+
+
+def _sharpness(images: torch.Tensor, factor: float) -> torch.Tensor:
+    """torchvision's `adjust_sharpness_image` for uint8 (n, 3, h, w), its 3x3 kernel on the device once."""
+    if images.numel() == 0 or images.shape[-2] <= 2 or images.shape[-1] <= 2:
+        return images
+    kernel = device_constant(("sharpness_kernel", images.device), lambda: to_device(
+        torch.tensor([[1 / 13, 1 / 13, 1 / 13], [1 / 13, 5 / 13, 1 / 13], [1 / 13, 1 / 13, 1 / 13]],
+                     dtype=torch.float32), images.device))
+    output = images.to(dtype=torch.float32, copy=True)
+    blurred = F.conv2d(output, kernel.expand(3, 1, 3, 3), groups=3).round_()
+    view = output[..., 1:-1, 1:-1]
+    view.add_(blurred.sub_(view), alpha=(1.0 - factor))
+    return output.clamp_(0, 255).to(images.dtype)
 
 
 def autoaugment(images: torch.Tensor, params: Draws, strong: str) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,6 +81,23 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+_DEVICE_CONSTANTS: dict = {}
+
+
+def device_constant(key, build: Callable[[], torch.Tensor]):
+    """A constant of the step (normalisation stats, AutoAugment's sampling grids, a blur kernel),
+    built by `build()` on first use and kept per `key` (which names the device): building it per
+    step from host numbers would be a blocking host-to-device copy each time. One registry, so
+    tests can drop every cached device tensor at once (`clear_device_constants`)."""
+    if key not in _DEVICE_CONSTANTS:
+        _DEVICE_CONSTANTS[key] = build()
+    return _DEVICE_CONSTANTS[key]
+
+
+def clear_device_constants() -> None:
+    _DEVICE_CONSTANTS.clear()
 
 
 # -- splits ----------------------------------------------------------------------------------

@@ -3,10 +3,11 @@
     source = TrainSource(split, spec, device=device)                     # in-memory: copied to the device once
     images, labels = source.batch(seeds, epoch, indices)                 # uint8 (n, 3, S, S), int64 (n,) on the device
     for images, labels in source.epoch(seed=0, epoch=1, batch_size=128): ...   # one step's batch at a time
+    for batches in pack_epoch(sources, seeds, epoch=1, batch_size=128): ...    # a pack: [(images, labels)] * K
 
 `batch` is the per-step input as a pure function of (seed(s), epoch, image
-indices): packed trials call it once for K members, concatenating their
-indices and passing one seed per image. An epoch is augmented
+indices): `pack_epoch` calls it once per protocol group of a pack's members,
+concatenating their indices and passing one seed per image. An epoch is augmented
 `augment.CHUNK_IMAGES` (1,024) images per call, several steps at once;
 since each image's draws are keyed by (seed, epoch, index) the chunk size
 changes nothing but speed.
@@ -17,8 +18,9 @@ is an index into it, so no DataLoader, no worker and no host-to-device copy
 of images per step. Folder-backed splits (`ImageFiles`: ImageNet-100, large
 `folder` roots) are read by DataLoader workers that only read and decode
 (plus the per-image random resized crop at native size, from the image's
-key); on CUDA the workers only read the bytes and JPEGs are decoded on the
-GPU (`decode_on_device`, with a CPU fallback for files nvjpeg rejects).
+key); with `gpu_decode=True` (CUDA) the workers only read the bytes and JPEGs
+are decoded on the GPU (`decode_on_device`: a device sync per batch, since
+nvjpeg writes from its own stream; a CPU fallback for files it rejects).
 Either way flip and the strong augmentation run batched on the device.
 """
 
@@ -76,7 +78,8 @@ class TrainSource:
         elif not isinstance(split, ImageFiles):
             raise TypeError(f"TrainSource takes TensorImages or ImageFiles, got {type(split).__name__}")
         self.num_workers = default_workers(num_workers)
-        self.gpu_decode = self.device.type == "cuda" if gpu_decode is None else gpu_decode
+        # GPU decoding costs a host sync per batch (`decode_on_device`): CPU workers decode by default.
+        self.gpu_decode = bool(gpu_decode)
 
     def __len__(self) -> int:
         return self.length
@@ -103,38 +106,95 @@ class TrainSource:
     def epoch(self, *, seed: int, epoch: int, batch_size: int, num_replicas: int = 1, rank: int = 0,
               chunk_images: int = CHUNK_IMAGES) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's steps of `epoch`: (uint8 (B, 3, S, S), int64 (B,)) on the device, partial
-        batches dropped; the order is `SeededSampler`'s, so it is the same as before chunking."""
-        order = epoch_order(self.length, seed=seed, epoch=epoch, num_replicas=num_replicas, rank=rank,
-                            drop_last=True).numpy()
-        steps = len(order) // batch_size
-        per_chunk = max(1, chunk_images // batch_size)
-        if self.in_memory:
-            for first in range(0, steps, per_chunk):
-                count = min(per_chunk, steps - first)
-                images, labels = self.batch(seed, epoch, order[first * batch_size:(first + count) * batch_size])
-                yield from zip(images.split(batch_size), labels.split(batch_size))
-            return
-        yield from self._stream(seed, epoch, order[:steps * batch_size], batch_size, per_chunk)
+        batches dropped; the order is `SeededSampler`'s, so it is the same as before chunking.
+        A pack of one of `pack_epoch`."""
+        for batches in pack_epoch([self], [seed], epoch=epoch, batch_size=batch_size, num_replicas=num_replicas,
+                                  rank=rank, chunk_images=chunk_images):
+            yield batches[0]
 
-    def _stream(self, seed: int, epoch: int, order: np.ndarray, batch_size: int, per_chunk: int):
-        # Workers hand over one step's images at a time; the device augments per_chunk steps at once.
-        keys = item_keys(seed, epoch, order)
+    def order(self, seed: int, epoch: int, num_replicas: int = 1, rank: int = 0) -> np.ndarray:
+        """This rank's image indices of `epoch` (`epoch_order`, the tail dropped), int64 (n,)."""
+        return epoch_order(self.length, seed=seed, epoch=epoch, num_replicas=num_replicas, rank=rank,
+                           drop_last=True).numpy()
+
+    def loader(self, order: np.ndarray, keys: np.ndarray, batch_size: int) -> DataLoader:
+        """Folder-backed splits: workers that read (and, unless decoding on the GPU, decode and crop)
+        one step's images at a time, in `order`, each with its key: (keys, images, labels) batches."""
         dataset = _EncodedFiles(self.split) if self.gpu_decode else _DecodedCrops(self.split, self.spec)
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=list(zip(order.tolist(), keys.tolist())),
-                            num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.device.type == "cuda")
-        buffer: list = []
-        for batch_number, (batch_keys, images, labels) in enumerate(loader, 1):
-            if self.gpu_decode:
-                images = torch.stack(self._crop(decode_on_device(images, self.device), batch_keys))
-            buffer.append((batch_keys, images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)))
-            if len(buffer) == per_chunk or batch_number == len(loader):
-                chunk_keys = np.concatenate([k for k, _, _ in buffer])
-                images = apply(self.spec, torch.cat([i for _, i, _ in buffer]), draw(self.spec, chunk_keys))
-                yield from zip(images.split(batch_size), torch.cat([y for _, _, y in buffer]).split(batch_size))
-                buffer = []
+        return DataLoader(dataset, batch_size=batch_size, sampler=list(zip(order.tolist(), keys.tolist())),
+                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.device.type == "cuda")
 
     def _crop(self, decoded: list[torch.Tensor], keys: np.ndarray) -> list[torch.Tensor]:
         return [_train_crop(image, key, self.spec) for image, key in zip(decoded, keys)]
+
+
+def pack_epoch(sources: Sequence[TrainSource], seeds: Sequence[int], *, epoch: int, batch_size: int,
+               num_replicas: int = 1, rank: int = 0,
+               chunk_images: int = CHUNK_IMAGES) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The steps of `epoch` for every member of a pack: member k reads `sources[k]` (one split,
+    each member its own augmentation: `TrainSource.with_spec`) in its own order from `seeds[k]`.
+    Yields per step [(uint8 (B, 3, S, S), int64 (B,)) per member], each exactly what
+    `sources[k].epoch(seed=seeds[k], ...)` yields alone.
+
+    Members with equal augmentations (a protocol group) are augmented together: per chunk of
+    `chunk_images // batch_size` steps, ONE `draw` + `apply` covers all their images (each
+    image's draws stay its own: its key is (its member's seed, epoch, index)), so a pack of K
+    pays the kernel launches of one call per group, not of K calls."""
+    if len(sources) != len(seeds) or not sources:
+        raise ValueError(f"pack_epoch needs one seed per source, got {len(sources)} sources and {len(seeds)} seeds")
+    first = sources[0]
+    if any(s.split is not first.split or s.device != first.device for s in sources):
+        raise ValueError("pack members read one split on one device (TrainSource.with_spec); got different ones")
+    orders = [first.order(seed, epoch, num_replicas, rank) for seed in seeds]
+    steps = len(orders[0]) // batch_size
+    orders = [order[:steps * batch_size] for order in orders]
+    per_chunk = max(1, chunk_images // batch_size)
+    groups: dict[Augmentation, list[int]] = {}
+    for k, source in enumerate(sources):
+        groups.setdefault(source.spec, []).append(k)
+    if not first.in_memory:
+        yield from _stream_pack(first, groups, seeds, epoch, orders, batch_size, per_chunk)
+        return
+    for start in range(0, steps, per_chunk):
+        count = min(per_chunk, steps - start)
+        rows = slice(start * batch_size, (start + count) * batch_size)
+        chunk: list = [None] * len(sources)
+        for spec, members in groups.items():
+            indices = np.concatenate([orders[k][rows] for k in members])
+            member_seeds = np.repeat(np.asarray([seeds[k] for k in members], dtype=np.int64), count * batch_size)
+            images, labels = sources[members[0]].batch(member_seeds, epoch, indices)  # one call per group
+            parts = zip(members, images.split(count * batch_size), labels.split(count * batch_size))
+            for k, part, part_labels in parts:
+                chunk[k] = (part.split(batch_size), part_labels.split(batch_size))
+        for step in range(count):
+            yield [(images[step], labels[step]) for images, labels in chunk]
+
+
+def _stream_pack(source: TrainSource, groups: dict[Augmentation, list[int]], seeds: Sequence[int], epoch: int,
+                 orders: list[np.ndarray], batch_size: int, per_chunk: int):
+    # Folder-backed: each member's workers hand over one step's images at a time (in its own
+    # order); the device augments per_chunk steps of a protocol group in one call.
+    keys = [item_keys(seed, epoch, order) for seed, order in zip(seeds, orders)]
+    loaders = [source.loader(order, member_keys, batch_size) for order, member_keys in zip(orders, keys)]
+    total = len(orders[0]) // batch_size
+    buffer: list[list] = [[] for _ in orders]
+    for batch_number, member_batches in enumerate(zip(*loaders), 1):
+        for k, (batch_keys, images, labels) in enumerate(member_batches):
+            if source.gpu_decode:
+                images = torch.stack(source._crop(decode_on_device(images, source.device), batch_keys))
+            buffer[k].append((batch_keys, images.to(source.device, non_blocking=True),
+                              labels.to(source.device, non_blocking=True)))
+        if len(buffer[0]) == per_chunk or batch_number == total:
+            count = len(buffer[0])
+            chunk: list = [None] * len(orders)
+            for spec, members in groups.items():
+                chunk_keys = np.concatenate([k for m in members for k, _, _ in buffer[m]])
+                images = apply(spec, torch.cat([i for m in members for _, i, _ in buffer[m]]), draw(spec, chunk_keys))
+                for m, part in zip(members, images.split(count * batch_size)):
+                    chunk[m] = (part.split(batch_size), [y for _, _, y in buffer[m]])
+            for step in range(count):
+                yield [(images[step], labels[step]) for images, labels in chunk]
+            buffer = [[] for _ in orders]
 
 
 def _train_crop(image: torch.Tensor, key, spec: Augmentation) -> torch.Tensor:
@@ -191,7 +251,14 @@ def decode_on_device(encoded: Sequence[torch.Tensor], device: torch.device | str
     JPEGs go to `gpu_decoder` (torchvision's nvjpeg `decode_jpeg`, which takes a list) in
     one call; if that call fails, each file is retried alone, and the files it still
     rejects (CMYK JPEGs exist in ImageNet; PNGs are no JPEGs) are decoded on the CPU
-    and moved to the device. Returns the images in input order."""
+    and moved to the device. Returns the images in input order.
+
+    On CUDA the device is synchronised after the GPU decode: torchvision's nvjpeg path writes
+    its output from a stream of its own that the caller's stream does not wait for (a known,
+    unmerged upstream report of corrupted images), so without it the augmentation kernels
+    could read half-written pixels. That is a host sync per decoded batch, which is why
+    `TrainSource` decodes on the CPU by default (`gpu_decode=True` opts in; bench/gpu_suite.py
+    compares GPU-decoded pixels with CPU-decoded ones)."""
     device = torch.device(device)
     rgb = torchvision.io.ImageReadMode.RGB
     out: list[torch.Tensor | None] = [None] * len(encoded)
@@ -206,6 +273,8 @@ def decode_on_device(encoded: Sequence[torch.Tensor], device: torch.device | str
                 out[i] = gpu_decoder([encoded[i]], mode=rgb, device=device)[0]
             except RuntimeError:
                 pass  # the CPU decoder below
+    if jpeg and device.type == "cuda":
+        torch.cuda.synchronize(device)  # the decoder's own stream has finished writing (see above)
     for i, image in enumerate(out):
         if image is None:
             out[i] = torchvision.io.decode_image(encoded[i], mode=rgb).to(device)

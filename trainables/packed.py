@@ -21,9 +21,11 @@ member: data order, augmentation draws, CutMix, RPT permutations (`perm`), and l
 every run-config field except `PACK_FREE_FIELDS`.
 
 Care under vmap:
-  * attention: fused `scaled_dot_product_attention` has no batching rule (vmap falls back to a
-    per-member loop with a performance warning), so the packed forward asks the ViT for the explicit
-    softmax path (`return_attention=True`; the maps are intermediates only, kept for backward anyway);
+  * attention: fused `scaled_dot_product_attention` where the device's fused kernels have a vmap
+    batching rule (CUDA), the explicit softmax path where they have none (CPU: vmap would fall back
+    to a per-member loop), chosen in one place, `fused_attention_under_vmap`;
+  * precision: under autocast the Linear parameters enter the vmapped forward as bf16 copies
+    (`_autocast_params`), so Linear outputs are bf16 as in the plain module;
   * RPT: members differ (no RPT, one permutation per batch (N,), one per image (B, N)), so every
     member's permutation is expanded to (B, N) and gathered; a gather reproduces `patches[:, perm]`
     exactly, and no RPT in any member passes no permutation at all;
@@ -61,6 +63,7 @@ Per-trial checkpoints are the unpacked formats, so a trial resumes packed or unp
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -71,6 +74,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from trainables.config import RunConfig
+from trainables.images import to_device
 from trainables.vit import ViT
 
 # Fields members of one pack may differ in: what the loop supplies per member (seed -> init, data
@@ -110,6 +114,32 @@ def init_member(cfg: RunConfig) -> ViT:
     return ViT(cfg.model)
 
 
+@contextlib.contextmanager
+def mixed_precision(device: torch.device, enabled: bool):
+    """The step's and the evaluation's precision, in one place: bf16 autocast when `enabled`, and
+    on CUDA TF32 for whatever fp32 matmuls and convolutions remain (restored on exit)."""
+    device = torch.device(device)
+    cuda = enabled and device.type == "cuda"
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if cuda else None
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
+            yield
+    finally:
+        if saved is not None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def fused_attention_under_vmap(device: torch.device | str) -> bool:
+    """The one place that chooses the packed forward's attention. CUDA's fused kernels (flash,
+    memory-efficient, cuDNN) have vmap batching rules, so the pack runs them as the plain module
+    does, with no (K, B, H, T, T) maps kept for backward. The CPU's fused kernel has none (vmap
+    would fall back to a loop over members with a performance warning), so there the pack runs the
+    explicit softmax attention (`ViT.forward(explicit_attention=True)`)."""
+    return torch.device(device).type == "cuda"
+
+
 def _full_perm(perm: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
     """A member's RPT permutation as (B, N): None -> identity, (N,) -> the same for every image."""
     if perm is None:
@@ -142,8 +172,11 @@ class PackedViT:
         models = [init_member(c) for c in configs] if models is None else list(models)
         if len(models) != len(configs):
             raise ValueError(f"{len(models)} models for {len(configs)} member configs")
+        # Structure only (functional_call swaps tensors in), taken before the move to the device.
+        base = copy.deepcopy(models[0]).to("meta") if len(models) > 1 else None
         models = [m.to(self.device) for m in models]
         self._n_patches = configs[0].model.num_patches
+        self._smoothing = self._smoothing_table()
         if len(models) == 1:
             # K = 1 is the plain module itself: fused attention, DDP and torch.compile as before
             # packing, and the very numbers of an unpacked run; only the (K, ...) shapes are added.
@@ -157,7 +190,10 @@ class PackedViT:
         # groups, and non-persistent buffers (RoPE / sin-cos tables) for `member_model`.
         self.template = copy.deepcopy(models[0])
         self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
-        self.base = copy.deepcopy(models[0]).to("meta")  # structure only: functional_call swaps tensors in
+        self.base = base
+        # What autocast runs in low precision inside the plain module and vmap hides from it: Linear.
+        self._low_precision = {f"{name}.{leaf}" for name, module in self.base.named_modules()
+                               if isinstance(module, nn.Linear) for leaf, _ in module.named_parameters()}
 
     # -- shape of the pack ---------------------------------------------------------------------------
     @property
@@ -221,14 +257,29 @@ class PackedViT:
             else:
                 perm = torch.stack([_full_perm(p, batch, self._n_patches, images.device) for p in perm])
 
+        explicit = not fused_attention_under_vmap(images.device)
+
         def member(params, buffers, x, p):
-            # return_attention=True selects the explicit softmax attention: fused SDPA has no
-            # batching rule. Only the logits leave the function.
-            out = functional_call(self.base, (params, buffers), (x,), {"perm": p, "return_attention": True})
+            out = functional_call(self.base, (params, buffers), (x,), {"perm": p, "explicit_attention": explicit})
             return out.logits
 
         in_dims = (0, 0, None if shared else 0, None if perm is None else 0)
-        return vmap(member, in_dims=in_dims, randomness="error")(self.params, self.buffers, images, perm)
+        return vmap(member, in_dims=in_dims, randomness="error")(self._autocast_params(images.device), self.buffers,
+                                                                 images, perm)
+
+    def _autocast_params(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The stacked parameters as the forward should see them. Under autocast the plain module's
+        Linear runs in bf16 (weight, bias and output), but vmap splits a batched F.linear into a
+        matmul and a bias add before autocast sees it, and the add of an fp32 bias would promote
+        every Linear output back to fp32 (twice the activation memory). So under autocast the
+        Linear weights and biases go in as low-precision copies, as autocast itself would cast
+        them; the casts are differentiable, so the fp32 leaves (the optimiser's master weights)
+        get fp32 gradients. Everything else (norms, CLS, PE, the patch embedding's convolution,
+        which vmap runs in fp32) stays fp32."""
+        if not torch.is_autocast_enabled(device.type):
+            return self.params
+        dtype = torch.get_autocast_dtype(device.type)
+        return {name: p.to(dtype) if name in self._low_precision else p for name, p in self.params.items()}
 
     def losses(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """logits (K, B, C), soft targets (K, B, C) -> (K,) mean cross-entropy per member, each with its
@@ -236,9 +287,13 @@ class PackedViT:
         if not self.stacked:  # exactly the unpacked run's loss
             smoothing = self.configs[0].protocol.smoothing
             return F.cross_entropy(logits[0].float(), targets[0], label_smoothing=smoothing)[None]
-        eps = torch.tensor([c.protocol.smoothing for c in self.configs], device=logits.device)[:, None, None]
+        eps = self._smoothing  # (K, 1, 1) on the device, made once: not a host-to-device copy per step
         smoothed = targets * (1 - eps) + eps / logits.shape[-1]
         return -(smoothed * logits.float().log_softmax(-1)).sum(-1).mean(-1)
+
+    def _smoothing_table(self) -> torch.Tensor:
+        table = torch.tensor([c.protocol.smoothing for c in self.configs], dtype=torch.float32)[:, None, None]
+        return to_device(table, self.device)
 
     # -- optimiser -------------------------------------------------------------------------------------
     def optimizer(self, build: OptimizerFactory, cfg: RunConfig | None = None) -> torch.optim.Optimizer:
@@ -360,6 +415,7 @@ class PackedViT:
         self.params = fresh
         self.buffers = {name: b[index].clone() for name, b in self.buffers.items()}
         self.configs = [self.configs[i] for i in keep]
+        self._smoothing = self._smoothing_table()
         return keep
 
 

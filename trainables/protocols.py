@@ -43,7 +43,6 @@ is `epoch_order` (shared by `SeededSampler` and the device input path).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from torchvision.transforms import v2
 
 from trainables.images import (
     LARGE_IMAGE_SIZE,
+    device_constant,
     eval_resize_size,
     resize_center_crop,
     to_device,
@@ -262,17 +262,17 @@ def cutmix_batch(
     return mixed, targets * (1.0 - area) + targets[perm.to(targets.device)] * area
 
 
-@functools.lru_cache(maxsize=32)
-def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    # Cached per device: building these per step would be a blocking host-to-device copy each time.
-    m = torch.tensor(mean, dtype=torch.float32).mul(255).view(3, 1, 1).to(device)
-    s = torch.tensor(std, dtype=torch.float32).mul(255).view(3, 1, 1).to(device)
-    return m, s
+def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    # (2, 3, 1, 1): mean and std on the 0-255 scale; built once per device (`device_constant`).
+    stats = torch.tensor([mean, std], dtype=torch.float32).mul(255).view(2, 3, 1, 1)
+    return to_device(stats, device)
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 (B, 3, S, S) or (3, S, S) -> float32 (x / 255 - mean) / std, on the images' device."""
-    m, s = _pixel_stats(tuple(map(float, mean)), tuple(map(float, std)), str(images.device))
+    mean, std = tuple(map(float, mean)), tuple(map(float, std))
+    m, s = device_constant(("pixel_stats", mean, std, images.device),
+                           lambda: _pixel_stats(mean, std, images.device)).unbind(0)
     return images.float().sub_(m).div_(s)
 
 

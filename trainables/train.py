@@ -59,8 +59,8 @@ from trainables.augment import augmentation
 from trainables.config import RunConfig, did_not_learn
 from trainables.datasets import capped_subset, load_dataset
 from trainables.images import to_device
-from trainables.inputs import EvalSource, TrainSource
-from trainables.packed import PackedViT
+from trainables.inputs import EvalSource, TrainSource, pack_epoch
+from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, normalize, soft_targets
 from trainables.vit import ViT
 
@@ -91,8 +91,8 @@ def snapshot_epochs(epochs: int) -> list[int]:
     return sorted(marks)
 
 
-def _epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
-    # Independent, reproducible RNG stream per (seed, epoch, purpose).
+def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
+    """An independent, reproducible RNG seed per (seed, epoch, purpose): stream 2 CutMix, 3 RPT."""
     return (seed * 1_000_003 + epoch * 7_919 + stream) % (2**63 - 1)
 
 
@@ -137,6 +137,20 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     each member exactly its own gradient. Returns the losses (K,) and the counts of images whose
     soft-target argmax (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them
     would sync the device."""
+    losses, correct = step_losses(pack, cfgs, batches, num_classes=num_classes, mean=mean, std=std,
+                                  mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
+    optimizer.zero_grad(set_to_none=True)
+    losses.sum().backward()
+    optimizer.step()
+    return losses.detach(), correct
+
+
+def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
+                mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
+                use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device half of `pack_step` up to the loss (what tests/fake_cuda.py runs on fake CUDA
+    tensors): per member CutMix, normalisation, RPT; the forward under `mixed_precision`; the
+    losses (K,) (differentiable) and the correct counts (K,). Nothing here reads a device value."""
     xs, targets, perms = [], [], []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
         images, target = mix_batch(cfg, images, labels, num_classes, mix_gen)
@@ -149,13 +163,10 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     x = xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)
     if x.is_cuda:  # a new step for CUDA graphs (a compiled forward); nothing when eager
         torch.compiler.cudagraph_mark_step_begin()
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
+    with mixed_precision(x.device, use_amp):
         logits = pack(x, perms)  # (K, B, C)
     losses = pack.losses(logits, target)  # (K,)
-    optimizer.zero_grad(set_to_none=True)
-    losses.sum().backward()
-    optimizer.step()
-    return losses.detach(), (logits.argmax(-1) == target.argmax(-1)).sum(-1)
+    return losses, (logits.argmax(-1) == target.argmax(-1)).sum(-1)
 
 
 def mix_batch(cfg: RunConfig, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
@@ -319,16 +330,16 @@ def train_pack(
     for epoch in range(start_epoch, cfg.epochs + 1):
         pack.train()
         _inject_divergence(pack, epoch)
-        mix_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
-        perm_gens = [torch.Generator().manual_seed(_epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
+        mix_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
+        perm_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
         # Sums stay on the device: a per-step .item() would stall the GPU every step.
         loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
         correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
         count = 0
         t0 = time.perf_counter()
-        epochs = [sources[i].epoch(seed=cfgs[i].seed, epoch=epoch, batch_size=batch_size, num_replicas=world,
-                                   rank=rank) for i in members]
-        for batches in zip(*epochs):  # each member's augmented batch, already on the device
+        steps = pack_epoch([sources[i] for i in members], [cfgs[i].seed for i in members], epoch=epoch,
+                           batch_size=batch_size, num_replicas=world, rank=rank)  # one call per protocol group
+        for batches in steps:  # each member's augmented batch, already on the device
             losses, correct_here = pack_step(pack, optimizer, [cfgs[i] for i in members], batches,
                                              num_classes=data.num_classes, mean=data.mean, std=data.std,
                                              mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
@@ -354,7 +365,7 @@ def train_pack(
             loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
             members = [members[k] for k in keep]
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
-        evals = _evaluate_pack(pack, eval_batches, data.mean, data.std, device)
+        evals = evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
         reports = []
         checkpoint_now = epoch == cfg.epochs or (
             epoch % cfg.checkpoint_every == 0 and time.monotonic() - last_checkpoint >= cfg.checkpoint_interval_s)
@@ -462,8 +473,11 @@ def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, l
 
 
 @torch.no_grad()
-def _evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device) -> list[tuple[float, float]]:
-    """(mean cross-entropy, top-1) per member over (uint8 images, labels) batches; one batch serves all."""
+def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
+                  use_amp: bool = False) -> list[tuple[float, float]]:
+    """(mean cross-entropy, top-1) per member over (uint8 images, labels) batches; one batch serves all.
+    The forward runs under the training step's precision (`mixed_precision`); the loss in fp32.
+    The sums stay on the device: one read at the end, none per batch."""
     pack.eval()
     loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
     correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
@@ -471,7 +485,9 @@ def _evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device) ->
     for images, labels in batches:
         x = normalize(images.to(device, non_blocking=True), mean, std)
         y = labels.to(device, non_blocking=True)
-        logits = pack(x).float()  # (K, B, C)
+        with mixed_precision(device, use_amp):
+            logits = pack(x)  # (K, B, C)
+        logits = logits.float()
         # One call per member keeps each member's sum exactly what its unpacked evaluation adds up.
         loss_sum += torch.stack([F.cross_entropy(member, y, reduction="sum") for member in logits])
         correct += (logits.argmax(-1) == y).sum(-1)

@@ -165,16 +165,20 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False
+        self, x: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False,
+        explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, D) -> (out (B, T, D), softmax map (B, H, T, T) or None)."""
+        """x (B, T, D) -> (out (B, T, D), softmax map (B, H, T, T) or None). The explicit softmax
+        runs when the map is wanted or `explicit` is set (under vmap on a device whose fused
+        kernel has no batching rule: `packed.fused_attention_under_vmap`)."""
         B, T, D = x.shape
         q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if rotation is not None:  # (B, H, T, hd) each
             q, k = apply_rotation(q, *rotation), apply_rotation(k, *rotation)
-        if return_attention:
+        if return_attention or explicit:
             attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
             out = self.attn_drop(attn) @ v
+            attn = attn if return_attention else None
         else:
             attn = None
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
@@ -195,11 +199,12 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, h: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False
+        self, h: torch.Tensor, rotation: Rotation | None = None, return_attention: bool = False,
+        explicit_attention: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """h (B, T, D) -> (next h (B, T, D), norm1(h) (B, T, D), attention (B, H, T, T) or None)."""
         tokens = self.norm1(h)
-        out, attn = self.attn(tokens, rotation, return_attention)
+        out, attn = self.attn(tokens, rotation, return_attention, explicit_attention)
         h = h + self.drop_path(out)
         h = h + self.drop_path(self.mlp(self.norm2(h)))
         return h, tokens, attn
@@ -259,12 +264,15 @@ class ViT(nn.Module):
         pe_scale: float = 1.0,
         return_tokens: bool = False,
         return_attention: bool = False,
+        explicit_attention: bool = False,
     ) -> ViTOutput:
         """images (B, 3, H, W) normalised -> ViTOutput.
 
         perm: (N,) or (B, N); patches[b, i] <- patches[b, perm[b, i]] after patch embedding, before the PE,
             so the PE stays tied to indices (RPT in training, RPI at inference).
         pe_scale: multiplies the additive table (CLS slot included) or the rotation angles (rope).
+        explicit_attention: the explicit softmax attention instead of fused SDPA, maps not kept
+            (the packed forward on the CPU: `packed.fused_attention_under_vmap`).
         """
         x = self.patch_embed(images)  # (B, N, D)
         if perm is not None:
@@ -277,7 +285,7 @@ class ViT(nn.Module):
         rotations = self.pe.rotations(pe_scale)
         tokens, attention = [], []
         for layer, block in enumerate(self.blocks):
-            x, normed, attn = block(x, rotations[layer] if rotations else None, return_attention)
+            x, normed, attn = block(x, rotations[layer] if rotations else None, return_attention, explicit_attention)
             if return_tokens:
                 tokens.append(normed)
             attention.append(attn)

@@ -1,0 +1,173 @@
+"""Host syncs and launches per training step, counted on the CPU: before and after the hot-path work.
+
+    PYTHONPATH=. python3 bench/host_syncs.py                 # this checkout, beside the recorded baseline
+    PYTHONPATH=/path/to/old/checkout python3 bench/host_syncs.py --no-baseline   # measure another checkout
+
+Per step of a CIFAR-10 pack (32 px, batch 128 per member, chunks of 1,024 images per member), for
+crop + flip and AutoAugment at K = 1 and K = 8 (every member the same protocol):
+
+* blocking host-to-device copies and device reads: the device half of the step on fake CUDA tensors
+  (tests/fake_cuda.py: FakeTensorMode + a dispatch mode that counts them), steady state (after
+  the first chunk); `study_l` model;
+* device ops: the ops of that step that compute on CUDA, views excluded (a launch proxy);
+* profiler ops: `torch.profiler` op count of the real step on the CPU (augmentation, CutMix,
+  normalisation, RPT, forward, loss, backward, AdamW), `tiny` model (the count, not the time,
+  is the point: the CPU pays little per op, a GPU a launch).
+
+BASELINE holds the same script's counts on the code before this work (commit 6637a4a), measured
+with --no-baseline and PYTHONPATH pointing at that checkout; the script runs against either API
+(per-member `TrainSource.epoch` and `pack_step`, or `pack_epoch` and `step_losses`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fake_cuda import fake_cuda, member_configs  # noqa: E402
+
+from trainables import inputs, protocols, train  # noqa: E402
+from trainables.augment import augmentation  # noqa: E402
+from trainables.images import TensorImages, to_device  # noqa: E402
+from trainables.packed import PackedViT  # noqa: E402
+
+CASES = [("crop+flip", "baseline"), ("autoaugment", "autoaugment+cutmix")]
+PACKS = (1, 8)
+BATCH, CHUNK, IMAGES = 128, 1024, 4096
+
+# Measured on commit 6637a4a (before: torchvision's affine / rotate / sharpness per group, eps per
+# step, one augmentation call per member): per step, {case: {K: (copies, reads, device ops, profiler ops)}}.
+BASELINE = {
+    "crop+flip": {1: (0.0, 0.0, 1156.0, 1819.8), 8: (1.0, 0.0, 3112.0, 3104.0)},
+    "autoaugment": {1: (5.0, 0.0, 1338.5, 2249.5), 8: (42.5, 0.0, 4599.4, 6533.5)},
+}
+
+
+def _step_losses(pack, cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens, use_amp):
+    """The device half up to the loss: `train.step_losses` where it exists, else the first half of
+    the older `pack_step`, written out (the same calls)."""
+    if hasattr(train, "step_losses"):
+        return train.step_losses(pack, cfgs, batches, num_classes=num_classes, mean=mean, std=std,
+                                 mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
+    xs, targets, perms = [], [], []
+    for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
+        images, target = train.mix_batch(cfg, images, labels, num_classes, mix_gen)
+        xs.append(protocols.normalize(images, mean, std))
+        targets.append(target)
+        perms.append(to_device(train.random_permutation(labels.numel(), cfg.model.num_patches,
+                                                        per_image=cfg.rpt_per_image, generator=perm_gen),
+                               images.device) if cfg.rpt else None)
+    target, x = torch.stack(targets), torch.stack(xs)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_amp):
+        logits = pack(x, perms)
+    return pack.losses(logits, target), (logits.argmax(-1) == target.argmax(-1)).sum(-1)
+
+
+def _steps(sources, cfgs, epoch: int = 1):
+    if hasattr(inputs, "pack_epoch"):
+        return inputs.pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
+    return zip(*[s.epoch(seed=c.seed, epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
+                 for s, c in zip(sources, cfgs)])
+
+
+def _clear_old_caches() -> None:
+    stats = getattr(protocols, "_pixel_stats", None)
+    if hasattr(stats, "cache_clear"):  # the older checkout's per-device lru_cache
+        stats.cache_clear()
+
+
+def _setup(protocol: str, k: int, preset: str, device: str):
+    cfgs = member_configs([protocol] * k, batch_size=BATCH, preset=preset, rpt=True)
+    g = torch.Generator().manual_seed(0)
+    split = TensorImages(torch.randint(0, 256, (IMAGES, 3, 32, 32), dtype=torch.uint8, generator=g),
+                         torch.randint(0, 10, (IMAGES,), generator=g))
+    base = inputs.TrainSource(split, augmentation(cfgs[0].protocol, "cifar10", 32), device=device)
+    sources = [base.with_spec(augmentation(c.protocol, "cifar10", 32)) for c in cfgs]
+    mix = [torch.Generator().manual_seed(c.seed * 7 + 2) for c in cfgs]
+    perm = [torch.Generator().manual_seed(c.seed * 7 + 3) for c in cfgs]
+    return cfgs, sources, _pack(cfgs, device), mix, perm
+
+
+def _pack(cfgs, device: str) -> PackedViT:
+    try:
+        return PackedViT(cfgs, device).train()
+    except RuntimeError:  # the older PackedViT made its meta copy from device tensors (fake ones refuse)
+        pack = PackedViT(cfgs, "cpu")
+        pack.device = torch.device(device)
+        pack.params = {n: p.detach().to(device).requires_grad_() for n, p in pack.params.items()}
+        pack.buffers = {n: b.to(device) for n, b in pack.buffers.items()}
+        return pack.train()
+
+
+def fake_counts(protocol: str, k: int) -> tuple[float, float, float]:
+    """(blocking copies, device reads, device ops) per steady-state step on fake CUDA, study_l."""
+    _clear_old_caches()
+    per_chunk = CHUNK // BATCH
+    with fake_cuda() as syncs:
+        cfgs, sources, pack, mix, perm = _setup(protocol, k, "study_l", "cuda")
+        steps = 0
+        for step, batches in enumerate(_steps(sources, cfgs)):
+            if step == per_chunk:
+                syncs.reset()
+            if step >= 2 * per_chunk:
+                break
+            _step_losses(pack, cfgs, batches, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3, mix_gens=mix,
+                         perm_gens=perm, use_amp=True)
+            steps += step >= per_chunk
+        result = (syncs.blocking_copies / steps, syncs.device_reads / steps, syncs.device_ops / steps)
+    _clear_old_caches()
+    return result
+
+
+def profiler_ops(protocol: str, k: int) -> float:
+    """torch.profiler op count per step of the real step on the CPU (tiny model), over one chunk."""
+    cfgs, sources, pack, mix, perm = _setup(protocol, k, "tiny", "cpu")
+    optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
+    batches_iter = iter(_steps(sources, cfgs))
+    per_chunk = CHUNK // BATCH
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(per_chunk):
+            train.pack_step(pack, optimizer, cfgs, next(batches_iter), num_classes=10, mean=(0.5,) * 3,
+                            std=(0.25,) * 3, mix_gens=mix, perm_gens=perm, use_amp=False)
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    return ops / per_chunk
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-baseline", action="store_true", help="print this checkout's counts only")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    torch.set_num_threads(1)
+    results = {}
+    for case, protocol in CASES:
+        for k in PACKS:
+            copies, reads, device_ops = fake_counts(protocol, k)
+            results.setdefault(case, {})[k] = (copies, reads, device_ops, profiler_ops(protocol, k))
+    header = (f"{'case':12s} {'K':>2s}  {'blocking copies':>17s}  {'device reads':>13s}  {'device ops':>17s}  "
+              f"{'profiler ops':>19s}")
+    print("per training step (32 px, batch 128 per member):")
+    print(header if not args.no_baseline else header.replace("  ", " "))
+    for case, rows in results.items():
+        for k, now in rows.items():
+            if args.no_baseline:
+                print(f"{case:12s} {k:2d}  " + "  ".join(f"{v:8.2f}" for v in now))
+                continue
+            before = BASELINE[case][k]
+            cells = [f"{b:6.1f} -> {n:6.1f}" + (f" ({n / b:4.2f}x)" if b else "        ")
+                     for b, n in zip(before, now)]
+            print(f"{case:12s} {k:2d}  " + "  ".join(cells))
+    if not args.no_baseline:
+        print("before -> after (after / before); before: BASELINE, commit 6637a4a")
+    return results
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
