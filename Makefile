@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) bench/input_pipeline.py
 	$(PY) bench/metrics_throughput.py
 	$(PY) bench/packing.py
+	$(PY) bench/host_syncs.py
 	$(PY) bench/sweep_overhead.py
 
 clean:
