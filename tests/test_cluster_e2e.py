@@ -56,7 +56,7 @@ JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core mac
 START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
 TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
 # Each node has 1 CPU and each trial's Train worker asks for a whole one: that fits only
-# because Tune trial drivers ask for no CPU (trainables.ray_trainable.DRIVER_RESOURCES).
+# because Tune trial drivers ask for no CPU (trainables.ray_start.DRIVER_RESOURCES).
 CPUS_PER_TRIAL = "1"
 MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
 # Kept out of the uploaded working dir, as cluster/README.md tells users, on top of what

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from records import files
 from trainables.config import RunConfig
 from trainables.vit import ViT
 
@@ -91,6 +92,35 @@ def latest_train_checkpoint(dirs: list[str]) -> str | None:
     time), or None."""
     found = sorted(d for d in dirs if _TRAIN_CHECKPOINT.match(d.rstrip("/").rsplit("/", 1)[-1]))
     return found[-1] if found else None
+
+
+def find_stored(storage: str, study: str, trial_id: str) -> str | None:
+    """The URI of a trial's stored checkpoint file: its own place, else (a lone trial of an earlier
+    version) the newest checkpoint of its Ray Train run; None when it has none."""
+    uri = checkpoint_file(checkpoint_uri(storage, study, trial_id))
+    if files.exists(uri):
+        return uri
+    legacy = latest_train_checkpoint(files.list_dirs(legacy_train_dir(storage, study, trial_id)))
+    if legacy is not None and files.exists(checkpoint_file(legacy)):
+        return checkpoint_file(legacy)
+    return None
+
+
+def stored_epoch(storage: str, study: str, trial_id: str, scratch: str | os.PathLike) -> int | None:
+    """The epoch a trial's stored checkpoint holds, as recorded with it (``epoch.json``; an earlier
+    version's checkpoint is downloaded into `scratch` and read); None when it has no checkpoint."""
+    doc = files.read_json(epoch_file(checkpoint_uri(storage, study, trial_id)))
+    if doc is not None and isinstance(doc.get("epoch"), int):
+        return doc["epoch"]
+    uri = find_stored(storage, study, trial_id)
+    if uri is None:
+        return None
+    local = Path(scratch) / trial_id / CHECKPOINT_FILE
+    files.download(uri, local)
+    try:
+        return int(load(local, name=uri)["epoch"])
+    finally:
+        local.unlink(missing_ok=True)
 
 
 # -- content -------------------------------------------------------------------------------------------
