@@ -133,14 +133,14 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
         error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
         ray.train.report(error)  # for Tune's result (the launcher counts the trial as failed)
         return error  # for the driver, which closes every member with it
-    worker = _Worker(settings, loop_config, ray.train.get_context().get_world_rank())
+    worker = PackWorker(settings, loop_config, ray.train.get_context().get_world_rank())
     try:
         return worker.run(lambda metrics: ray.train.report(metrics))
     finally:
         worker.cleanup()
 
 
-class _Worker:
+class PackWorker:
     """One Train worker's state: members, their workdirs, histories, MLflow steps and uploads."""
 
     def __init__(self, settings: LaunchSettings, loop_config: dict[str, Any], rank: int):
