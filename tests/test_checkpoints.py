@@ -115,7 +115,7 @@ def test_saved_checkpoints_and_snapshots_hold_cpu_tensors_only(trained, tmp_path
         pack, optimizer, _ = fresh(cfg, CUDA, model)
         loop._save_snapshot(pack.member_state_dict(0), cfg, 3, tmp_path)
         checkpoints.save({"model": pack.member_state_dict(0), "rng": [torch.zeros(4, dtype=torch.uint8)]},
-                         tmp_path / "state.pt")
+                         tmp_path / checkpoints.CHECKPOINT_FILE)
     assert len(written) == 2 and all(next(tensors(w)) is not None for w in written)
     devices = {t.device.type for w in written for t in tensors(w)}
     assert devices == {"cpu"}, devices

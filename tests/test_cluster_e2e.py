@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from records import server, tracking
+from trainables import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
@@ -366,7 +367,7 @@ def test_parquet_tables_hold_every_trial_and_epoch(job):
     # Checkpoints and snapshots went to the shared storage, not to a node's local disk.
     for row in trials.itertuples():
         assert str(row.checkpoint_path).startswith(str(cluster.storage)), row.checkpoint_path
-        assert (Path(row.checkpoint_path) / "state.pt").exists()
+        assert Path(checkpoints.checkpoint_file(row.checkpoint_path)).exists()
         assert str(row.snapshot_dir).startswith(str(cluster.storage)) and any(Path(row.snapshot_dir).iterdir())
 
 

@@ -4,7 +4,9 @@
 
 `trainables/` (training) must not depend on the post-hoc analysis or the launcher;
 `records/` (what a sweep writes) sits below everything. Imports inside functions
-count too: a lazy import is still a dependency.
+count too: a lazy import is still a dependency. A module's private names (a
+leading underscore) are its own: no other module imports them. The checkpoint
+layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only.
 """
 
 from __future__ import annotations

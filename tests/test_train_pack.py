@@ -185,3 +185,23 @@ def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, t
     assert dropped == [(members[1].trial_id, 1)]  # told once, at once; not trained again after the error
     assert "epoch 1" in finals[1]["error"] and finals[1]["epochs_completed"] == 0
     assert [finals[k]["epochs_completed"] for k in (0, 2)] == [2, 2] and finals[0]["error"] is None
+
+
+def test_compile_wraps_the_ddp_module_and_a_pack_refuses_it(monkeypatch, tmp_path):
+    """Compiling the bare module after wrapping it in DDP replaced the DDP wrap: no gradient
+    all-reduce, each rank trained on its own. compile on a pack was silently dropped."""
+    from trainables.packed import PackedViT
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids=None: ("ddp", m))
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None: ("compiled", m))
+    cfg = member(0, compile=True)
+    pack = PackedViT([cfg], "cpu")
+    loop.wrap_forward(pack, cfg, torch.device("cuda"), world=2)
+    assert pack.forward_module == ("compiled", ("ddp", pack.module))
+    loop.wrap_forward(pack, cfg, torch.device("cpu"), world=2)  # compiling on the CPU measured slower: off
+    assert pack.forward_module == ("ddp", pack.module)
+    with pytest.raises(ValueError, match=r"compile=True trains the plain module; a pack of 2"):
+        train_pack([cfg, member(1, compile=True)], [tmp_path / "a", tmp_path / "b"], **QUIET)
+    from sweeps.packs import form_packs
+
+    assert [len(p.members) for p in form_packs([cfg, member(1, compile=True)], 8)] == [1, 1]  # the launcher

@@ -82,9 +82,14 @@ def epoch_file(folder: str) -> str:
     return f"{folder.rstrip('/')}/{EPOCH_FILE}"
 
 
+def train_storage(storage: str, study: str) -> str:
+    """Ray Train's storage for a study's runs (one per pack, named by the pack id)."""
+    return f"{storage.rstrip('/')}/{study}/train"
+
+
 def legacy_train_dir(storage: str, study: str, trial_id: str) -> str:
     """Where a lone trial of earlier versions kept its checkpoints: its Ray Train run's storage."""
-    return f"{storage.rstrip('/')}/{study}/train/{trial_id}"
+    return f"{train_storage(storage, study)}/{trial_id}"
 
 
 def latest_train_checkpoint(dirs: list[str]) -> str | None:

@@ -102,7 +102,7 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
                                                use_gpu=use_gpu, resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=pack_id,
-            storage_path=f"{settings.storage.rstrip('/')}/{settings.study}/train",
+            storage_path=checkpoints.train_storage(settings.storage, settings.study),
             failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
             callbacks=[TuneReportCallback()],
         ),
