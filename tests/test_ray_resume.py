@@ -88,11 +88,9 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     try:
         proc = launcher(*SWEEP, "--results", str(results), ray_tmp=first_tmp)
         deadline = time.time() + 420
-        while not (finished(results) and lagging(results)) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
+        while not finished(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
         assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-3000:]}"
-        done_before, lag = finished(results), lagging(results)
-        assert 1 <= len(done_before) < 4 and lag
         # While it runs: a second launch of the study is refused at once, before its Ray...
         second = launcher(*SWEEP, "--results", str(results), ray_tmp=second_tmp)
         out, _ = second.communicate(timeout=120)
@@ -102,9 +100,14 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         # ...and every socket the first launch's Ray listens on is bound to loopback.
         assert_listens_on_loopback_only(proc.pid)
         assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
+        # Killed while a running trial's checkpoint (epoch 2) lags its epochs table (epoch 3).
+        while not lagging(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kill_ray_under(first_tmp)
+        done_before, lag = finished(results), lagging(results)
+        assert 1 <= len(done_before) < 4 and lag, (done_before.keys(), lag)
         stamps = {t: (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns for t in done_before}
         trained = pq.read_table(results / "demo" / "epochs").to_pandas().set_index(["trial_id", "epoch"])
 
