@@ -27,7 +27,6 @@ import argparse
 import logging
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -35,15 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from records import stores, tables, tracking
+from records import files, stores, tables, tracking
+from trainables import checkpoints
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
-_SNAPSHOT = re.compile(r"epoch_(\d+)\.pt$")
 
 
 def list_checkpoints(results: str, study: str, which: str = "final") -> list[dict[str, Any]]:
-    """One row per checkpoint to measure: trial_id, epoch, path (a state.pt / snapshot file)."""
+    """One row per checkpoint to measure: trial_id, epoch, path (a checkpoint or snapshot file)."""
     if which not in CHECKPOINT_CHOICES:
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
@@ -56,24 +55,15 @@ def list_checkpoints(results: str, study: str, which: str = "final") -> list[dic
             continue
         if t.get("checkpoint_path"):
             rows.append({"trial_id": t["trial_id"], "epoch": int(t["epochs_completed"] or 0),
-                         "path": f"{t['checkpoint_path'].rstrip('/')}/state.pt", "dataset": t["dataset"],
+                         "path": checkpoints.checkpoint_file(t["checkpoint_path"]), "dataset": t["dataset"],
                          "data_root": t["data_root"]})
         if which == "all" and t.get("snapshot_dir"):
-            for path in _list_files(t["snapshot_dir"]):
-                m = _SNAPSHOT.search(path)
-                if m and int(m.group(1)) != int(t["epochs_completed"] or -1):
-                    rows.append({"trial_id": t["trial_id"], "epoch": int(m.group(1)), "path": path,
+            for path in files.list_files(t["snapshot_dir"]):
+                epoch = checkpoints.snapshot_epoch(path)
+                if epoch is not None and epoch != int(t["epochs_completed"] or -1):
+                    rows.append({"trial_id": t["trial_id"], "epoch": epoch, "path": path,
                                  "dataset": t["dataset"], "data_root": t["data_root"]})
     return rows
-
-
-def _list_files(uri: str) -> list[str]:
-    from pyarrow import fs as pafs
-
-    fs, root = tables.filesystem(uri)
-    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    prefix = uri.split("://")[0] + "://" if "://" in uri else ""
-    return sorted(prefix + i.path for i in infos if i.type == pafs.FileType.File)
 
 
 class Measurer:
@@ -123,11 +113,10 @@ class Measurer:
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> int:
         from analysis.evaluate import evaluate_checkpoint
-        from trainables.train import load_model
 
         local = _fetch(path)
         try:
-            model, cfg, _ = load_model(local, map_location="cpu", name=path)
+            model, cfg, _ = checkpoints.load_model(local, map_location="cpu", name=path)
         finally:
             if local != path:
                 os.unlink(local)
@@ -150,12 +139,11 @@ def _fetch(path: str) -> str:
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return path
-    from pyarrow import fs as pafs
-
-    fs, remote = tables.filesystem(path)
     fd, local = tempfile.mkstemp(suffix=".pt")
     os.close(fd)
-    pafs.copy_files(remote, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    if not files.download(path, local):
+        os.unlink(local)
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
     return local
 
 
@@ -192,7 +180,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     if not rows:
         write_summary_table(results, study)
         return []
-    from trainables.ray_trainable import init_ray
+    from trainables.ray_start import init_ray
 
     init_ray(address, log_to_driver=verbose)
     # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.

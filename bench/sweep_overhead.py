@@ -61,7 +61,7 @@ def main() -> None:
 
         import ray
 
-        from trainables.ray_trainable import init_ray
+        from trainables.ray_start import init_ray
 
         init_ray(num_cpus=2, configure_logging=False, log_to_driver=False)
         results, storage, mlflow_uri = launcher.resolve_locations(sweep_args)

@@ -87,7 +87,7 @@ ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it
 TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
-_MAX_METRICS_PER_BATCH = 1000
+MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
@@ -269,7 +269,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
             raise ValueError(f"metric {key!r} has non-numeric value {value!r}") from None
         # Fixed timestamp per point: a retried batch repeats exact duplicates, which MLflow drops.
         points.append(Metric(str(key), number, timestamp, int(step)))
-    for batch in chunks(points, _MAX_METRICS_PER_BATCH):
+    for batch in chunks(points, MAX_METRICS_PER_BATCH):
         with_retries(f"log_metrics(step={step})", uri,
                       lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
 

@@ -4,12 +4,14 @@
     vitsweep sweep study_l --seeds 5 --dry-run --json       # every trial with its `pack` id
 
 Trials pack together when their pack keys are equal (`trainables.packed.pack_key`: every run-config
-field but seed, the protocol switches, cutmix_prob and RPT) and they resume from the same epoch. Packs
+field but seed, the protocol switches, cutmix_prob and RPT) and they resume from the same epoch (the
+epoch each one's stored checkpoint holds, `resume_epochs`). Packs
 fill greedily in the study's trial order, so `study_l --seeds 5 --pack 8` is CIFAR-10 8 + 2,
 Tiny-ImageNet 8 + 2 and CIFAR-100 5 x 8. Some trials always train alone (K = 1):
 
   * dropout or drop path (`study_p`, `vit_s` presets): per-member random draws under vmap;
   * DDP trials (`--workers-per-trial` > 1): their batch is split across processes instead;
+  * `compile=True` trials: the vmapped forward of a pack is not compiled, the plain module is;
   * the hparam study: its searcher proposes and ASHA stops trials one at a time.
 
 A pack of one trial is named by that trial's id, so an unpacked sweep keeps the names (and Train
@@ -57,6 +59,8 @@ def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
         return f"the {cfg.study} study's searcher proposes and stops trials one at a time"
     if workers_per_trial > 1:
         return f"--workers-per-trial {workers_per_trial} trains each trial with DDP"
+    if cfg.compile:
+        return "compile=True compiles the plain module; a pack's vmapped forward is not compiled"
     return pack_blocker(cfg)
 
 
@@ -101,15 +105,27 @@ def pack_of(packs: Sequence[Pack]) -> dict[str, str]:
     return {trial_id: p.pack_id for p in packs for trial_id in p.trial_ids}
 
 
-def resume_epochs(results: str, study: str) -> dict[str, int]:
-    """trial id -> epochs it has completed (rows of its `epochs` table): where its checkpoint stands,
-    since members of one pack share `checkpoint_every`. Trials never started are absent (epoch 0)."""
+def resume_epochs(results: str, study: str, storage: str, trial_ids: Sequence[str] | None = None) -> dict[str, int]:
+    """trial id -> the epoch its stored checkpoint holds, as recorded with the checkpoint
+    (`trainables.checkpoints.stored_epoch`), for the trials that have started (rows in the `epochs`
+    table; `trial_ids`: only these). The epochs table itself runs ahead of the checkpoints when they
+    are throttled (`checkpoint_interval_s`), so it only says which trials to look up. Trials with no
+    checkpoint are absent (epoch 0: a fresh start)."""
+    import tempfile
+
     from records import tables
+    from trainables.checkpoints import stored_epoch
 
     table = tables.read_table(results, study, "epochs")
     if table is None:
         return {}
-    done: dict[str, int] = {}
-    for trial_id, epoch in zip(table.column("trial_id").to_pylist(), table.column("epoch").to_pylist()):
-        done[trial_id] = max(done.get(trial_id, 0), int(epoch))
-    return done
+    started = set(table.column("trial_id").to_pylist())
+    if trial_ids is not None:
+        started &= set(trial_ids)
+    epochs: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="vitsweep-resume-") as scratch:
+        for trial_id in sorted(started):
+            epoch = stored_epoch(storage, study, trial_id, scratch)
+            if epoch:
+                epochs[trial_id] = epoch
+    return epochs

@@ -259,14 +259,9 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from ray import tune
 
     from records import manifest, provenance, tracking
-    from trainables.ray_trainable import (
-        DRIVER_RESOURCES,
-        UNRETRIABLE,
-        LaunchSettings,
-        finished_trials,
-        init_ray,
-        run_trial,
-    )
+    from trainables.lifecycle import LaunchSettings, finished_trials
+    from trainables.ray_start import DRIVER_RESOURCES, init_ray
+    from trainables.ray_trial import UNRETRIABLE, run_trial
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
@@ -289,7 +284,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     # Packs form from the trials still to run, by resume epoch, so a resumed sweep re-forms them.
     from sweeps.packs import pack_of, resume_epochs
 
-    packs = build_packs(args, todo, resume_epochs(results, args.study)) if args.study != "hparam" else []
+    packs = (build_packs(args, todo, resume_epochs(results, args.study, storage, [c.trial_id for c in todo]))
+             if args.study != "hparam" else [])
     packed = any(len(p.members) > 1 for p in packs)
     members = {p.pack_id: p.trial_ids for p in packs}
     if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record

@@ -26,7 +26,7 @@ def ray_local():
     """A real local Ray instance with its own temp dir (never another session's)."""
     import ray
 
-    from trainables.ray_trainable import init_ray
+    from trainables.ray_start import init_ray
 
     # Unix socket paths must stay short: a short dir under /tmp, not pytest's tmp_path.
     temp_dir = tempfile.mkdtemp(prefix="vsr-", dir="/tmp")

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from records import server, tracking
+from trainables import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
@@ -56,7 +57,7 @@ JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core mac
 START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
 TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
 # Each node has 1 CPU and each trial's Train worker asks for a whole one: that fits only
-# because Tune trial drivers ask for no CPU (trainables.ray_trainable.DRIVER_RESOURCES).
+# because Tune trial drivers ask for no CPU (trainables.ray_start.DRIVER_RESOURCES).
 CPUS_PER_TRIAL = "1"
 MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
 # Kept out of the uploaded working dir, as cluster/README.md tells users, on top of what
@@ -366,7 +367,7 @@ def test_parquet_tables_hold_every_trial_and_epoch(job):
     # Checkpoints and snapshots went to the shared storage, not to a node's local disk.
     for row in trials.itertuples():
         assert str(row.checkpoint_path).startswith(str(cluster.storage)), row.checkpoint_path
-        assert (Path(row.checkpoint_path) / "state.pt").exists()
+        assert Path(checkpoints.checkpoint_file(row.checkpoint_path)).exists()
         assert str(row.snapshot_dir).startswith(str(cluster.storage)) and any(Path(row.snapshot_dir).iterdir())
 
 

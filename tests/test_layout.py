@@ -4,7 +4,9 @@
 
 `trainables/` (training) must not depend on the post-hoc analysis or the launcher;
 `records/` (what a sweep writes) sits below everything. Imports inside functions
-count too: a lazy import is still a dependency.
+count too: a lazy import is still a dependency. A module's private names (a
+leading underscore) are its own: no other module imports them. The checkpoint
+layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only.
 """
 
 from __future__ import annotations
@@ -62,3 +64,46 @@ def test_the_walk_sees_lazy_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from analysis import tables\n    import sweeps.run\n")
     assert {name for name, _ in _imported_packages(module)} == {"analysis", "sweeps"}
+
+
+def _underscore_imports(path: Path) -> list[tuple[str, int]]:
+    """(module.name, line) of every private name (a leading underscore) imported from another module
+    of the project, at any depth: `from records.tables import _write` or `import trainables._x`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] not in PACKAGES:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if any(part.startswith("_") and not part.startswith("__") for part in node.module.split(".")):
+                private.append("*")
+            found += [(f"{node.module}.{name}", node.lineno) for name in private]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] in PACKAGES
+                      and any(p.startswith("_") and not p.startswith("__") for p in a.name.split("."))]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+           for package in PACKAGES for path in _modules(package)
+           for name, line in _underscore_imports(path)]
+    assert not bad, "private names stay in their module (make them public, or move the code):\n" + "\n".join(bad)
+
+
+def test_the_walk_sees_private_imports(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from ray._private import ray_constants\nfrom os import _exit\n"
+                      "def f():\n    from trainables.ray_trial import _Worker, run_trial\n"
+                      "    import records._hidden\n")
+    assert [name for name, _ in _underscore_imports(module)] == ["trainables.ray_trial._Worker", "records._hidden"]
+
+
+def test_the_checkpoint_layout_is_named_in_one_module():
+    """The checkpoint file's name and the snapshot pattern live in trainables/checkpoints.py only."""
+    owner = ROOT / "trainables" / "checkpoints.py"
+    bad = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+           for package in PACKAGES for path in _modules(package) if path != owner
+           for n, line in enumerate(path.read_text().splitlines(), 1)
+           if "state.pt" in line or "epoch_*" in line or r"epoch_(\d" in line or "epoch_{epoch:04d}.pt" in line]
+    assert not bad, "name checkpoint files through trainables.checkpoints:\n" + "\n".join(bad)

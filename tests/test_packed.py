@@ -11,7 +11,8 @@ from trainables.config import RunConfig
 from trainables.packed import PACK_FREE_FIELDS, PackedViT, init_member, pack_blocker, pack_key
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import cutmix_batch, soft_targets
-from trainables.train import SNAPSHOT_DIR, build_optimizer, lr_factor, random_permutation, train
+from trainables.checkpoints import SNAPSHOT_DIR, load
+from trainables.train import build_optimizer, lr_factor, random_permutation, train
 
 STEPS, BATCH = 20, 16
 
@@ -147,7 +148,7 @@ def test_members_start_from_the_weights_of_their_unpacked_runs(tmp_path):
     cfg = RunConfig.for_dataset("shapes", preset="tiny", seed=3, epochs=1, warmup_epochs=0, batch_size=64,
                                 max_train_images=64, pe="rope2d_mixed")
     train(cfg, tmp_path, log=lambda *_: None)
-    start = torch.load(tmp_path / SNAPSHOT_DIR / "epoch_0000.pt", weights_only=False)["model"]  # fp16
+    start = load(tmp_path / SNAPSHOT_DIR / "epoch_0000.pt")["model"]  # fp16
     pack = PackedViT([dataclasses.replace(cfg, seed=4), cfg])  # its place in the pack does not matter
     ours, other = pack.member_state_dict(1), pack.member_state_dict(0)
     for name, value in start.items():

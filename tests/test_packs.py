@@ -79,3 +79,27 @@ def test_dry_run_prints_packs_and_json_gives_every_trial_its_pack(capsys):
     trials = json.loads(capsys.readouterr().out)
     assert len(trials) == 60 and Counter(Counter(t["pack"] for t in trials).values()) == {8: 7, 2: 2}
     assert pack_of(packs("study_l", "--seeds", "5", "--pack", "8")) == {t["trial_id"]: t["pack"] for t in trials}
+
+
+def test_resume_epochs_are_the_checkpoints_not_the_epochs_table(tmp_path):
+    """With throttled checkpoints (checkpoint_interval_s) the epochs table runs ahead: packs re-form by
+    the epoch each member's checkpoint holds, recorded beside it (or inside an earlier version's
+    Train checkpoint of a lone trial)."""
+    import torch
+
+    from records import files, tables
+    from sweeps.packs import resume_epochs
+    from trainables import checkpoints
+
+    results, storage = str(tmp_path / "results"), str(tmp_path / "storage")
+    for trial_id, ran in (("a", 5), ("b", 5), ("c", 2), ("d", 1)):
+        tables.write_epochs(results, "demo", trial_id, [{"epoch": e, "train_loss": 1.0} for e in range(1, ran + 1)])
+    files.write_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", "a")), {"epoch": 3})
+    files.write_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", "b")), {"epoch": 3})
+    legacy = f"{checkpoints.legacy_train_dir(storage, 'demo', 'c')}/checkpoint_2026-01-01_00-00-00.000000"
+    checkpoints.save({"epoch": 2, "model": {"w": torch.zeros(1)}}, checkpoints.checkpoint_file(legacy))
+    # "d" ran an epoch but never wrote a checkpoint: a fresh start, packed with the never-started "e"
+    assert resume_epochs(results, "demo", storage) == {"a": 3, "b": 3, "c": 2}
+    assert resume_epochs(results, "demo", storage, ["a", "c"]) == {"a": 3, "c": 2}
+    assert checkpoints.find_stored(storage, "demo", "c") == checkpoints.checkpoint_file(legacy)
+    assert checkpoints.find_stored(storage, "demo", "d") is None

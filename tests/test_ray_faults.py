@@ -67,12 +67,9 @@ def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_loca
 
     from records import tables
     from trainables.config import RunConfig
-    from trainables.ray_trainable import (
-        DRIVER_RESOURCES,
-        UNRETRIABLE,
-        LaunchSettings,
-        run_trial,
-    )
+    from trainables.lifecycle import LaunchSettings
+    from trainables.ray_start import DRIVER_RESOURCES
+    from trainables.ray_trial import UNRETRIABLE, run_trial
 
     not_a_folder = tmp_path / "data"
     not_a_folder.write_text("")

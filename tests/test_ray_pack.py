@@ -1,50 +1,86 @@
-"""Packed trials on a real local Ray: a pack is one Tune trial, each member still its own trial's records."""
+"""Packed trials on a real local Ray (a launcher process of its own, so the test-only fault hooks reach
+its workers): two packs of four, each one Tune trial, each member still its own trial's records, a member that
+diverges is closed at once and never rejoins, a killed worker's retry finishes the others once."""
 
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import FAST_DEMO
+from test_ray_resume import ROOT, kill_ray_under
 
-from records import stores, tables, tracking
+from records import stores, tracking
 from sweeps import run as launcher
+from trainables import checkpoints
 
 pytestmark = pytest.mark.ray
+SWEEP = ["demo", "--seeds", "2", "--pack", "4", "--set", "epochs=3", "--set", "max_train_images=256"]
 
 
-def sweep(results, *extra):
+def launch(*argv, ray_tmp: str, env: dict | None = None, timeout: int = 600) -> str:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "sweeps/run.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_TMPDIR": ray_tmp, **(env or {})})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def planned_packs():
     parser = launcher.argparse.ArgumentParser()
     launcher.add_arguments(parser)
-    return launcher.run(parser.parse_args(["demo", "--results", str(results), "--pack", "2", *FAST_DEMO, *extra]))
+    args = parser.parse_args([*SWEEP, "--dry-run"])
+    return launcher.build_packs(args, launcher.build_trials(args))
 
 
-def test_demo_in_packs_of_two_keeps_every_trial_separate(ray_local, tmp_path):
-    assert sweep(tmp_path) == 0
-    trials = pq.read_table(tmp_path / "demo" / "trials").to_pandas()
-    assert len(trials) == 4 and set(trials["status"]) == {"finished"} and trials["error"].isna().all()
-    # demo's PE {none, ape} is in the pack key, the protocol is not: two packs of two
-    assert trials.groupby("pack")["pe"].agg(lambda s: (s.nunique(), len(s))).tolist() == [(1, 2), (1, 2)]
-    assert all(p.startswith("pack-shapes-k2-") for p in trials["pack"])
-    assert (trials["epochs_completed"] == 2).all() and trials["test_acc"].between(0, 1).all()
-    epochs = pq.read_table(tmp_path / "demo" / "epochs").to_pandas()
-    assert len(epochs) == 4 * 2 and not epochs.duplicated(["trial_id", "epoch"]).any()
-    for t in trials.to_dict("records"):  # each member's own checkpoint and snapshots, keyed by its trial id
-        assert t["trial_id"] in t["checkpoint_path"] and (Path(t["checkpoint_path"]) / "state.pt").exists()
-        assert sorted(p.name for p in Path(t["snapshot_dir"]).glob("epoch_*.pt")) == [
-            "epoch_0000.pt", "epoch_0001.pt", "epoch_0002.pt"]
-    uri = stores.default_tracking_uri(str(tmp_path))
-    runs = tracking.search_trial_runs(uri, "demo")
-    assert sorted(runs["trial_id"]) == sorted(trials["trial_id"]) and set(runs["status"]) == {"FINISHED"}
+def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished_once(tmp_path):
+    import tempfile
+
+    results = tmp_path / "results"
+    packs = planned_packs()
+    four = packs[0]
+    survivor, diverged = four.trial_ids[0], four.trial_ids[1]
+    marker = tmp_path / "killed"
+    hooks = {"VITSWEEP_TEST_DIVERGE": f"{diverged}:2",  # NaN weights at the start of epoch 2
+             "VITSWEEP_TEST_DIE": f"{survivor}:3:{marker}"}  # SIGKILL the pack's worker at epoch 3, once
+    ray_tmp = tempfile.mkdtemp(prefix="vsp-", dir="/tmp")
+    try:
+        launch(*SWEEP, "--results", str(results), ray_tmp=ray_tmp, env=hooks)
+    finally:
+        kill_ray_under(ray_tmp)
+    assert marker.exists()  # the worker was killed (after the diverged member was closed) and retried
+
+    trials = pq.read_table(results / "demo" / "trials").to_pandas().set_index("trial_id")
+    assert len(trials) == 8 and [len(p.members) for p in packs] == [4, 4]
+    assert trials.drop(diverged)["status"].eq("finished").all() and trials.drop(diverged)["error"].isna().all()
+    assert trials.loc[diverged, "status"] == "failed" and "at epoch 2: diverged" in trials.loc[diverged, "error"]
+    assert trials.loc[diverged, "epochs_completed"] == 1
+    import pandas as pd  # closed at once, before the worker was killed, not when the pack ended
+
+    assert trials.loc[diverged, "ended_at"] < pd.Timestamp(marker.stat().st_mtime, unit="s", tz="UTC")
+    for p in packs:  # the rows name their pack; the pack key holds the PE
+        assert set(trials.loc[p.trial_ids, "pack"]) == {p.pack_id}
+        assert trials.loc[p.trial_ids, "pe"].nunique() == 1
+    epochs = pq.read_table(results / "demo" / "epochs").to_pandas()
+    assert not epochs.duplicated(["trial_id", "epoch"]).any()  # the retried epoch 3 is recorded once
+    steps = epochs.groupby("trial_id")["epoch"].apply(sorted).map(list)
+    assert steps.pop(diverged) == [1] and steps.tolist() == [[1, 2, 3]] * 7
+    for trial_id, t in trials.drop(diverged).iterrows():  # each member's own checkpoint and snapshots
+        assert trial_id in t["checkpoint_path"] and Path(checkpoints.checkpoint_file(t["checkpoint_path"])).exists()
+        assert sorted(p.name for p in Path(t["snapshot_dir"]).iterdir()) == [
+            checkpoints.snapshot_name(e) for e in (0, 1, 2, 3)]
+
+    uri = stores.default_tracking_uri(str(results))
+    runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    assert sorted(runs.index) == sorted(trials.index)  # one run per trial
+    assert runs.loc[diverged, "status"] == "FAILED" and "diverged" in runs.loc[diverged, "tags.vitsweep.error"]
+    assert set(runs.drop(diverged)["status"]) == {"FINISHED"}
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    for run_id, trial_id in zip(runs["run_id"], runs["trial_id"]):
-        run = client.get_run(run_id)
-        assert run.data.tags["vitsweep.pack"] == trials.set_index("trial_id").loc[trial_id, "pack"]
-        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
-
-    # Resuming a finished packed sweep retrains nothing.
-    before = tables.read_table(str(tmp_path), "demo", "trials").to_pandas().set_index("trial_id")["wall_time_s"]
-    assert sweep(tmp_path, "--resume") == 0
-    after = tables.read_table(str(tmp_path), "demo", "trials").to_pandas().set_index("trial_id")["wall_time_s"]
-    assert after.sort_index().tolist() == before.sort_index().tolist()
+    for trial_id, run in runs.iterrows():
+        assert run["tags.vitsweep.pack"] == trials.loc[trial_id, "pack"]
+        logged = [m.step for m in client.get_metric_history(run["run_id"], "eval_acc")]
+        assert logged == ([1] if trial_id == diverged else [1, 2, 3]), trial_id

@@ -1,5 +1,6 @@
-"""A sweep killed mid-way (a real SIGKILL to a real launcher process) and resumed;
-and the hparam study end to end. Each launcher starts its own local Ray."""
+"""A sweep killed mid-way (a real SIGKILL to a real launcher process) while its checkpoints lag its
+epochs table, and resumed in packs; and the hparam study end to end. Each launcher starts its own
+local Ray."""
 
 import os
 import signal
@@ -16,7 +17,10 @@ from records import stores, tables, tracking
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = ["demo", "--set", "epochs=3", "--set", "max_train_images=1024", "--max-concurrent", "2"]
+# Checkpoints at epochs 2 and 4 only: during epoch 4 the epochs table (3) runs ahead of the checkpoint (2),
+# as with GPU checkpoints throttled by checkpoint_interval_s.
+SWEEP = ["demo", "--set", "epochs=4", "--set", "checkpoint_every=2", "--set", "max_train_images=1024",
+         "--max-concurrent", "2"]
 
 
 def launcher(*argv, ray_tmp: str):
@@ -33,6 +37,25 @@ def kill_ray_under(ray_tmp: str) -> None:
 def finished(results: Path) -> dict:
     table = tables.read_table(str(results), "demo", "trials")
     return {} if table is None else {r["trial_id"]: r for r in table.to_pylist() if r["status"] == "finished"}
+
+
+def lagging(results: Path) -> dict[str, int]:
+    """Unfinished trials whose epochs table runs ahead of their stored checkpoint (epoch >= 2):
+    trial id -> the checkpoint's epoch."""
+    from records import files
+    from trainables import checkpoints
+
+    table = tables.read_table(str(results), "demo", "epochs")
+    if table is None:
+        return {}
+    done, storage, lag = finished(results), str(results / "storage"), {}
+    for trial_id in set(table.column("trial_id").to_pylist()) - set(done):
+        ran = max(e for t, e in zip(table.column("trial_id").to_pylist(), table.column("epoch").to_pylist())
+                  if t == trial_id)
+        stored = files.read_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", trial_id)))
+        if stored and 2 <= stored["epoch"] < ran:
+            lag[trial_id] = stored["epoch"]
+    return lag
 
 
 def assert_listens_on_loopback_only(pid: int) -> None:
@@ -68,8 +91,6 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         while not finished(results) and proc.poll() is None and time.time() < deadline:
             time.sleep(1)
         assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()[-3000:]}"
-        done_before = finished(results)
-        assert 1 <= len(done_before) < 4
         # While it runs: a second launch of the study is refused at once, before its Ray...
         second = launcher(*SWEEP, "--results", str(results), ray_tmp=second_tmp)
         out, _ = second.communicate(timeout=120)
@@ -79,12 +100,20 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         # ...and every socket the first launch's Ray listens on is bound to loopback.
         assert_listens_on_loopback_only(proc.pid)
         assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
+        # Killed while a running trial's checkpoint (epoch 2) lags its epochs table (epoch 3).
+        while not lagging(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kill_ray_under(first_tmp)
+        done_before, lag = finished(results), lagging(results)
+        assert 1 <= len(done_before) < 4 and lag, (done_before.keys(), lag)
         stamps = {t: (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns for t in done_before}
+        trained = pq.read_table(results / "demo" / "epochs").to_pandas().set_index(["trial_id", "epoch"])
 
-        resumed = launcher(*SWEEP, "--results", str(results), "--resume", ray_tmp=second_tmp)
+        # Resumed in packs of two: the unfinished trials, trained alone so far, re-form by the epoch of
+        # their checkpoints (not of the epochs table) and each finds its own checkpoint.
+        resumed = launcher(*SWEEP, "--results", str(results), "--resume", "--pack", "2", ray_tmp=second_tmp)
         out, _ = resumed.communicate(timeout=600)
         assert resumed.returncode == 0, out[-4000:]
         assert f"pid {proc.pid} is no longer running" in out  # the dead launch's lock, taken over
@@ -98,7 +127,11 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         assert (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns == stamp
     epochs = pq.read_table(results / "demo" / "epochs").to_pandas()
     assert not epochs.duplicated(["trial_id", "epoch"]).any()
-    assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3]] * 4
+    assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3, 4]] * 4
+    by_epoch = epochs.set_index(["trial_id", "epoch"])
+    for trial_id, stored in lag.items():  # nothing restarted from epoch 1: the checkpointed epochs stay as run
+        for epoch in range(1, stored + 1):
+            assert by_epoch.loc[(trial_id, epoch), "wall_time_s"] == trained.loc[(trial_id, epoch), "wall_time_s"]
 
     uri = stores.default_tracking_uri(str(results))
     runs = tracking.search_trial_runs(uri, "demo")
@@ -108,7 +141,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     for run_id in runs["run_id"]:  # concurrent trials on the SQLite default lost no metric
-        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2, 3]
+        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2, 3, 4]
 
 
 def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path):

@@ -6,6 +6,7 @@ from conftest import FAST_DEMO
 
 from records import stores, tables, tracking
 from sweeps import demo
+from trainables import checkpoints
 
 pytestmark = pytest.mark.ray
 
@@ -27,8 +28,8 @@ def test_checkpoints_and_snapshots_are_on_storage(demo_results):
 
     trials = tables.read_table(str(demo_results), "demo", "trials").to_pylist()
     for t in trials:
-        assert (Path(t["checkpoint_path"]) / "state.pt").exists()
-        snaps = sorted(p.name for p in Path(t["snapshot_dir"]).glob("epoch_*.pt"))
+        assert Path(checkpoints.checkpoint_file(t["checkpoint_path"])).exists()
+        snaps = sorted(p.name for p in Path(t["snapshot_dir"]).iterdir() if checkpoints.snapshot_epoch(p.name) is not None)
         assert snaps == ["epoch_0000.pt", "epoch_0001.pt", "epoch_0002.pt"]
 
 

@@ -4,11 +4,8 @@ import pytest
 import torch
 
 from trainables.config import RunConfig
+from trainables.checkpoints import SNAPSHOT_DIR, load, load_model, local_checkpoint
 from trainables.train import (
-    CHECKPOINT_DIR,
-    CHECKPOINT_FILE,
-    SNAPSHOT_DIR,
-    load_model,
     lr_factor,
     random_permutation,
     snapshot_epochs,
@@ -48,7 +45,7 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_result(tmp_path):
 
     with pytest.raises(Killed):
         train(cfg, tmp_path / "b", report=crash_after_epoch_2, log=lambda *_: None)
-    state = torch.load(tmp_path / "b" / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
+    state = load(local_checkpoint(tmp_path / "b"))
     assert state["epoch"] == 2
 
     seen = []
@@ -64,7 +61,7 @@ def test_snapshots_are_log_spaced_small_and_loadable(tmp_path):
     train(cfg, tmp_path, log=lambda *_: None)
     names = sorted(p.name for p in (tmp_path / SNAPSHOT_DIR).iterdir())
     assert names == [f"epoch_{e:04d}.pt" for e in (0, 1, 2, 4, 5)]
-    blob = torch.load(tmp_path / SNAPSHOT_DIR / "epoch_0004.pt", weights_only=False)
+    blob = load(tmp_path / SNAPSHOT_DIR / "epoch_0004.pt")
     assert all(v.dtype == torch.float16 for v in blob["model"].values() if v.is_floating_point())
     model, loaded_cfg, epoch = load_model(tmp_path / SNAPSHOT_DIR / "epoch_0004.pt")
     assert (loaded_cfg, epoch) == (cfg, 4)

@@ -7,7 +7,8 @@ import torch
 
 import trainables.train as loop
 from trainables.config import RunConfig
-from trainables.train import CHECKPOINT_DIR, CHECKPOINT_FILE, DIVERGE_ENV, SNAPSHOT_DIR, train, train_pack
+from trainables.checkpoints import SNAPSHOT_DIR, load, local_checkpoint
+from trainables.train import DIVERGE_ENV, train, train_pack
 
 
 def member(seed, protocol="baseline", **fields):
@@ -24,7 +25,7 @@ QUIET = {"log": lambda *_: None}
 
 
 def state(workdir):
-    return torch.load(workdir / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
+    return load(local_checkpoint(workdir))
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,8 @@ def test_an_injected_divergence_fails_one_member_alone(packed, tmp_path, monkeyp
 
 def test_members_must_share_their_resume_epoch(packed, tmp_path):
     workdirs = [tmp_path / c.trial_id for c in MEMBERS[:2]]
-    (workdirs[0] / CHECKPOINT_DIR).mkdir(parents=True)
-    shutil.copy(packed[0][0] / CHECKPOINT_DIR / CHECKPOINT_FILE, workdirs[0] / CHECKPOINT_DIR / CHECKPOINT_FILE)
+    local_checkpoint(workdirs[0]).parent.mkdir(parents=True)
+    shutil.copy(local_checkpoint(packed[0][0]), local_checkpoint(workdirs[0]))
     with pytest.raises(ValueError, match="no checkpoint while the others do"):
         train_pack(MEMBERS[:2], workdirs, **QUIET)
 
@@ -123,3 +124,84 @@ def test_a_pack_out_of_gpu_memory_retries_in_halves(monkeypatch, tmp_path):
     monkeypatch.setattr(loop, "train_pack", lambda *a, **k: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("x")))
     with pytest.raises(RuntimeError, match="even alone at batch_size=64"):
         loop.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
+    # cuBLAS / cuDNN report their allocation failures as plain RuntimeErrors
+    for text in ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                 "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "CUDA error: out of memory"):
+        monkeypatch.setattr(loop, "train_pack", lambda *a, text=text, **k: (_ for _ in ()).throw(RuntimeError(text)))
+        with pytest.raises(RuntimeError, match="even alone"):
+            loop.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
+    monkeypatch.setattr(loop, "train_pack", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="^shape mismatch$"):  # anything else is not retried
+        loop.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
+
+
+def test_the_oom_retry_starts_once_the_failed_attempt_is_gone(monkeypatch, tmp_path):
+    """The retry in halves ran inside the `except` block: the traceback kept the failed attempt's
+    model, optimiser and data alive on the device, so the halves had less memory than the whole."""
+    import weakref
+
+    members = [member(seed, epochs=1, warmup_epochs=0, max_train_images=128) for seed in range(3)]
+    first_attempt = []
+    real_step, real_train_pack = loop.pack_step, loop.train_pack
+
+    def step(pack, *args, **kwargs):  # the pack of three "runs out of GPU memory" at its first step
+        if pack.k == 3:
+            first_attempt.append(weakref.ref(pack))
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(pack, *args, **kwargs)
+
+    starts = []
+
+    def train_pack(cfgs, *args, **kwargs):
+        starts.append((len(cfgs), [ref() is None for ref in first_attempt]))
+        return real_train_pack(cfgs, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "pack_step", step)
+    monkeypatch.setattr(loop, "train_pack", train_pack)
+    seen = []
+    finals = loop.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
+                                     report=lambda ms: seen.extend((t, m["epoch"]) for t, m, _ in ms), **QUIET)
+    assert starts == [(3, []), (1, [True]), (2, [True])]  # the first pack was freed before each retry
+    assert [f["error"] for f in finals] == [None] * 3 and all(f["epochs_completed"] == 1 for f in finals)
+    assert sorted(seen) == sorted((c.trial_id, 1) for c in members)
+
+
+def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, tmp_path):
+    members = [member(seed, epochs=2, warmup_epochs=0, max_train_images=128) for seed in range(3)]
+    monkeypatch.setenv(DIVERGE_ENV, f"{members[1].trial_id}:1")
+    real_evaluate = loop.evaluate_pack
+    calls = {"n": 0}
+
+    def evaluate(pack, *args, **kwargs):  # epoch 2 of the pack (member 1 gone) runs out of memory
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_evaluate(pack, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate_pack", evaluate)
+    dropped = []
+    finals = loop.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
+                                     dropped=lambda t, f: dropped.append((t, f["failed_epoch"])), **QUIET)
+    assert dropped == [(members[1].trial_id, 1)]  # told once, at once; not trained again after the error
+    assert "epoch 1" in finals[1]["error"] and finals[1]["epochs_completed"] == 0
+    assert [finals[k]["epochs_completed"] for k in (0, 2)] == [2, 2] and finals[0]["error"] is None
+
+
+def test_compile_wraps_the_ddp_module_and_a_pack_refuses_it(monkeypatch, tmp_path):
+    """Compiling the bare module after wrapping it in DDP replaced the DDP wrap: no gradient
+    all-reduce, each rank trained on its own. compile on a pack was silently dropped."""
+    from trainables.packed import PackedViT
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids=None: ("ddp", m))
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None: ("compiled", m))
+    cfg = member(0, compile=True)
+    pack = PackedViT([cfg], "cpu")
+    loop.wrap_forward(pack, cfg, torch.device("cuda"), world=2)
+    assert pack.forward_module == ("compiled", ("ddp", pack.module))
+    loop.wrap_forward(pack, cfg, torch.device("cpu"), world=2)  # compiling on the CPU measured slower: off
+    assert pack.forward_module == ("ddp", pack.module)
+    with pytest.raises(ValueError, match=r"compile=True trains the plain module; a pack of 2"):
+        train_pack([cfg, member(1, compile=True)], [tmp_path / "a", tmp_path / "b"], **QUIET)
+    from sweeps.packs import form_packs
+
+    assert [len(p.members) for p in form_packs([cfg, member(1, compile=True)], 8)] == [1, 1]  # the launcher

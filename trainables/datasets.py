@@ -54,7 +54,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import find_classes
 
 from trainables import formats, shapes
-from trainables.formats import IMAGENET100_WNIDS, _Loaded, link_imagenet100  # noqa: F401  (public here)
+from trainables.formats import IMAGENET100_WNIDS, Loaded, link_imagenet100  # noqa: F401  (public here)
 from trainables.images import (  # noqa: F401  (re-exported: the data set API in one place)
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -117,7 +117,7 @@ class DatasetInfo:
     in_memory: bool
     description: str
     obtain: str  # how to get the files, quoted in root errors
-    load: Callable[..., _Loaded] = field(repr=False, compare=False, default=None)
+    load: Callable[..., Loaded] = field(repr=False, compare=False, default=None)
     check: Callable[[Path], Path] = field(repr=False, compare=False, default=None)
 
     @property

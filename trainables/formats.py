@@ -1,6 +1,6 @@
 """The data set formats: for each, a root check and a loader into `trainables.images` containers.
 
-Each loader returns a `_Loaded` (classes, train and test splits, size, channel
+Each loader returns a `Loaded` (classes, train and test splits, size, channel
 statistics); `trainables.datasets.DATASETS` wires them into the registry with
 the `OBTAIN` text quoted in every root error.
 """
@@ -59,7 +59,7 @@ IMAGENET100_WNIDS = (
 
 
 @dataclass(frozen=True)
-class _Loaded:
+class Loaded:
     classes: tuple[str, ...]
     train: TensorImages | ImageFiles
     test: TensorImages | ImageFiles
@@ -72,14 +72,14 @@ class _Loaded:
 # -- shapes ----------------------------------------------------------------------------------
 
 
-def load_shapes(root: Path | None, *, img_size: int | None, download: bool) -> _Loaded:
+def load_shapes(root: Path | None, *, img_size: int | None, download: bool) -> Loaded:
     size = img_size or 32
     # Data seed 0: the images are fixed like any downloaded set's; `seed` varies the holdout only.
     train_images, train_labels = shapes.make_shapes(shapes.TRAIN_SIZE, img_size=size,
                                                     seed=shapes.split_seed(0, "train"))
     test_images, test_labels = shapes.make_shapes(shapes.TEST_SIZE, img_size=size, seed=shapes.split_seed(0, "test"))
     mean, std = channel_stats(train_images)
-    return _Loaded(shapes.CLASSES, TensorImages(train_images, train_labels), TensorImages(test_images, test_labels),
+    return Loaded(shapes.CLASSES, TensorImages(train_images, train_labels), TensorImages(test_images, test_labels),
                    size, mean, std)
 
 
@@ -146,14 +146,14 @@ def check_cifar(name: str) -> Callable[[Path], Path]:
     return check
 
 
-def load_cifar(name: str) -> Callable[..., _Loaded]:
+def load_cifar(name: str) -> Callable[..., Loaded]:
     """torchvision downloads and verifies (md5) the official archive when files are missing; the
     pickled batches are then read here, straight into uint8 (N, 3, 32, 32) tensors. Reading them
     ourselves (a few lines) skips torchvision's NHWC numpy copy and its md5 check of files that are
     already present, which also lets tests use small files in the official format."""
     spec = _CIFAR[name]
 
-    def load(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+    def load(root: Path, *, img_size: int | None, download: bool) -> Loaded:
         folder = fetch_cifar(name, root, download=download)
         with open(folder / spec["meta"], "rb") as fh:
             classes = tuple(_unpickle(fh, folder / spec["meta"])[spec["names_key"]])
@@ -163,7 +163,7 @@ def load_cifar(name: str) -> Callable[..., _Loaded]:
         if size != 32:
             train = TensorImages(TF.resize(train.images, [size, size], antialias=True), train.labels)
             test = TensorImages(TF.resize(test.images, [size, size], antialias=True), test.labels)
-        return _Loaded(classes, train, test, size, *STATS[name])
+        return Loaded(classes, train, test, size, *STATS[name])
 
     return load
 
@@ -234,7 +234,7 @@ def check_tinyimagenet(root: Path) -> Path:
     return folder
 
 
-def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> _Loaded:
+def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["tinyimagenet"]
     classes, class_to_idx = find_classes(folder / "train")  # sorted wnids
     train = list_images(folder / "train", class_to_idx, obtain)
@@ -249,7 +249,7 @@ def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> 
                                 f"got {line!r}")
         test.append((str(folder / "val" / "images" / parts[0]), class_to_idx[parts[1]]))
     size = img_size or 64
-    return _Loaded(tuple(classes), _in_memory(train, size), _in_memory(test, size), size,
+    return Loaded(tuple(classes), _in_memory(train, size), _in_memory(test, size), size,
                    *STATS["tinyimagenet"])
 
 
@@ -300,7 +300,7 @@ def check_imagenet100(root: Path) -> Path:
     return root
 
 
-def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["imagenet100"]
     classes, class_to_idx = find_classes(root / "train")
     if set(classes) != set(IMAGENET100_WNIDS):
@@ -309,7 +309,7 @@ def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> _Lo
     size = img_size or 224
     train = ImageFiles(list_images(root / "train", class_to_idx, obtain), size, evaluation=False)
     test = ImageFiles(list_images(root / "val", class_to_idx, obtain), size, evaluation=True)
-    return _Loaded(tuple(classes), train, test, size, IMAGENET_MEAN, IMAGENET_STD)
+    return Loaded(tuple(classes), train, test, size, IMAGENET_MEAN, IMAGENET_STD)
 
 
 # -- any ImageFolder -------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def folder_in_memory(img_size: int, count: int | None = None) -> bool:
     return img_size <= IN_MEMORY_MAX_SIZE and (count is None or count <= IN_MEMORY_MAX_IMAGES)
 
 
-def load_folder(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
+def load_folder(root: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["folder"]
     classes, class_to_idx = find_classes(root / "train")
     train = list_images(root / "train", class_to_idx, obtain)
@@ -352,6 +352,6 @@ def load_folder(root: Path, *, img_size: int | None, download: bool) -> _Loaded:
         train_set = ImageFiles(train, size, evaluation=False)
         test_set = ImageFiles(test, size, evaluation=True)
         mean, std = IMAGENET_MEAN, IMAGENET_STD
-    return _Loaded(tuple(classes), train_set, test_set, size, mean, std)
+    return Loaded(tuple(classes), train_set, test_set, size, mean, std)
 
 

@@ -42,9 +42,9 @@ non-finite leaves the pack at the end of that epoch, the others go on.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
-import pickle
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -55,22 +55,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainables import checkpoints
 from trainables.augment import augmentation
+from trainables.checkpoints import CorruptCheckpointError, load_model  # noqa: F401  (their old home)
 from trainables.config import RunConfig, did_not_learn
 from trainables.datasets import capped_subset, load_dataset
 from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
 from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, normalize, soft_targets
-from trainables.vit import ViT
 
 Report = Callable[[dict[str, Any], "str | None"], None]
 # Once per epoch, every member still in the pack: [(trial id, metrics, checkpoint dir or None), ...]
 PackReport = Callable[[list[tuple[str, dict[str, Any], "str | None"]]], None]
-
-CHECKPOINT_DIR = "checkpoint"
-CHECKPOINT_FILE = "state.pt"
-SNAPSHOT_DIR = "snapshots"
+# A member leaving the pack for a non-finite loss, at once: (trial id, its final dict with `error`)
+Dropped = Callable[[str, dict[str, Any]], None]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -201,42 +200,11 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def _save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: int, workdir: Path) -> None:
     # fp16 halves storage (a thousand trials x ~8 snapshots); analysis casts back.
     state = {k: v.half() if v.is_floating_point() else v for k, v in model_state.items()}
-    _atomic_save({"model": state, "config": cfg.to_flat(), "epoch": epoch}, workdir / SNAPSHOT_DIR / f"epoch_{epoch:04d}.pt")
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file that cannot be read back: truncated, or not a checkpoint."""
-
-
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu", *,
-               name: str | None = None) -> tuple[ViT, RunConfig, int]:
-    """Model, run config and epoch from a checkpoint or a snapshot file.
-
-    ``name``: the file as errors call it (its storage URI when ``path`` is a local copy).
-    Raises CorruptCheckpointError naming it when the file is not a readable checkpoint."""
-    try:
-        blob = torch.load(path, map_location=map_location, weights_only=False)
-        flat, weights, epoch = blob["config"], blob["model"], int(blob["epoch"])
-    except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as exc:
-        # torch: "PytorchStreamReader failed reading zip archive" (truncated), "invalid load key" (not one)
-        raise CorruptCheckpointError(
-            f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a checkpoint): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    cfg = RunConfig.from_flat(flat)
-    model = ViT(cfg.model)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
-    return model.eval(), cfg, epoch
+    checkpoints.save({"model": state, "config": cfg.to_flat(), "epoch": epoch},
+                     workdir / checkpoints.SNAPSHOT_DIR / checkpoints.snapshot_name(epoch))
 
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:
@@ -255,6 +223,7 @@ def train_pack(
     workdirs: Sequence[str | os.PathLike],
     *,
     report: PackReport | None = None,
+    dropped: Dropped | None = None,
     log=print,
 ) -> list[dict[str, Any]]:
     """Train K trials together in one process (`trainables.packed`; K = 1 is the plain module, DDP-able).
@@ -265,8 +234,9 @@ def train_pack(
     and resume from the same epoch. Once per epoch (no per-step host sync) a member whose training
     loss is non-finite is dropped with its reason; the others go on. ``report([(trial_id, metrics,
     checkpoint_dir), ...])`` is called once per epoch with every member still in the pack (so a Ray
-    layer reports once per epoch). Returns one final dict per member, in order; a dropped member's
-    has ``error`` set (why and at which epoch) and ``failed_epoch``."""
+    layer reports once per epoch); ``dropped(trial_id, final)`` at once when a member leaves (so it
+    can be closed before the pack goes on). Returns one final dict per member, in order; a dropped
+    member's has ``error`` set (why and at which epoch) and ``failed_epoch``."""
     if len(cfgs) != len(workdirs) or not cfgs:
         raise ValueError(f"train_pack needs one workdir per member config, got {len(cfgs)} configs, {len(workdirs)} workdirs")
     cfg = cfgs[0]  # everything in the pack key is the same for every member
@@ -275,6 +245,9 @@ def train_pack(
     rank, world = _rank(), (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
     if world > 1 and len(cfgs) > 1:
         raise ValueError(f"a pack of {len(cfgs)} trials cannot run under DDP ({world} workers); DDP trials train alone")
+    if len(cfgs) > 1 and any(c.compile for c in cfgs):
+        raise ValueError(f"compile=True trains the plain module; a pack of {len(cfgs)} runs the vmapped forward, "
+                         "which is not compiled: train compiled trials alone (the launcher does)")
     random.seed(cfg.seed)
 
     # The holdout split is fixed per data set (seed 0) so every trial tunes on the same images.
@@ -307,19 +280,13 @@ def train_pack(
         ),
     )
 
-    ckpt_paths = [w / CHECKPOINT_DIR / CHECKPOINT_FILE for w in workdirs]
-    start_epoch, histories = _restore(pack, optimizer, scheduler, ckpt_paths, device, log)
+    ckpt_paths = [checkpoints.local_checkpoint(w) for w in workdirs]
+    start_epoch, histories = restore_pack(pack, optimizer, scheduler, ckpt_paths, device, log)
     if start_epoch == 1 and rank == 0:
         for k in range(pack.k):
             _save_snapshot(pack.member_state_dict(k), cfgs[k], 0, workdirs[k])
 
-    if world > 1:
-        pack.wrap(lambda m: torch.nn.parallel.DistributedDataParallel(
-            m, device_ids=[device.index] if device.type == "cuda" else None))
-    if cfg.compile and device.type == "cuda" and not pack.stacked:
-        # CUDA graphs (mode "reduce-overhead") replay the whole step's kernels: batch shapes are fixed
-        # (partial batches dropped). On CPU compiling measured slower, so it stays off there.
-        pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
+    wrap_forward(pack, cfg, device, world)
     use_amp = cfg.amp and device.type == "cuda"
     snapshots = set(snapshot_epochs(cfg.epochs))
     t_run = time.perf_counter()
@@ -357,6 +324,8 @@ def train_pack(
             finals[i] = {**(dict(histories[i][-1]) if histories[i] else {}), "error": (
                 f"training loss is {loss_sums[k] / max(count, 1)} at epoch {epoch}: diverged"), "failed_epoch": epoch}
             log(f"[{cfgs[i].trial_id}] {finals[i]['error']}; dropped from the pack")
+            if dropped is not None:
+                dropped(cfgs[i].trial_id, _final(finals[i], histories[i], cfg, data.num_classes))
         if len(diverged) == pack.k:
             members = []
             break
@@ -390,14 +359,13 @@ def train_pack(
                 if epoch in snapshots:
                     _save_snapshot(pack.member_state_dict(k), cfgs[i], epoch, workdirs[i])
                 if checkpoint_now:
-                    _atomic_save(
+                    checkpoints.save(
                         {
                             "model": pack.member_state_dict(k),
                             "optimizer": pack.member_optimizer_state(optimizer, k),
                             "scheduler": scheduler.state_dict(),
                             "epoch": epoch,
-                            "torch_rng": torch.get_rng_state(),
-                            "python_rng": random.getstate(),
+                            **checkpoints.rng_state(device),
                             "history": histories[i],
                             "config": cfgs[i].to_flat(),
                         },
@@ -413,44 +381,115 @@ def train_pack(
         if report is not None:
             report(reports)
 
-    for i in range(len(cfgs)):
-        final = dict(histories[i][-1]) if histories[i] else {}
-        final.update(finals[i])
-        # Runs that tune on the holdout split never look at the test split.
-        final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" and final["error"] is None else None
-        final["did_not_learn"] = did_not_learn(final.get("eval_acc"), data.num_classes)
-        final["epochs_completed"] = len(histories[i])
-        final["history"] = histories[i]
-        finals[i] = final
-    return finals
+    return [_final(finals[i], histories[i], cfg, data.num_classes) for i in range(len(cfgs))]
+
+
+def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfig, num_classes: int) -> dict[str, Any]:
+    """A member's final dict: its last epoch's metrics, `outcome` (error, failed_epoch), the summary."""
+    final = dict(history[-1]) if history else {}
+    final.update(outcome)
+    # Runs that tune on the holdout split never look at the test split.
+    final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" and final["error"] is None else None
+    final["did_not_learn"] = did_not_learn(final.get("eval_acc"), num_classes)
+    final["epochs_completed"] = len(history)
+    final["history"] = list(history)
+    return final
+
+
+def wrap_forward(pack: PackedViT, cfg: RunConfig, device: torch.device, world: int) -> None:
+    """The forward of a pack of one, wrapped for DDP (``world`` > 1) and/or ``torch.compile`` (CUDA),
+    in that order: compile wraps the DDP module, so DDP's gradient all-reduce hooks stay in the
+    step (compiling the bare module under DDP would train each rank on its own). CUDA graphs (mode
+    "reduce-overhead") replay the whole step's kernels: batch shapes are fixed (partial batches
+    dropped). On CPU compiling measured slower, so it stays off there. A pack of several is never
+    compiled (train_pack refuses the combination before training)."""
+    wrappers = []
+    if world > 1:
+        wrappers.append(lambda m: torch.nn.parallel.DistributedDataParallel(
+            m, device_ids=[device.index] if device.type == "cuda" else None))
+    if cfg.compile and device.type == "cuda":
+        wrappers.append(lambda m: torch.compile(m, mode="reduce-overhead"))
+    if not wrappers:
+        return
+
+    def chain(module):
+        for wrapper in wrappers:
+            module = wrapper(module)
+        return module
+
+    pack.wrap(chain)
+
+
+# RuntimeErrors (not torch.cuda.OutOfMemoryError) by which cuBLAS, cuDNN and the caching allocator
+# say the device ran out of memory.
+_OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                 "cudnn_status_not_enough_workspace")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MESSAGES))
 
 
 def train_pack_fitting(
-    cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *, report: PackReport | None = None, log=print
+    cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *, report: PackReport | None = None,
+    dropped: Dropped | None = None, log=print,
 ) -> list[dict[str, Any]]:
     """`train_pack`, retried in halves when the pack runs out of GPU memory: each half resumes from
-    the members' own checkpoints, so work done before the error is kept. A member that does not fit
-    alone fails with a message naming the batch size; a split pack's message names --pack."""
+    the members' own checkpoints, so work done before the error is kept (the epochs after the last
+    checkpoint are trained and reported again: a caller keeps each epoch once). A member that does
+    not fit alone fails with a message naming the batch size; a split pack's message names --pack.
+
+    The retry starts outside the ``except`` block, once the failed attempt is gone: its traceback
+    holds every frame of that attempt (model, optimiser state, the data's device copy, activations),
+    so retrying inside the handler, or keeping the exception, would keep all of it on the device."""
+    error, gone = None, {}  # gone: members dropped (and closed) for a non-finite loss before the error
+
+    def on_drop(trial_id: str, final: dict[str, Any]) -> None:
+        gone[trial_id] = final
+        if dropped is not None:
+            dropped(trial_id, final)
+
     try:
-        return train_pack(cfgs, workdirs, report=report, log=log)
-    except torch.cuda.OutOfMemoryError as exc:
+        return train_pack(cfgs, workdirs, report=report, dropped=on_drop, log=log)
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
         if len(cfgs) == 1:
             raise RuntimeError(
                 f"trial {cfgs[0].trial_id} runs out of GPU memory even alone at batch_size={cfgs[0].batch_size}: "
                 f"{exc}"
             ) from exc
-        half = len(cfgs) // 2
-        log(f"a pack of {len(cfgs)} ran out of GPU memory; training it as packs of {half} and "
-            f"{len(cfgs) - half} (a smaller --pack avoids this retry)")
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"  # text only: no reference to the attempt
+    release_device_memory()
+    # A dropped member never rejoins: its checkpoint stays at its last good epoch, behind the others'.
+    left = [(c, w) for c, w in zip(cfgs, workdirs) if c.trial_id not in gone]
+    half = max(1, len(left) // 2)
+    log(f"a pack of {len(cfgs)} ran out of GPU memory ({error}); training its {len(left)} remaining members as "
+        f"packs of {half} and {len(left) - half} (a smaller --pack avoids this retry)")
+    finals = dict(gone)
+    for part in (left[:half], left[half:]):
+        if part:
+            done = train_pack_fitting([c for c, _ in part], [w for _, w in part], report=report, dropped=dropped,
+                                      log=log)
+            finals.update(zip((c.trial_id for c, _ in part), done))
+    return [finals[c.trial_id] for c in cfgs]
+
+
+def release_device_memory() -> None:
+    """Free what a dropped attempt held: its reference cycles (frames, autograd graphs), then the
+    caching allocator's now unused blocks (a no-op without CUDA)."""
+    gc.collect()
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-        finals = []
-        for part in (slice(0, half), slice(half, None)):
-            finals += train_pack_fitting(cfgs[part], workdirs[part], report=report, log=log)
-        return finals
 
 
-def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, log) -> tuple[int, list[list[dict]]]:
-    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories)."""
+def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
+                 log=print) -> tuple[int, list[list[dict]]]:
+    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories).
+
+    Checkpoints are read to the CPU (`checkpoints.load`); the weights then go into the pack's device,
+    the optimiser state where `Optimizer.load_state_dict` puts it, the RNG states stay CPU tensors."""
     found = [p.exists() for p in paths]
     if not any(found):
         return 1, [[] for _ in paths]
@@ -458,18 +497,23 @@ def _restore(pack: PackedViT, optimizer, scheduler, paths: list[Path], device, l
         missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
         raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must resume "
                          "from the same epoch (the launcher packs trials by resume epoch)")
-    states = [torch.load(p, map_location=device, weights_only=False) for p in paths]
+    states = [checkpoints.load(p) for p in paths]
     epochs = {s["epoch"] for s in states}
     if len(epochs) > 1:
         raise ValueError(f"pack members resume from different epochs {sorted(epochs)}; they must share one")
+    load_pack_state(pack, optimizer, scheduler, states, device)
+    for k, state in enumerate(states):
+        log(f"[{pack.configs[k].trial_id}] resumed from epoch {state['epoch']}")
+    return states[0]["epoch"] + 1, [list(s["history"]) for s in states]
+
+
+def load_pack_state(pack: PackedViT, optimizer, scheduler, states: list[dict[str, Any]], device: torch.device) -> None:
+    """Put loaded (CPU) checkpoint states, one per member, into a pack on `device`."""
     for k, state in enumerate(states):
         pack.load_member_state_dict(k, state["model"])
         pack.load_member_optimizer_state(optimizer, k, state["optimizer"])
-        log(f"[{pack.configs[k].trial_id}] resumed from epoch {state['epoch']}")
     scheduler.load_state_dict(states[0]["scheduler"])
-    torch.set_rng_state(states[0]["torch_rng"])
-    random.setstate(states[0]["python_rng"])
-    return states[0]["epoch"] + 1, [list(s["history"]) for s in states]
+    checkpoints.restore_rng(states[0], device)
 
 
 @torch.no_grad()

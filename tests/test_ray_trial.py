@@ -1,0 +1,56 @@
+"""The Ray layer's worker without Ray: what it records when the loop trains epochs again."""
+
+import torch
+
+import trainables.train as loop
+from records import files, stores, tables, tracking
+from trainables import lifecycle
+from trainables.config import RunConfig
+from trainables.ray_trial import PackWorker
+
+
+def test_an_oom_retry_records_each_epoch_once_and_uploads_retrained_snapshots(tmp_path, monkeypatch):
+    """Checkpoints every 2 epochs: the pack of two runs out of memory in epoch 2, and each half starts
+    again from epoch 1. Epoch 1 is recorded once (its epochs row replaced, its MLflow step not logged
+    again: MLflow keeps every point it is sent) and its retrained snapshot goes to storage again."""
+    cfgs = [RunConfig.for_dataset("shapes", preset="tiny", seed=seed, max_train_images=128, batch_size=64, epochs=2,
+                                  warmup_epochs=0, checkpoint_every=2, eval_split="holdout")
+            for seed in (0, 1)]
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    settings = lifecycle.LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"),
+                                        mlflow_uri=uri, experiment_id=tracking.ensure_experiment(uri, "demo"))
+    run_ids = lifecycle.open_trials(settings, cfgs, "pack-x")
+    real_step, steps = loop.pack_step, []
+
+    def step(pack, *args, **kwargs):  # 2 steps per epoch: the pack's third step is epoch 2's first
+        if pack.k == 2:
+            steps.append(1)
+            if len(steps) == 3:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_step(pack, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "pack_step", step)
+    uploaded = []
+    real_upload = files.upload
+    monkeypatch.setattr(files, "upload", lambda local, dest: uploaded.append(dest.rsplit("/", 2)[-2:]) or
+                        real_upload(local, dest))
+    worker = PackWorker(settings, {"pack_id": "pack-x", "tag": "pack-x", "solo": False, "run_ids": run_ids,
+                                   "trials": [c.to_flat() for c in cfgs]}, rank=0)
+    reported = []
+    try:
+        assert worker.run(reported.append) is None
+    finally:
+        worker.cleanup()
+    assert [r["epoch"] for r in reported] == [1, 1, 2, 1, 2]  # the pack's epoch 1, then each half's
+    for cfg in cfgs:
+        assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()
+                if r["trial_id"] == cfg.trial_id] == [1, 2]
+        assert sorted(tracking.logged_steps(uri, run_ids[cfg.trial_id], "eval_acc")) == [1, 2]
+        import mlflow
+
+        history = mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_ids[cfg.trial_id], "eval_acc")
+        assert [m.step for m in history] == [1, 2]
+        assert uploaded.count([cfg.trial_id, "epoch_0001.pt"]) == 2  # the retrained snapshot, uploaded again
+        row = tables.read_trial(results, "demo", cfg.trial_id)
+        assert row["status"] == "finished" and row["epochs_completed"] == 2

@@ -1,0 +1,294 @@
+"""The thin Ray layer: one Tune trial = one pack of trials (a lone trial is a pack of one) = one
+Ray Train run of the plain loop (``trainables.train.train_pack_fitting``).
+
+Ray 2.5x/2.6x runs Train V2, where ``Tuner(TorchTrainer)`` is gone; the recommended pattern is a
+Tune *function* trainable that launches a ``TorchTrainer`` and forwards its reports to Tune with
+``TuneReportCallback``. The function is only a driver (``ray_start.DRIVER_RESOURCES``).
+
+    driver (Tune trial: pack id, or trial id)     Train worker(s): one, or DDP ranks for a lone trial
+    -----------------------------------------     ---------------------------------------------------
+    members not yet finished (their rows)         members still "running" (a retry skips closed ones)
+    per member: MLflow run, row "running"         each member's stored checkpoint, if any; members
+      (lifecycle.open_trials)                       grouped by its epoch, each group one pack
+    TorchTrainer(name=<pack id>).fit()            per epoch, per member -> epochs/<id>, MLflow metrics,
+                                                    snapshots + checkpoint upload (background thread)
+                                                  a member whose loss turns non-finite: closed failed
+                                                    at once; the others go on
+    members left "running": failed with why       per member at the end: finished | failed
+      (lifecycle.close_unclosed)
+
+Every trial's checkpoint lives in ``<storage>/<study>/checkpoints/<trial id>/``
+(``trainables.checkpoints``), whichever pack trains it, so a member resumes in any pack or alone; a lone trial
+of an earlier version is found in its Train storage (``trainables.checkpoints.find_stored``).
+Only rank 0 writes records. A Tune retry (``FailureConfig``) or a resumed sweep continues every
+member from its stored checkpoint; epochs reported again (after a retry, or an out-of-memory
+retry in halves) replace their ``epochs`` rows and are not logged to MLflow twice.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from records import files, tables, tracking
+from trainables import checkpoints, lifecycle
+from trainables.config import RunConfig
+from trainables.lifecycle import LaunchSettings
+
+# Reported (instead of raised) by a worker whose data set is missing, or by a lone trial whose loss
+# turned non-finite: a retry cannot fix that, and Train V2 / Tune retry every raised error, so the
+# trial ends failed without retries (the launcher counts it as a failure).
+UNRETRIABLE = "vitsweep_unretriable_error"
+SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc")
+# Test-only fault injection (not a RunConfig field): "TRIAL_ID:EPOCH:MARKER" SIGKILLs the Train worker
+# of TRIAL_ID's pack when it reports EPOCH, after the uploads of the epoch before are done, once
+# (while the file MARKER does not exist), so Train retries the worker.
+DIE_ENV = "VITSWEEP_TEST_DIE"
+
+
+def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict | None,
+               packs: Mapping[str, list[str]] | None) -> tuple[str, list[RunConfig]]:
+    """(pack id, member configs) of a Tune trial's config.
+
+    A grid's Tune config holds only a trial id (``config["trial_id"]``) or a pack id
+    (``config["pack_id"]``; ``packs``: pack id -> member trial ids): the flat configs travel once,
+    through ``tune.with_parameters`` (``trials``: id -> flat config), which keeps Tune's state and
+    progress output small for thousand-trial sweeps. A searcher's Tune config holds the sampled
+    values, applied to the ``base`` flat config."""
+    if "pack_id" in config:
+        ids = (packs or {}).get(config["pack_id"], [config["pack_id"]])
+        return config["pack_id"], [RunConfig.from_flat(trials[i]) for i in ids]
+    if "trial_id" in config:
+        cfg = RunConfig.from_flat(trials[config["trial_id"]])
+    else:
+        cfg = RunConfig.from_flat(base).with_overrides(dict(config))
+    return cfg.trial_id, [cfg]
+
+
+def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, dict[str, Any]],
+              base: dict[str, Any] | None = None, packs: dict[str, list[str]] | None = None) -> None:
+    """Tune function trainable: the driver of one pack (see the module docstring)."""
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    pack_id, cfgs = members_of(config, trials, base, packs)
+    solo = len(cfgs) == 1
+    rows = {c.trial_id: tables.read_trial(settings.results, settings.study, c.trial_id) for c in cfgs}
+    todo = [c for c in cfgs if rows[c.trial_id] is None or rows[c.trial_id]["status"] != "finished"]
+    if not todo:  # in an earlier launch: never train twice
+        done = rows[cfgs[0].trial_id]
+        tune.report({k: done[k] for k in ("eval_acc", "test_acc", "epochs_completed") if done.get(k) is not None}
+                    if solo else {"members_to_train": 0})
+        return
+    tag = None if solo else pack_id  # the rows' `pack` and the runs' vitsweep.pack: packs of several only
+    run_ids = lifecycle.open_trials(settings, todo, tag)
+    use_gpu = settings.gpus_per_trial > 0
+    resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": [c.to_flat() for c in todo],
+                           "settings": asdict(settings), "run_ids": run_ids},
+        scaling_config=ray.train.ScalingConfig(num_workers=settings.workers_per_trial if solo else 1,
+                                               use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=pack_id,
+            storage_path=checkpoints.train_storage(settings.storage, settings.study),
+            failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    why = f"{'trial' if solo else 'pack'} {pack_id} ended without closing it"
+    try:
+        result = trainer.fit()
+        if isinstance(result.return_value, dict) and result.return_value.get(UNRETRIABLE):
+            why = str(result.return_value[UNRETRIABLE])  # e.g. its data missing on this node: not retried
+    except BaseException as exc:  # every retry failed, the driver was stopped (ASHA), ...
+        why = f"{why}: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        lifecycle.close_unclosed(settings, todo, run_ids, why, tag)
+
+
+def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
+    """Runs on each Ray Train worker: restore each member, train, report, close each member."""
+    import ray.train
+
+    from trainables.datasets import DataRootError, prepare_root
+
+    settings = LaunchSettings(**loop_config["settings"])
+    cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+    try:
+        prepare_root(cfgs[0].dataset, cfgs[0].data_root)  # this node's copy (the launcher checked its own)
+    except DataRootError as exc:
+        error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
+        ray.train.report(error)  # for Tune's result (the launcher counts the trial as failed)
+        return error  # for the driver, which closes every member with it
+    worker = PackWorker(settings, loop_config, ray.train.get_context().get_world_rank())
+    try:
+        return worker.run(lambda metrics: ray.train.report(metrics))
+    finally:
+        worker.cleanup()
+
+
+class PackWorker:
+    """One Train worker's state: members, their workdirs, histories, MLflow steps and uploads."""
+
+    def __init__(self, settings: LaunchSettings, loop_config: dict[str, Any], rank: int):
+        self.settings, self.rank = settings, rank
+        self.pack_id, self.tag, self.solo = loop_config["pack_id"], loop_config["tag"], loop_config["solo"]
+        self.run_ids: dict[str, str] = loop_config["run_ids"]
+        cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+        self.members = lifecycle.still_open(settings, cfgs)  # a retried worker skips closed members
+        self.started = {c.trial_id: started for c, started in self.members}
+        self.cfg_of = {c.trial_id: c for c, _ in self.members}
+        self.root = Path(tempfile.mkdtemp(prefix=f"vitsweep-{self.pack_id}-"))
+        self.workdirs = {c.trial_id: self.root / c.trial_id for c, _ in self.members}
+        self.histories: dict[str, list[dict[str, Any]]] = {}
+        self.epochs: dict[str, int] = {}
+        self.uploaded: dict[str, dict[str, int]] = {t: {} for t in self.workdirs}
+        self.closed: set[str] = set()
+        self.faults: list[BaseException] = []
+        # Steps an earlier attempt already logged: a retry restores a checkpoint from before the epoch
+        # that failed after logging, and MLflow keeps every point it is sent (the first one it shows).
+        self.logged = ({t: tracking.logged_steps(settings.mlflow_uri, self.run_ids[t], "eval_acc")
+                        for t in self.workdirs} if rank == 0 else {})
+        # Snapshots and checkpoints go to storage in a background thread, so the next epoch trains while
+        # they upload. At most one epoch is in flight, and its errors surface at the next report; each
+        # upload is atomic, so a kill mid-upload leaves the previous checkpoint to resume from.
+        self.uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitsweep-upload")
+        self.in_flight: list[Future] = []
+        self.t0 = time.perf_counter()
+
+    def restore(self) -> None:
+        """Each member's stored checkpoint (its own place, or a lone trial's of an earlier version)
+        into its workdir, with the history and epoch it holds."""
+        for trial_id, workdir in self.workdirs.items():
+            uri = checkpoints.find_stored(self.settings.storage, self.settings.study, trial_id)
+            local = checkpoints.local_checkpoint(workdir)
+            if uri is not None and files.download(uri, local):
+                state = checkpoints.load(local, name=uri)
+                self.histories[trial_id], self.epochs[trial_id] = list(state["history"]), int(state["epoch"])
+            else:
+                self.histories[trial_id], self.epochs[trial_id] = [], 0
+
+    def run(self, report_to_train) -> dict[str, str] | None:
+        from trainables.train import train_pack_fitting
+
+        self.restore()
+        # Members resume together only from the same epoch: they re-form by the epoch their checkpoint
+        # holds (an upload cut short by a kill leaves one behind), each group trained as its own pack.
+        groups: dict[int, list[RunConfig]] = {}
+        for cfg, _ in self.members:
+            groups.setdefault(self.epochs[cfg.trial_id], []).append(cfg)
+        error = None
+        for epoch in sorted(groups, reverse=True):
+            cfgs = groups[epoch]
+            try:
+                finals = train_pack_fitting(cfgs, [self.workdirs[c.trial_id] for c in cfgs],
+                                            report=lambda entries: self.report(entries, report_to_train),
+                                            dropped=self.dropped)
+                self.settle()  # every member's last checkpoint is on storage before any is closed as finished
+            except BaseException:
+                self.settle(quiet=True)
+                raise
+            for cfg, final in zip(cfgs, finals):
+                self.close(cfg, final)
+                if self.solo and final.get("error"):  # deterministic: the trial fails now, not after retries
+                    error = {UNRETRIABLE: f"trial {cfg.trial_id}: {final['error']}"}
+        if self.faults:
+            raise self.faults[0]
+        if error is not None:
+            report_to_train(error)
+        return error
+
+    def report(self, entries: list[tuple[str, dict[str, Any], str | None]], report_to_train) -> None:
+        """Once per epoch: every member's metrics to its records (rank 0), one report to Train."""
+        self.settle()
+        _inject_death([trial_id for trial_id, _, _ in entries], entries[0][1]["epoch"])
+        keyed: dict[str, Any] = {"epoch": entries[0][1]["epoch"]}
+        for trial_id, metrics, checkpoint_dir in entries:
+            if self.rank == 0:
+                epoch = metrics["epoch"]
+                # An epoch trained again (a retry from an older checkpoint) replaces its row.
+                self.histories[trial_id] = [h for h in self.histories[trial_id] if h["epoch"] < epoch] + [metrics]
+                tables.write_epochs(self.settings.results, self.settings.study, trial_id, self.histories[trial_id])
+                if epoch not in self.logged[trial_id]:
+                    tracking.log_metrics(self.settings.mlflow_uri, self.run_ids[trial_id],
+                                         {k: v for k, v in metrics.items() if k != "epoch"}, step=epoch)
+                    self.logged[trial_id].add(epoch)
+                self.in_flight.append(self.uploads.submit(self.upload, trial_id, checkpoint_dir is not None, epoch))
+            # A lone trial reports plain metric names (a scheduler such as ASHA reads them); a pack's
+            # are keyed by member.
+            keyed.update({k: v for k, v in metrics.items() if k != "epoch"} if self.solo else
+                         {f"{trial_id}/{k}": v for k, v in metrics.items() if k != "epoch"})
+        report_to_train(keyed)
+
+    def upload(self, trial_id: str, with_checkpoint: bool, epoch: int) -> None:
+        workdir = self.workdirs[trial_id]
+        files.upload_new(checkpoints.local_snapshots(workdir), self.settings.snapshot_uri(trial_id),
+                         self.uploaded[trial_id])
+        if with_checkpoint:
+            folder = self.settings.checkpoint_uri(trial_id)
+            files.upload(checkpoints.local_checkpoint(workdir), checkpoints.checkpoint_file(folder))
+            files.write_json(checkpoints.epoch_file(folder), {"trial_id": trial_id, "epoch": epoch})
+
+    def settle(self, *, quiet: bool = False) -> None:
+        pending, self.in_flight = self.in_flight, []
+        for done in pending:
+            try:
+                done.result()
+            except Exception:
+                if not quiet:
+                    raise
+
+    def dropped(self, trial_id: str, final: dict[str, Any]) -> None:
+        """A member left its pack (a non-finite loss): closed now, so no retry brings it back."""
+        self.close(self.cfg_of[trial_id], final)
+
+    def close(self, cfg: RunConfig, final: dict[str, Any]) -> None:
+        trial_id = cfg.trial_id
+        if self.rank != 0 or trial_id in self.closed:
+            return
+        self.closed.add(trial_id)
+        error, run_id = final.get("error"), self.run_ids[trial_id]
+        try:
+            if final.get("test_acc") is not None and final["epochs_completed"] not in tracking.logged_steps(
+                    self.settings.mlflow_uri, run_id, "test_acc"):
+                tracking.log_metrics(self.settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
+                                     step=final["epochs_completed"])
+            result = lifecycle.outcome(
+                self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
+                checkpoint_path=self.settings.checkpoint_uri(trial_id), wall_time_s=time.perf_counter() - self.t0,
+                epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
+                did_not_learn=final.get("did_not_learn"), started_at=self.started[trial_id],
+                **{k: final.get(k) for k in SUMMARY},
+            )
+            lifecycle.close_trial(self.settings, cfg.to_flat(), result, run_id, "FAILED" if error else "FINISHED",
+                                  {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
+                                   "vitsweep.error": error or ""})
+        except Exception as exc:  # noqa: BLE001 - row and run closed per member; the first fault raised at the end
+            self.faults.append(exc)
+
+    def cleanup(self) -> None:
+        self.uploads.shutdown(wait=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _inject_death(trial_ids: list[str], epoch: int) -> None:
+    spec = os.environ.get(DIE_ENV)
+    if not spec:
+        return
+    trial_id, at, marker = spec.split(":", 2)
+    if trial_id in trial_ids and int(at) == epoch and not os.path.exists(marker):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
