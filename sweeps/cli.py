@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from sweeps import run as launcher
+from sweeps.validate import OneLineParser
 
 EXAMPLES = {
     "demo": "vitsweep demo --results results",
@@ -28,7 +29,7 @@ EXAMPLES = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # a bad argument is one line too (subcommands inherit the class)
         prog="vitsweep",
         description="Sweeps of small ViTs for research on spatial structure: train on Ray Tune + Ray Train, "
         "measure every checkpoint, compare in MLflow and Parquet.",
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "analyze":
         from analysis import job
 
-        return job.run(args)
+        try:
+            return job.run(args)
+        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "status":
         from sweeps import status as status_module
 

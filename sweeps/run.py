@@ -416,7 +416,9 @@ def _trial_name(trial) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from sweeps.validate import OneLineParser
+
+    parser = OneLineParser(
         prog="sweeps/run.py",
         description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
         epilog="example: python sweeps/run.py demo --stage all   |   python sweeps/run.py study_l --dry-run",
