@@ -24,6 +24,7 @@ import errno
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import threading
 import time

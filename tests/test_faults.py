@@ -113,10 +113,60 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
     assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
     assert set(runs) == set(statuses)
 
-    launcher.report_storage_faults(faults)
+    runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    assert runs.loc["a", "tags.vitsweep.error"] == "the launch ended before the trial finished"
+
+    launcher.report_storage_faults(faults, "/x/launch.log")
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
     assert line.startswith("error: storage fault: cannot write the trials row of a: ")
-    assert "(and 1 more, logged above); fix the storage, then launch again with --resume" in line
+    assert "(and 1 more); details in /x/launch.log; fix the storage, then launch again with --resume" in line
+
+
+def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
+    """Only a scheduler's stop is "stopped"; an unfinished trial is failed with its reason in its row and
+    its run; a trial whose row says finished has its run FINISHED even when the run was left RUNNING or
+    an earlier epilogue called it an orphan; a continued run loses the stopped-early tag."""
+    from records import stores, tables, tracking
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    experiment = tracking.ensure_experiment(uri, "demo")
+    runs = {t: tracking.start_trial_run(uri, experiment, t, params={"lr": 1e-3})
+            for t in ("done", "orphaned_done", "cut", "asha", "broken")}
+    rows = {"done": "finished", "orphaned_done": "finished", "cut": "running", "asha": "running", "broken": "failed"}
+    for t, status in rows.items():
+        tables.write_trial(results, "demo", {"lr": 1e-3}, {"trial_id": t, "study": "demo", "status": status,
+                                                          "mlflow_run_id": runs[t],
+                                                          "error": "loss is nan" if t == "broken" else None})
+    tracking.set_tags(uri, runs["orphaned_done"], {tracking.ERROR_TAG: "orphaned: ..."})
+    tracking.end_trial_run(uri, runs["orphaned_done"], "FAILED")  # what the old epilogue did
+    tracking.end_trial_run(uri, runs["broken"], "FAILED")
+
+    assert launcher.close_unfinished(results, "demo", uri, experiment, stopped={"asha"},
+                                     reason="storage fault: OSError: [Errno 28] No space left on device") == []
+    got = {r["trial_id"]: r for r in tables.read_table(results, "demo", "trials").to_pylist()}
+    assert {t: r["status"] for t, r in got.items()} == {
+        "done": "finished", "orphaned_done": "finished", "cut": "failed", "asha": "stopped", "broken": "failed"}
+    assert got["cut"]["error"].startswith("storage fault: OSError: [Errno 28]") and got["broken"]["error"] == "loss is nan"
+    mlflow = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    assert mlflow["status"].to_dict() == {"done": "FINISHED", "orphaned_done": "FINISHED", "cut": "FAILED",
+                                          "asha": "FINISHED", "broken": "FAILED"}
+    assert mlflow.loc["cut", "tags.vitsweep.error"].startswith("storage fault: OSError: [Errno 28]")
+    assert mlflow.loc["asha", "tags.vitsweep.stopped_early"] == "true"
+    assert mlflow.get("tags.vitsweep.error", {}).get("orphaned_done") in (None, "") or \
+        pd_isna(mlflow.loc["orphaned_done", "tags.vitsweep.error"])
+
+    again = tracking.start_trial_run(uri, experiment, "asha", params={"lr": 1e-3})  # a later launch continues it
+    assert again == runs["asha"]
+    tags = tracking.search_trial_runs(uri, "demo").set_index("trial_id").loc["asha"]
+    assert tags["status"] == "RUNNING" and pd_isna(tags.get("tags.vitsweep.stopped_early"))
+
+
+def pd_isna(value) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))
 
 
 @pytest.mark.parametrize("command", ["analyze", "report"])
