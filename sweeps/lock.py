@@ -59,19 +59,15 @@ def lock_uri(results: str, study: str) -> str:
 
 
 def _proc_start(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces
+    from records.manifest import proc_start
+
+    return proc_start(pid)
 
 
 def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
+    from records.manifest import boot_id
+
+    return boot_id()
 
 
 def _now() -> str:
