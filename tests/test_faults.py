@@ -181,3 +181,48 @@ def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys
     assert cli.main([command, "nosuchstudy", "--results", str(results)]) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
+
+
+def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
+    """Paths under the results root are stored relative to it, and an older row's absolute path is
+    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved."""
+    import shutil
+
+    from analysis.job import Measurer, list_checkpoints
+    from records import tables
+
+    original = tmp_path / "results"
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
+                                data_root=str(tmp_path / "data"))
+    for trial_id in ("old", "new"):
+        storage = original / "storage" / "demo"
+        (storage / "checkpoints" / trial_id).mkdir(parents=True)
+        torch.save({"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": 1},
+                   storage / "checkpoints" / trial_id / "state.pt")
+        (storage / "snapshots" / trial_id).mkdir(parents=True)
+        shutil.copy(storage / "checkpoints" / trial_id / "state.pt", storage / "snapshots" / trial_id / "epoch_0000.pt")
+        outcome = {"trial_id": trial_id, "study": "demo", "status": "finished", "epochs_completed": 1,
+                   "checkpoint_path": str(storage / "checkpoints" / trial_id),
+                   "snapshot_dir": str(storage / "snapshots" / trial_id)}
+        with monkeypatch.context() as m:
+            if trial_id == "old":  # a row of today's tables: absolute paths
+                m.setattr(tables, "relative_path", lambda results, value: value)
+            tables.write_trial(str(original), "demo", cfg.to_flat(), outcome)
+    import pyarrow.parquet as pq
+
+    stored = {r["trial_id"]: r for r in pq.read_table(original / "demo" / "trials").to_pylist()}
+    assert stored["new"]["checkpoint_path"] == "storage/demo/checkpoints/new"
+    assert stored["old"]["checkpoint_path"] == str(original / "storage/demo/checkpoints/old")
+
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    for moment in ("original still there", "original moved away"):
+        paths = [r["path"] for r in list_checkpoints(str(copy), "demo", "all")]
+        assert len(paths) == 4 and all(p.startswith(f"{copy}/storage/demo/") for p in paths), (moment, paths)
+        assert tables.read_trial(str(copy), "demo", "old")["snapshot_dir"] == f"{copy}/storage/demo/snapshots/old"
+        if original.exists():
+            original.rename(tmp_path / "moved")
+    measurer = Measurer(str(copy), "demo", None, eval_size=8, batch_size=8, threads=1)
+    row = next(r for r in list_checkpoints(str(copy), "demo") if r["trial_id"] == "old")
+    out = measurer({k: [v] for k, v in row.items()})
+    assert str(out["status"][0]) == "ok" and int(out["rows"][0]) > 0, out["status"][0]
