@@ -70,7 +70,11 @@ def classify(exc: BaseException) -> str | None:
             return f"a Tune state file is truncated ({type(e).__name__}: {str(e) or 'end of file'})"
         if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or _storage_words(str(e))):
             return f"{type(e).__name__}: {e}"
-    return classify_text(str(exc))
+    for e in _chain(exc):  # Ray's errors carry the remote one's traceback as text
+        why = classify_text(str(e))
+        if why:
+            return why
+    return None
 
 
 def classify_text(text: str) -> str | None:

@@ -226,3 +226,35 @@ def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
     row = next(r for r in list_checkpoints(str(copy), "demo") if r["trial_id"] == "old")
     out = measurer({k: [v] for k, v in row.items()})
     assert str(out["status"][0]) == "ok" and int(out["rows"][0]) > 0, out["status"][0]
+
+
+def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
+    from records import tables
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    assert launcher._resume_line(results, "demo", 4, 4) == (
+        f"--resume: study 'demo' has no records in {results}; starting it fresh")
+    tables.write_trial(results, "demo", {}, {"trial_id": "t", "study": "demo", "status": "finished"})
+    assert launcher._resume_line(results, "demo", 4, 3).startswith("--resume: 3 of 4 trials unfinished")
+
+
+@pytest.mark.parametrize("exc, words", [
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system"), "Read-only file system"),
+    (OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"), "errno 28"),
+    (EOFError("Ran out of input"), "a Tune state file is truncated (EOFError"),
+    (__import__("pickle").UnpicklingError("pickle data was truncated"), "a Tune state file is truncated"),
+    (RuntimeError("Traceback ...\n  File x\nOSError: [Errno 122] Disk quota exceeded: '/r/t'"), "Disk quota exceeded"),
+    (RuntimeError("TrackingError: log_metrics on MLflow 'http://h' still failing"), "MLflow unreachable: log_metrics"),
+])
+def test_storage_faults_are_recognised_wherever_they_hide(exc, words):
+    from records.stores import TrackingError
+    from sweeps import faults
+
+    wrapped = RuntimeError("Tune failed")
+    wrapped.__cause__ = exc
+    for e in (exc, wrapped):
+        assert words in faults.classify(e), e
+    assert faults.classify(ValueError("a bug")) is None and faults.classify(KeyError("trial_id")) is None
+    assert faults.classify(TrackingError("down")).startswith("MLflow unreachable: down")
