@@ -295,7 +295,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                 storage_path=tune_dir,
                 failure_config=tune.FailureConfig(max_failures=args.max_failures),
                 verbose=progress.tune_verbosity(args.verbose),
-                callbacks=[lines.as_callback(watch), watch.callback()],
+                callbacks=[watch.callback(), lines.as_callback(watch)],  # the watch first: it silences the lines
                 stop=watch.stopper(),
             ),
         )

@@ -258,3 +258,29 @@ def test_storage_faults_are_recognised_wherever_they_hide(exc, words):
         assert words in faults.classify(e), e
     assert faults.classify(ValueError("a bug")) is None and faults.classify(KeyError("trial_id")) is None
     assert faults.classify(TrackingError("down")).startswith("MLflow unreachable: down")
+
+
+def test_a_tracking_server_that_stops_answering_stops_the_sweep_after_the_budget(monkeypatch):
+    """The launcher's probe: a server gone for the retry budget is a storage fault, and the Tune
+    stopper then stops the whole experiment (the trials' own calls give up within the same budget)."""
+    import pickle
+    import socket
+    import time
+
+    from sweeps import faults
+
+    with socket.socket() as s:  # a port nobody listens on: a killed server
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(faults, "PROBE_INTERVAL_S", 0.2)
+    watch = faults.FaultWatch(uri, budget_s=1.0)
+    stopper = watch.stopper()
+    assert not stopper.stop_all()
+    start = time.monotonic()
+    with watch:
+        while not watch.found and time.monotonic() - start < 10:
+            time.sleep(0.05)
+    (line,) = watch.found
+    assert line.startswith(f"MLflow tracking server '{uri}' did not answer for ") and "(budget 1 s)" in line
+    assert stopper.stop_all() and not stopper("t", {})
+    assert pickle.loads(pickle.dumps(watch)).found == watch.found  # Tune pickles it with its state
