@@ -20,7 +20,7 @@ def sweep(results, *extra):
 
 def test_demo_in_packs_of_two_keeps_every_trial_separate(ray_local, tmp_path):
     assert sweep(tmp_path) == 0
-    trials = pq.read_table(tmp_path / "demo" / "trials").to_pandas()
+    trials = tables.read_table(str(tmp_path), "demo", "trials").to_pandas()  # paths rooted in the results
     assert len(trials) == 4 and set(trials["status"]) == {"finished"} and trials["error"].isna().all()
     # demo's PE {none, ape} is in the pack key, the protocol is not: two packs of two
     assert trials.groupby("pack")["pe"].agg(lambda s: (s.nunique(), len(s))).tolist() == [(1, 2), (1, 2)]
