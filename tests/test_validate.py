@@ -108,3 +108,12 @@ def test_defaults_from_values_are_checked_too(tmp_path, capsys):
     launcher.add_arguments(parser)
     assert launcher.run(parser.parse_args(["demo", "--defaults-from", str(best), "--dry-run"])) == 2
     assert capsys.readouterr().err == "error: lr must be a finite number > 0, got nan\n"
+
+
+def test_analyze_of_object_storage_without_a_tracking_server_is_one_line(capsys):
+    from sweeps import cli
+
+    assert cli.main(["analyze", "demo", "--results", "s3://bucket/vitsweep"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --results 's3://bucket/vitsweep' is on s3:// storage") and err.count("\n") == 1
+    assert "--mlflow-uri" in err
