@@ -344,6 +344,15 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                                  condition=configs[0].to_flat(), n_trials=len(grid))
         log.info("best %s %.4f with %s -> %s", hparam.METRIC, best.metrics[hparam.METRIC],
                  {k: best.config[k] for k in hparam.SEARCHED}, path)
+    if args.study != "hparam" and not errors:  # e.g. Ctrl-C: Tune returns, its trials cut short
+        from records import tables
+
+        table = tables.read_table(results, args.study, "trials")
+        ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
+        left = [c.trial_id for c in todo if c.trial_id not in ended]
+        if left:
+            log.warning("%d trial(s) did not finish; `--resume` continues them", len(left))
+            return 1
     return 1 if errors else 0
 
 
