@@ -200,11 +200,13 @@ class FaultWatch:
     def __init__(self, mlflow_uri: str, budget_s: float):
         self.mlflow_uri, self.budget_s = mlflow_uri, budget_s
         self.found: list[str] = []
+        self.tracking_down = False  # the probe found the server gone: the epilogue leaves MLflow alone
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __getstate__(self):
-        return {"mlflow_uri": self.mlflow_uri, "budget_s": self.budget_s, "found": list(self.found)}
+        return {"mlflow_uri": self.mlflow_uri, "budget_s": self.budget_s, "found": list(self.found),
+                "tracking_down": self.tracking_down}
 
     def __setstate__(self, state):
         self.__dict__.update(state, _stop=threading.Event(), _thread=None)
@@ -249,6 +251,7 @@ class FaultWatch:
                 now = time.monotonic()
                 down_since = down_since or now - PROBE_INTERVAL_S  # it was up at the last probe
                 if now - down_since >= self.budget_s:
+                    self.tracking_down = True
                     self.add(f"MLflow tracking server {redact(self.mlflow_uri)!r} did not answer for "
                              f"{now - down_since:.0f} s (budget {self.budget_s:g} s): {str(exc).splitlines()[0]}")
                     return
@@ -286,7 +289,8 @@ class FaultWatch:
 # ------------------------------------------------------------------------------------------ the epilogue
 
 def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],
-                     reason: str = "the launch ended before the trial finished") -> list[str]:
+                     reason: str = "the launch ended before the trial finished", *,
+                     tracking_down: bool = False) -> list[str]:
     """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the
     hparam study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag
     vitsweep.stopped_early); any other unfinished trial becomes "failed" with ``reason`` (its row's
@@ -295,8 +299,9 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
 
     Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest:
     each row is closed on its own; after one MLflow call failed for its whole retry budget the
-    remaining runs are left to the next launch (which closes them before it starts). Returns one
-    line per fault (empty: none)."""
+    remaining runs are left to the next launch (which closes them before it starts), as all are when
+    ``tracking_down`` (the launcher's probe found the server gone). Returns one line per fault
+    (empty: none)."""
     from records import tables, tracking
     from records.stores import TrackingError
 
@@ -307,7 +312,10 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
     except OSError as exc:
         faults.append(f"cannot read the trials table under {results}: {exc}")
         rows = []
-    tracking_down = None
+    tracking_down = ("the MLflow runs of the unfinished trials are left for the next launch to close "
+                     "(the tracking server does not answer)") if tracking_down else None
+    if tracking_down:
+        faults.append(tracking_down)
     for row in rows:
         early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
         if not early and row["status"] != "running":

@@ -326,7 +326,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                      len(errors))
             reason = ("storage fault: " + watch.found[0]) if watch.found else \
                 "the launch ended before the trial finished (interrupted, or its driver was killed)"
-            faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped, reason)
+            faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped, reason,
+                                      tracking_down=watch.tracking_down)
             for line in watch.found + faults:
                 launch_log.write_text(f"storage fault: {line}")
     finally:

@@ -282,5 +282,19 @@ def test_a_tracking_server_that_stops_answering_stops_the_sweep_after_the_budget
             time.sleep(0.05)
     (line,) = watch.found
     assert line.startswith(f"MLflow tracking server '{uri}' did not answer for ") and "(budget 1 s)" in line
-    assert stopper.stop_all() and not stopper("t", {})
+    assert stopper.stop_all() and not stopper("t", {}) and watch.tracking_down
     assert pickle.loads(pickle.dumps(watch)).found == watch.found  # Tune pickles it with its state
+
+
+def test_with_the_tracking_server_gone_the_epilogue_closes_rows_and_leaves_mlflow_alone(tmp_path):
+    from records import tables
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
+    faults = launcher.close_unfinished(results, "demo", "http://127.0.0.1:9", "0", set(), "storage fault: gone",
+                                       tracking_down=True)  # port 9: a call would be refused, and retried
+    assert faults == ["the MLflow runs of the unfinished trials are left for the next launch to close "
+                      "(the tracking server does not answer)"]
+    row = tables.read_trial(results, "demo", "a")
+    assert row["status"] == "failed" and row["error"] == "storage fault: gone"
