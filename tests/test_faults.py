@@ -298,3 +298,61 @@ def test_with_the_tracking_server_gone_the_epilogue_closes_rows_and_leaves_mlflo
                       "(the tracking server does not answer)"]
     row = tables.read_trial(results, "demo", "a")
     assert row["status"] == "failed" and row["error"] == "storage fault: gone"
+
+
+@pytest.fixture()
+def full_disk(tmp_path):
+    """A real 2 MiB tmpfs (needs mount rights; skipped without), filled up by the test."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+
+    def fill():
+        with open(mount / "ballast", "wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+
+    import contextlib
+
+    yield mount, fill
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(full_disk, monkeypatch, caplog):
+    import logging
+    import time
+
+    from records import tables
+    from sweeps import faults
+    from sweeps import lock as lock_module
+    from sweeps.lock import LaunchLock
+
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)  # the lock renews its lease while the disk is full
+    mount, fill = full_disk
+    results = str(mount / "results")
+    tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
+    launch_log = faults.LaunchLog(results, "demo")
+    assert launch_log.path.startswith(results)
+    lock = LaunchLock(results, "demo")
+    lock.acquire()
+    fill()
+    with pytest.raises(OSError) as info:  # pyarrow's own wording of ENOSPC
+        tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "failed"})
+    assert "No space left on device" in faults.classify(info.value)
+    launch_log.emit(logging.LogRecord("ray.tune", logging.ERROR, __file__, 0, "%s", ("x" * 100_000,), None))
+    assert not launch_log.path.startswith(results)  # the tracebacks of the fault itself are kept
+    assert "x" * 1000 in open(launch_log.path).read()
+    launch_log.close()
+    caplog.set_level(logging.WARNING, logger="vitsweep")
+    deadline = time.monotonic() + 10
+    while "could not renew the launch lock" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "No space left on device" in caplog.text
+    assert [p.name for p in (mount / "results" / "demo").glob(".launch.lock*")] == [".launch.lock"]  # no temp
+    lock.release()
+    assert not list((mount / "results" / "demo").glob(".launch.lock*"))
