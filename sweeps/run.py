@@ -6,9 +6,12 @@ Runs as a plain script, so a cluster user can write
         --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
 
 and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong
-(study, PE, data set, protocol, ``--set`` field, storage and MLflow URIs) is
-checked before Ray starts; ``--dry-run`` stops right after that check and
-prints the trial table.
+(study, PE, data set, protocol, ``--set`` field and value, storage and MLflow
+URIs) is checked before Ray starts, names and values (``sweeps.validate``) and
+the launch lock even before torch is imported; ``--dry-run`` stops right after
+that check and prints the trial table. Exit codes: 0 done, 1 a trial failed or
+a storage fault (``sweeps.faults``: one ``error: storage fault`` line, last on
+stderr), 2 a user error (one ``error:`` line).
 """
 
 from __future__ import annotations
