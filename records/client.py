@@ -104,15 +104,21 @@ _TRANSIENT_TEXT = (
 )
 
 
+_STORAGE_TEXT = ("database or disk is full", "attempt to write a readonly database", "no space left on device",
+                 "read-only file system")
+
+
 def _is_transient(exc: BaseException) -> bool:
     """True for errors another attempt may not hit: locks, migration races, network blips."""
     import sqlalchemy.exc
     from mlflow.exceptions import MlflowException
 
+    text = str(exc).lower()
+    if any(s in text for s in _STORAGE_TEXT):  # another attempt hits the same full or read-only disk
+        return False
     if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlite3.OperationalError, ConnectionError,
                         TimeoutError)):
         return True
-    text = str(exc).lower()
     if isinstance(exc, MlflowException):
         if exc.error_code in _TRANSIENT_CODES:
             return True

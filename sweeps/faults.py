@@ -36,7 +36,8 @@ log = logging.getLogger("vitsweep")
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}
 # pyarrow's and Ray's errors carry the OS's wording, not always an errno; remote errors are text.
 STORAGE_TEXT = ("no space left on device", "read-only file system", "disk quota exceeded",
-                "input/output error", "permission denied", "operation not permitted")
+                "input/output error", "permission denied", "operation not permitted",
+                "database or disk is full", "attempt to write a readonly database")  # (SQLite's words)
 PROBE_INTERVAL_S = 5.0
 
 

@@ -507,3 +507,12 @@ def test_a_hung_tracking_server_fails_each_call_within_the_budget(monkeypatch):
     client.bound_http_requests()
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == str(client.REQUEST_TIMEOUT_S)
     assert took <= 3.0 + 0.5, took
+
+
+def test_a_full_or_read_only_store_is_not_retried_but_a_lock_is():
+    from sweeps import faults
+
+    full = sqlite3.OperationalError("database or disk is full")
+    assert not client._is_transient(full) and client._is_transient(sqlite3.OperationalError("database is locked"))
+    assert not client._is_transient(sqlite3.OperationalError("attempt to write a readonly database"))
+    assert faults.classify(full) == "database or disk is full"  # ends the sweep as a storage fault
