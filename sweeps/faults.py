@@ -287,6 +287,42 @@ class FaultWatch:
         return _Stop()
 
 
+# ------------------------------------------------------------------------------------ before a launch
+
+TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train V2's list of a run's checkpoints
+
+
+def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) -> list[str]:
+    """Ray Train restores a run (named by trial or pack id) from its checkpoint list, a JSON file
+    beside the checkpoints; a full disk leaves it empty or cut, and Train then fails the trial on
+    every retry (``CheckpointManagerInitializationError``). Call it while no trial runs (the launch
+    lock is held): each such file is renamed aside, so the run starts over instead of failing.
+    Returns one line per file set aside."""
+    import json
+
+    from pyarrow import fs as pafs
+
+    from records.tables import filesystem
+
+    fs, root = filesystem(f"{storage.rstrip('/')}/{study}/train")
+    paths = [f"{root}/{name}/{TRAIN_SNAPSHOT}" for name in names]
+    lines = []
+    for info in fs.get_file_info(paths):
+        if info.type != pafs.FileType.File:
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                json.loads(stream.read())
+            continue
+        except (ValueError, OSError) as exc:  # empty, cut, or not text
+            why = f"{type(exc).__name__}: {exc}"
+        aside = f"{info.path}.truncated-{time.strftime('%Y%m%d-%H%M%S')}"
+        fs.move(info.path, aside)
+        lines.append(f"Ray Train's checkpoint list {info.path} cannot be read ({why}), as a full disk leaves it; "
+                     f"set aside as {aside}: run {info.path.rsplit('/', 2)[-2]} starts over")
+    return lines
+
+
 # ------------------------------------------------------------------------------------------ the epilogue
 
 def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],

@@ -253,6 +253,9 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     packs = build_packs(args, todo, resume_epochs(results, args.study)) if args.study != "hparam" else []
     packed = any(len(p.members) > 1 for p in packs)
     members = {p.pack_id: p.trial_ids for p in packs}
+    runs = [*members, *(c.trial_id for c in todo)]  # the Train runs this launch may continue
+    for line in fault_module.set_aside_truncated_train_state(storage, args.study, runs):
+        log.warning(line)
     if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record
         pack = pack_of(packs)
         plan = manifest.write_manifest(
@@ -325,8 +328,8 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                 watch.add(why)
             if args.study != "hparam":
                 print(lines.summary(), flush=True)
-            log.info("train stage: %d trials in %.0f s, %d failed", len(grid or []), time.perf_counter() - t0,
-                     len(errors))
+            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
+                     len(errors), "; stopped by a storage fault" if watch.found else "")
             reason = ("storage fault: " + watch.found[0]) if watch.found else \
                 "the launch ended before the trial finished (interrupted, or its driver was killed)"
             faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped, reason,

@@ -356,3 +356,21 @@ def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(full_dis
     assert [p.name for p in (mount / "results" / "demo").glob(".launch.lock*")] == [".launch.lock"]  # no temp
     lock.release()
     assert not list((mount / "results" / "demo").glob(".launch.lock*"))
+
+
+def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over(tmp_path):
+    """A full disk leaves Ray Train's checkpoint list empty; Train then fails the trial on every retry."""
+    import json
+
+    from sweeps import faults
+
+    storage = tmp_path / "storage"
+    for name, text in (("cut", ""), ("half", '{"checkpoint_results": [{"che'), ("good", json.dumps({"a": 1}))):
+        (storage / "demo" / "train" / name).mkdir(parents=True)
+        (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).write_text(text)
+    lines = faults.set_aside_truncated_train_state(str(storage), "demo", ["cut", "half", "good", "never-ran"])
+    assert [line.split(": run ")[-1] for line in lines] == ["cut starts over", "half starts over"]
+    for name in ("cut", "half"):
+        assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()
+        assert len(list((storage / "demo" / "train" / name).glob(f"{faults.TRAIN_SNAPSHOT}.truncated-*"))) == 1
+    assert (storage / "demo" / "train" / "good" / faults.TRAIN_SNAPSHOT).read_text() == '{"a": 1}'
