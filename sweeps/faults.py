@@ -305,7 +305,7 @@ def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) 
     from records.tables import filesystem
 
     fs, root = filesystem(f"{storage.rstrip('/')}/{study}/train")
-    paths = [f"{root}/{name}/{TRAIN_SNAPSHOT}" for name in names]
+    paths = [f"{root}/{name}/{TRAIN_SNAPSHOT}" for name in dict.fromkeys(names)]  # (a pack of one: its trial)
     lines = []
     for info in fs.get_file_info(paths):
         if info.type != pafs.FileType.File:

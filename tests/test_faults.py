@@ -368,7 +368,7 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
     for name, text in (("cut", ""), ("half", '{"checkpoint_results": [{"che'), ("good", json.dumps({"a": 1}))):
         (storage / "demo" / "train" / name).mkdir(parents=True)
         (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).write_text(text)
-    lines = faults.set_aside_truncated_train_state(str(storage), "demo", ["cut", "half", "good", "never-ran"])
+    lines = faults.set_aside_truncated_train_state(str(storage), "demo", ["cut", "half", "good", "never-ran", "cut"])
     assert [line.split(": run ")[-1] for line in lines] == ["cut starts over", "half starts over"]
     for name in ("cut", "half"):
         assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()

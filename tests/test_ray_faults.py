@@ -4,7 +4,7 @@ A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process of the s
 Parquet write under the results folder raise ``OSError(ENOSPC)``, then ``OSError(EROFS)``, from the
 moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
 naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
-called stopped. With the storage fixed (and Tune's own state truncated), ``--resume`` finishes
+called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
 exactly the unfinished trials, each MLflow step logged once."""
 
 import os
@@ -83,6 +83,13 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
         assert states
         for state in states:
             state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 3])
+        # ... and so is Ray Train's checkpoint list of a trial that did not finish (it would fail every retry).
+        unfinished = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
+                      if r["status"] != "finished"}
+        lists = [p for p in (results / "storage" / "demo" / "train").glob("*/checkpoint_manager_snapshot.json")
+                 if p.parent.name in unfinished]
+        for cut in lists[:1]:
+            cut.write_bytes(b"")
         before = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
                   if r["status"] == "finished"}
         proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
@@ -91,6 +98,7 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
         for temp in temps:
             kill_ray_under(temp)
     err = (tmp_path / "fixed.err").read_text()
+    assert all(f"set aside as {cut}.truncated-" in err for cut in lists[:1])
     assert f"--resume: {4 - len(before)} of 4 trials unfinished" in err
     assert f"demo: {4 - len(before)} of {4 - len(before)} trials ended" in (tmp_path / "fixed.out").read_text()
     trials = pq.read_table(results / "demo" / "trials").to_pandas()
