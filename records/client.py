@@ -3,8 +3,16 @@
 SQLite allows one writer at a time: MLflow sets ``PRAGMA busy_timeout = 20000``
 on each session, and every write here is also retried on "database is locked" /
 OperationalError with exponential backoff and jitter (``RETRY_BUDGET_S`` in
-all). MLflow's own HTTP client retries 429/5xx and connection errors first
-(MLFLOW_HTTP_REQUEST_MAX_RETRIES), then these retries apply.
+all).
+
+One vitsweep call, every retry included, ends within ``RETRY_BUDGET_S``
+(30 s), so an MLflow outage is a fault the launcher reports, not a hang: MLflow's
+own HTTP client would retry each request 7 times with exponential backoff, up
+to 120 s per request, inside each of our attempts (246 s for one call were seen).
+So this module sets MLflow's HTTP settings for the process (``HTTP_SETTINGS``:
+no retries of its own, ``REQUEST_TIMEOUT_S`` per request; MLflow reads them at
+every request, and Ray workers import this module before any MLflow call), and
+the loop here starts no attempt that could end past the budget.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import random
 import sqlite3
 import time
@@ -25,7 +34,26 @@ from records.stores import TrackingError, redact, scheme, sqlite_path
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-RETRY_BUDGET_S = 30.0  # total time one write may spend retrying transient errors
+RETRY_BUDGET_S = 30.0  # total time one call may take, its retries included
+REQUEST_TIMEOUT_S = 10  # one HTTP request to an MLflow server: connect, and each read (MLflow wants an int)
+HTTP_SETTINGS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",  # the retries are ours (with_retries), within the budget
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+}
+
+
+def bound_http_requests() -> None:
+    """Set MLflow's HTTP settings so that one request cannot outlast ``REQUEST_TIMEOUT_S`` (a user's
+    own values would break the budget, so they are overridden; the launch log says so)."""
+    for key, value in {**HTTP_SETTINGS, "MLFLOW_HTTP_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)}.items():
+        if os.environ.get(key, value) != value:
+            _log.info("%s=%s overridden by %s: vitsweep bounds each MLflow call by its own retries",
+                      key, os.environ[key], value)
+        os.environ[key] = value
+
+
+bound_http_requests()
 
 
 @functools.lru_cache(maxsize=32)
@@ -76,15 +104,21 @@ _TRANSIENT_TEXT = (
 )
 
 
+_STORAGE_TEXT = ("database or disk is full", "attempt to write a readonly database", "no space left on device",
+                 "read-only file system")
+
+
 def _is_transient(exc: BaseException) -> bool:
     """True for errors another attempt may not hit: locks, migration races, network blips."""
     import sqlalchemy.exc
     from mlflow.exceptions import MlflowException
 
+    text = str(exc).lower()
+    if any(s in text for s in _STORAGE_TEXT):  # another attempt hits the same full or read-only disk
+        return False
     if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlite3.OperationalError, ConnectionError,
                         TimeoutError)):
         return True
-    text = str(exc).lower()
     if isinstance(exc, MlflowException):
         if exc.error_code in _TRANSIENT_CODES:
             return True
@@ -100,7 +134,8 @@ def _is_transient(exc: BaseException) -> bool:
 
 def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
     """Run ``fn(client)`` until it succeeds, retrying transient errors with capped exponential
-    backoff and full jitter (sleep ~ U(0, min(2 s, 0.05 s * 2**k))) for at most RETRY_BUDGET_S.
+    backoff and full jitter (sleep ~ U(0, min(2 s, 0.05 s * 2**k))) for at most RETRY_BUDGET_S
+    in all; on a server, no attempt starts that could end past it. Raises TrackingError then.
 
     ``fn`` must be safe to repeat: metric points carry fixed timestamps (MLflow drops exact
     duplicates), params/tags are set to the same values, runs are looked up before created.
@@ -108,6 +143,8 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
     start = time.monotonic()
     cap = 0.05
     attempt = 0
+    # An attempt on a server can take a whole request timeout: none starts that could end past the budget.
+    longest = REQUEST_TIMEOUT_S if scheme(uri) in ("http", "https") else 0.0
     while True:
         try:
             return fn(client(uri))  # inside the loop: building the store can hit a lock too
@@ -116,7 +153,7 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
             elapsed = time.monotonic() - start
             if not _is_transient(e):
                 raise
-            if elapsed + cap > RETRY_BUDGET_S:
+            if elapsed + cap + longest > RETRY_BUDGET_S:
                 raise TrackingError(
                     f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
                     f"{elapsed:.1f} s: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from records.tables import filesystem
@@ -87,16 +88,65 @@ def read_heartbeat(results: str, study: str) -> dict | None:
 def beat(results: str, study: str, *, ended: bool = False) -> None:
     _write_json(_path(results, study, HEARTBEAT_FILE), {
         "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
-        "ended": ended,
+        "proc_start": proc_start(os.getpid()), "boot_id": boot_id(), "ended": ended,
     })
 
 
+def proc_start(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces
+
+
+def boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def process_alive(record: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """(alive?, why not) of the process a heartbeat or lock file names (``host``, ``pid``, and
+    ``proc_start``, ``boot_id`` when known); None when it runs on another machine (or this one before
+    a reboot is not told apart), where only its heartbeat's age can tell."""
+    if record.get("host") != socket.gethostname():
+        return None, ""
+    if record.get("boot_id") and record.get("boot_id") != boot_id():
+        return False, "the machine rebooted since"
+    try:
+        pid = int(record.get("pid", -1))
+    except (TypeError, ValueError):
+        return None, ""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False, f"pid {pid} is no longer running"
+    except PermissionError:
+        pass  # runs, as another user
+    except (OverflowError, ValueError):
+        return False, f"pid {pid} is not a process id"
+    if record.get("proc_start") and proc_start(pid) not in (None, record["proc_start"]):
+        return False, f"pid {pid} now belongs to another process"
+    return True, ""
+
+
+def heartbeat_age(heartbeat: Mapping[str, Any], *, now: datetime.datetime | None = None) -> float:
+    return ((now or _now()) - datetime.datetime.fromisoformat(heartbeat["time"])).total_seconds()
+
+
 def launcher_alive(heartbeat: Mapping[str, Any] | None, *, now: datetime.datetime | None = None) -> bool:
-    """Whether the heartbeat says a launcher is running now (beat recently, not ended)."""
+    """Whether the heartbeat says a launcher is running now: not ended, and on this machine its
+    process still runs (checked, not guessed from the beat's age); on another machine, it beat
+    within ``STALE_AFTER_S``."""
     if not heartbeat or heartbeat.get("ended"):
         return False
-    age = ((now or _now()) - datetime.datetime.fromisoformat(heartbeat["time"])).total_seconds()
-    return age <= STALE_AFTER_S
+    alive, _ = process_alive(heartbeat)
+    if alive is not None:
+        return alive
+    return heartbeat_age(heartbeat, now=now) <= STALE_AFTER_S
 
 
 @contextlib.contextmanager

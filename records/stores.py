@@ -115,7 +115,7 @@ def check_tracking_uri(uri: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
     if kind == "sqlite":
         _check_sqlite(uri)
     elif kind in ("http", "https"):
-        _check_http(uri, timeout_s)
+        check_http(uri, timeout_s)
     elif kind in SQL_DATABASE_SCHEMES:
         _check_database(uri, timeout_s)
     # databricks: credentials come from the Databricks config; nothing cheap to check.
@@ -163,7 +163,7 @@ def _host_creds(uri: str):
         return MlflowHostCreds(uri)
 
 
-def _check_http(uri: str, timeout_s: float) -> None:
+def check_http(uri: str, timeout_s: float) -> None:
     from mlflow.utils.rest_utils import http_request
 
     # A real API call rather than /health: it proves the thing listening is MLflow and that

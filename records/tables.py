@@ -11,6 +11,15 @@ rewritten per *other* trial (nothing grows quadratically with the sweep).
 (``s3://bucket/prefix``, ``gs://...``). Local writes go to a hidden temporary
 name and are renamed into place, so a reader never sees half a file; object
 stores make a finished upload visible atomically by themselves.
+
+A copy of the results folder is self-contained: the ``trials`` columns that
+name files (``PATH_COLUMNS``) are stored relative to the results root when they
+lie under it (the default ``<results>/storage``; a separate ``--storage``, e.g.
+``s3://``, stays absolute), and every read gives them back rooted in the
+results folder being read. Rows written before (absolute paths under another
+location of the same folder: ``.../storage/<study>/...``) are re-rooted under
+the folder being read when the file is there, so ``vitsweep analyze`` on a
+moved copy reads the copy's checkpoints, never the original's.
 """
 
 from __future__ import annotations
@@ -74,11 +83,51 @@ def _wide_row(fields: pa.Schema, config: Mapping[str, Any], outcome: Mapping[str
     return pa.table(columns)
 
 
+PATH_COLUMNS = ("checkpoint_path", "snapshot_dir")
+
+
+def _root(results: str) -> str:
+    return (results if "://" in results else os.path.abspath(results)).rstrip("/")
+
+
+def relative_path(results: str, value: Any) -> Any:
+    """A path under the results root, as stored: relative to it (anything else as it is)."""
+    root = _root(results) + "/"
+    return value[len(root):] if isinstance(value, str) and value.startswith(root) else value
+
+
+def rooted_path(results: str, study: str, value: Any) -> Any:
+    """A stored path, as read: a relative one joined to ``results``; an absolute one of an older row
+    re-rooted under ``results`` when it names ``.../storage/<study>/...`` and that file is here."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    root = _root(results)
+    if not value.startswith("/"):
+        return f"{root}/{value}"
+    if "://" in root or value.startswith(root + "/"):
+        return value
+    at = value.rfind(f"/storage/{study}/")
+    if at >= 0 and os.path.exists(root + value[at:]):
+        return root + value[at:]
+    return value
+
+
+def _rooted_rows(results: str, study: str, table: pa.Table) -> pa.Table:
+    for name in PATH_COLUMNS:
+        if name in table.column_names:
+            values = [rooted_path(results, study, v) for v in table.column(name).to_pylist()]
+            table = table.set_column(table.column_names.index(name), name, pa.array(values, type=pa.string()))
+    return table
+
+
 def write_trial(results: str, study: str, config: Mapping[str, Any], outcome: Mapping[str, Any]) -> str:
     """Write (or overwrite) the one ``trials`` row of a trial.
 
     ``config`` is ``RunConfig.to_flat()``; ``outcome`` holds the fixed columns of
-    ``schema.TRIAL_FIELDS`` (missing ones are null)."""
+    ``schema.TRIAL_FIELDS`` (missing ones are null). Paths under ``results`` are stored relative
+    to it (``PATH_COLUMNS``)."""
+    outcome = {**outcome, **{k: relative_path(results, outcome[k]) for k in PATH_COLUMNS if k in outcome}}
+    config = {**config, **{k: relative_path(results, config[k]) for k in PATH_COLUMNS if k in config}}
     return _write(_wide_row(TRIAL_FIELDS, config, outcome), results, study, "trials", outcome["trial_id"])
 
 
@@ -157,11 +206,14 @@ def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     rows = pq.read_table(path, filesystem=fs).to_pylist()
-    return rows[0] if rows else None
+    if not rows:
+        return None
+    return {**rows[0], **{k: rooted_path(results, study, rows[0][k]) for k in PATH_COLUMNS if k in rows[0]}}
 
 
 def read_table(results: str, study: str, table: str) -> pa.Table | None:
-    """A whole table, or None when nothing has been written yet."""
+    """A whole table, or None when nothing has been written yet (the trials' paths rooted in
+    ``results``)."""
     fs, root = filesystem(table_path(results, study, table))
     info = fs.get_file_info(root)
     if info.type != pafs.FileType.Directory:
@@ -175,7 +227,8 @@ def read_table(results: str, study: str, table: str) -> pa.Table | None:
         return None
     # Trials may differ in config columns (a study adds a field): unify by name.
     tables = [pq.read_table(f, filesystem=fs) for f in sorted(files)]
-    return pa.concat_tables(tables, promote_options="default")
+    whole = pa.concat_tables(tables, promote_options="default")
+    return _rooted_rows(results, study, whole) if table == "trials" else whole
 
 
 def _isnan(x: Any) -> bool:

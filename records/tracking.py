@@ -53,7 +53,7 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
   ``log_artifact_file(uri, run_id, path, artifact_dir=None)``,
   ``log_provenance(uri, run_id, config=None) -> dict``,
   ``end_trial_run(uri, run_id, status="FINISHED")``
-- ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=()) -> list[str]``
+- ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=(), finished_trial_ids=()) -> list[str]``
 - ``study_run(uri, experiment_id, name) -> run_id``: the study's own run (the
   report and ``claims.csv``), found again by name; not a trial run
 - ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
@@ -84,6 +84,7 @@ _log = logging.getLogger(__name__)
 TRIAL_ID_TAG = "vitsweep.trial_id"
 ATTEMPT_TAG = "vitsweep.attempt"  # 1 for a fresh run, +1 every time a retry/resume continues it
 ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it is continued
+STOPPED_EARLY_TAG = "vitsweep.stopped_early"  # a scheduler (ASHA) stopped the trial; cleared when continued
 TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
@@ -202,7 +203,7 @@ def start_trial_run(
     """Create the run of ``trial_id`` (run name = trial id), or continue it if it exists.
 
     Continuing sets the status back to RUNNING, bumps ``vitsweep.attempt`` and clears
-    ``vitsweep.error``.
+    ``vitsweep.error`` and ``vitsweep.stopped_early``.
     ``params`` (the flat run config) are logged as MLflow params; those already on
     the run with the same value are skipped. MLflow params are immutable, so a
     param whose value differs from the run's (a config changed between attempts)
@@ -234,8 +235,9 @@ def start_trial_run(
         attempt = int(run.data.tags.get(ATTEMPT_TAG, "1")) + 1
         new_tags[ATTEMPT_TAG] = str(attempt)
         with_retries(f"resume run {run_id}", uri, lambda c: c.update_run(run_id, status="RUNNING"))
-        if ERROR_TAG in run.data.tags:  # the earlier attempt's error no longer describes the run
-            with_retries("clear error tag", uri, lambda c: c.delete_tag(run_id, ERROR_TAG))
+        for stale in (ERROR_TAG, STOPPED_EARLY_TAG):  # the earlier attempt's end no longer describes the run
+            if stale in run.data.tags:
+                with_retries(f"clear tag {stale}", uri, lambda c, t=stale: c.delete_tag(run_id, t))
         _log.info("continuing MLflow run %s of trial %s (attempt %d)", run_id, trial_id, attempt)
     existing = run.data.params
     missing = [Param(k, v) for k, v in wanted.items() if k not in existing]
@@ -378,18 +380,30 @@ def trial_run(
     end_trial_run(uri, run.run_id, "FINISHED")
 
 
-def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[str] = ()) -> list[str]:
-    """Mark FAILED every RUNNING run of the experiment whose trial is not in
-    ``keep_trial_ids``: runs whose process died without ending them (SIGKILL, OOM,
-    lost node). Call it when no trial of the experiment is running except those kept,
-    e.g. after the sweep returns. Returns the trial ids (or run ids) it ended."""
-    keep = set(keep_trial_ids)
-    runs = with_retries("search RUNNING runs", uri,
-                         lambda c: _search_all(c, experiment_id, "attributes.status = 'RUNNING'"))
+def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[str] = (),
+                      finished_trial_ids: Iterable[str] = ()) -> list[str]:
+    """Close every run whose process is gone: call it when no trial of the experiment runs except
+    those in ``keep_trial_ids`` (e.g. after the sweep returns, or before it starts).
+
+    A run whose trial's record says finished (``finished_trial_ids``: the trials table, the
+    record of truth) ends FINISHED, error tag cleared, whatever its status, so a row written
+    ``finished`` whose run could not be closed (an MLflow outage) is not called failed later.
+    Any other RUNNING run (SIGKILL, OOM, a lost node) ends FAILED "orphaned". One search.
+    Returns the trial ids (or run ids) it ended FAILED."""
+    keep, finished = set(keep_trial_ids), set(finished_trial_ids)
+    where = "attributes.status != 'FINISHED'" if finished else "attributes.status = 'RUNNING'"
+    runs = with_retries("search unfinished runs", uri, lambda c: _search_all(c, experiment_id, where))
     ended = []
     for run in runs:
         trial_id = run.data.tags.get(TRIAL_ID_TAG, run.info.run_id)
         if trial_id in keep or STUDY_RUN_TAG in run.data.tags:  # a report being written is no orphan
+            continue
+        if trial_id in finished:
+            if ERROR_TAG in run.data.tags:
+                with_retries("clear error tag", uri, lambda c, r=run.info.run_id: c.delete_tag(r, ERROR_TAG))
+            end_trial_run(uri, run.info.run_id, "FINISHED")
+            continue
+        if run.info.status != "RUNNING":
             continue
         set_tags(uri, run.info.run_id, {ERROR_TAG: "orphaned: its process ended without ending the run"})
         end_trial_run(uri, run.info.run_id, "FAILED")

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from sweeps import run as launcher
+from sweeps.validate import OneLineParser
 
 EXAMPLES = {
     "demo": "vitsweep demo --results results",
@@ -27,8 +28,11 @@ EXAMPLES = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``command``: only that subcommand's arguments are built (``analyze``
+    and ``report`` import numpy, pandas and scipy for theirs, a second or more that a launch, or
+    its refusal, need not wait for)."""
+    parser = OneLineParser(  # a bad argument is one line too (subcommands inherit the class)
         prog="vitsweep",
         description="Sweeps of small ViTs for research on spatial structure: train on Ray Tune + Ray Train, "
         "measure every checkpoint, compare in MLflow and Parquet.",
@@ -58,9 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the studies' metrics and interventions over every checkpoint of a study.",
         epilog=f"example: {EXAMPLES['analyze']}",
     )
-    from analysis import job
+    if command in (None, "analyze"):
+        from analysis import job
 
-    job.add_arguments(analyze)
+        job.add_arguments(analyze)
 
     report = sub.add_parser(
         "report",
@@ -68,9 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Regenerate the papers' figures and the claims table from Parquet.",
         epilog=f"example: {EXAMPLES['report']}",
     )
-    from analysis import report as report_module
+    if command in (None, "report"):
+        from analysis import report as report_module
 
-    report_module.add_arguments(report)
+        report_module.add_arguments(report)
 
     status = sub.add_parser(
         "status",
@@ -85,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     if args.command == "sweep":
         return launcher.run(args)
     if args.command == "demo":
@@ -93,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "analyze":
         from analysis import job
 
-        return job.run(args)
+        try:
+            return job.run(args)
+        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "status":
         from sweeps import status as status_module
 

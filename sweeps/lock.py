@@ -30,6 +30,7 @@ How the lock file is created, per storage:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -58,19 +59,15 @@ def lock_uri(results: str, study: str) -> str:
 
 
 def _proc_start(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces
+    from records.manifest import proc_start
+
+    return proc_start(pid)
 
 
 def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
+    from records.manifest import boot_id
+
+    return boot_id()
 
 
 def _now() -> str:
@@ -126,6 +123,7 @@ class LaunchLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._local = "://" not in self.uri
+        self._made_folder = False  # the study's folder was created for the lock: removed with it when empty
 
     # -- acquire / release ----------------------------------------------------------
     def acquire(self) -> None:
@@ -161,6 +159,14 @@ class LaunchLock:
                 self._remove(self.uri)
         except OSError as exc:  # harmless: the next launch sees this process is gone and takes it over
             log.warning("could not remove the launch lock %s: %s", self.uri, exc)
+        if self._local:
+            with contextlib.suppress(OSError):
+                self._remove(self._tmp_uri())  # a renewal a full disk cut short
+            if self._made_folder:  # a launch refused before it wrote anything leaves no folder
+                try:
+                    Path(self.uri).parent.rmdir()
+                except OSError:  # not empty: the launch wrote its tables there
+                    pass
 
     def __enter__(self) -> Self:
         self.acquire()
@@ -176,7 +182,10 @@ class LaunchLock:
     def _create(self) -> bool:
         """Atomically create the lock file; False if it exists."""
         if self._local:
-            Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(self.uri).parent
+            if not folder.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                self._made_folder = True
             try:
                 fd = os.open(self.uri, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
@@ -274,10 +283,18 @@ class LaunchLock:
                                 describe(current) if current else "nobody (it was removed)")
                     return
                 if self._local:
-                    tmp = f"{self.uri}.{self.token}.tmp"
-                    Path(tmp).write_bytes(self._payload())
-                    os.replace(tmp, self.uri)
+                    tmp = self._tmp_uri()
+                    try:
+                        Path(tmp).write_bytes(self._payload())
+                        os.replace(tmp, self.uri)
+                    except OSError:
+                        with contextlib.suppress(OSError):
+                            self._remove(tmp)  # never leave half a lock file behind (a full disk)
+                        raise
                 else:
                     self._write_remote()
             except OSError as exc:  # a storage hiccup: the next renewal tries again
                 log.warning("could not renew the launch lock %s: %s", self.uri, exc)
+
+    def _tmp_uri(self) -> str:
+        return f"{self.uri}.{self.token}.tmp"

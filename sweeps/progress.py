@@ -60,6 +60,8 @@ def trial_line(k: int, total: int, row: Mapping[str, Any] | None, trial_id: str)
         score = f"{split} {acc:.3f}" if acc is not None else "no score"
         flag = " (did not learn)" if row.get("did_not_learn") else ""
         return head + score + flag + took
+    if status == "running":  # its driver ended but could not write its end: a storage fault, or a kill
+        return head + "ended while its record still says running (see the launch log)"
     why = row.get("error") or "see its MLflow run"
     return head + f"{str(status).upper()} after {row.get('epochs_completed') or 0} epoch(s) ({why}){took}"
 
@@ -95,27 +97,54 @@ class TrialProgress:
             print(trial_line(self.done, self.total, row, trial_id) + eta, file=self.stream or sys.stdout, flush=True)
 
     def summary(self) -> str:
-        parts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
-        return (f"{self.study}: {self.done} of {self.total} trials ended in "
+        """The launch's trials as the trials table has them now (the record of truth, not what this
+        object counted: a restored or missed callback cannot make it wrong)."""
+        from records import tables
+
+        ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
+        counts: dict[str, int] = {}
+        try:
+            table = tables.read_table(self.results, self.study, "trials")
+            rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
+        except OSError:  # the results folder is what failed: what this launch saw is all there is
+            rows, ids, counts = {}, [], dict(self.counts)
+        for trial_id in ids:
+            status = rows.get(trial_id, "unrecorded" if trial_id in self._seen else "not started")
+            counts[status] = counts.get(status, 0) + 1
+        ended = sum(n for s, n in counts.items() if s not in ("running", "not started"))
+        parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        return (f"{self.study}: {ended if ids else self.done} of {self.total} trials ended in "
                 f"{format_duration(time.monotonic() - self.start)} ({parts or 'none'})")
 
-    def as_callback(self):
+    def as_callback(self, watch=None):
+        """The Tune callback; ``watch`` (a ``sweeps.faults.FaultWatch``): once it saw a storage fault,
+        the lines go to the launch log only (the console keeps the fault's one line)."""
         from ray import tune
 
         progress = self
 
+        def ended(trial) -> None:
+            if watch is not None and watch.found:
+                return
+            try:
+                progress.ended(str(trial))  # the custom trial name: the pack id (or trial id)
+            except OSError as exc:  # the row cannot be read: the results storage failed
+                if watch is not None:
+                    watch.add(f"cannot read the trials row of {trial}: {exc}")
+
         class _Callback(tune.Callback):
             def on_trial_complete(self, iteration, trials, trial, **info):
-                progress.ended(str(trial))  # the custom trial name: the pack id (or trial id)
+                ended(trial)
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                progress.ended(str(trial))  # the custom trial name: the pack id (or trial id)
+                ended(trial)
 
         return _Callback()
 
 
-def closing_lines(results: str, study: str, mlflow_uri: str) -> str:
-    """Where everything is, printed last: status, tables, report, and the MLflow runs page."""
+def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = True) -> str:
+    """Where everything is, printed last: status, tables, report (``report``: there is one), and the
+    MLflow runs page."""
     from sweeps.status import study_status
 
     lines = [f"\nvitsweep {study}: results in {results}"]
@@ -128,7 +157,8 @@ def closing_lines(results: str, study: str, mlflow_uri: str) -> str:
         counts = {s: n for s, n in sorted(now["counts"].items()) if n}
         lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
-    lines.append(f"  report:         {results}/{study}/report/index.html")
+    if report:
+        lines.append(f"  report:         {results}/{study}/report/index.html")
     lines.append(f"  status:         vitsweep status {study} --results {results}")
     lines.append("  MLflow:         " + mlflow_view(mlflow_uri))
     return "\n".join(lines)

@@ -6,14 +6,18 @@ Runs as a plain script, so a cluster user can write
         --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
 
 and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong
-(study, PE, data set, protocol, ``--set`` field, storage and MLflow URIs) is
-checked before Ray starts; ``--dry-run`` stops right after that check and
-prints the trial table.
+(study, PE, data set, protocol, ``--set`` field and value, storage and MLflow
+URIs) is checked before Ray starts, names and values (``sweeps.validate``) and
+the launch lock even before torch is imported; ``--dry-run`` stops right after
+that check and prints the trial table. Exit codes: 0 done, 1 a trial failed or
+a storage fault (``sweeps.faults``: one ``error: storage fault`` line, last on
+stderr), 2 a user error (one ``error:`` line).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -27,6 +31,8 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sweeps import STUDIES, load_study, names, progress
+from sweeps.faults import close_unfinished, report_storage_faults  # noqa: F401  (the launcher's epilogue)
+from sweeps.validate import check_args, check_value, parse_overrides  # noqa: F401
 
 log = logging.getLogger("vitsweep")
 STAGES = ("train", "analyze", "report", "all")
@@ -71,81 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its last checkpoint")
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, list[str]]:
-    """``--set KEY=VALUE`` pairs -> {key: [values]}: ``KEY=V1,V2`` sweeps the key over V1 and V2
-    (crossed with the study's grid and with the other swept keys), as Hydra's multirun does."""
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        values = [v.strip() for v in value.split(",")]
-        if not sep or not key.strip() or not all(values):
-            raise ValueError(f"--set expects KEY=VALUE or KEY=V1,V2,..., got {pair!r}")
-        overrides[key.strip()] = values
-    return overrides
-
-
-# (flag, attribute, smallest valid value, whether the value may equal it, integer?)
-# None (flag not given) always means "the study's / the default value".
-NUMERIC_FLAGS = (
-    ("--seeds", "seeds", 1, True, True),
-    ("--epochs", "epochs", 1, True, True),
-    ("--samples", "samples", 1, True, True),
-    ("--gpus-per-trial", "gpus_per_trial", 0, True, False),
-    ("--cpus-per-trial", "cpus_per_trial", 0, False, False),
-    ("--workers-per-trial", "workers_per_trial", 1, True, True),
-    ("--max-concurrent", "max_concurrent", 1, True, True),
-    ("--max-failures", "max_failures", 0, True, True),
-)
-TEXT_FLAGS = (("--datasets", "datasets"), ("--preset", "preset"), ("--results", "results"),
-              ("--storage", "storage"), ("--mlflow-uri", "mlflow_uri"), ("--data-root", "data_root"),
-              ("--address", "address"), ("--defaults-from", "defaults_from"))
-
-
-def check_numbers(args: argparse.Namespace, flags=NUMERIC_FLAGS) -> None:
-    """Every numeric flag in its range (zero epochs is an error, not "the default"):
-    raises ValueError naming the flag, the value and the valid range."""
-    for flag, attr, low, inclusive, integer in flags:
-        value = getattr(args, attr, None)
-        if value is None:
-            continue
-        valid = f"an integer >= {low}" if integer else f"a number {'>=' if inclusive else '>'} {low:g}"
-        if not math.isfinite(value) or (value < low if inclusive else value <= low):
-            raise ValueError(f"{flag} must be {valid}, got {value:g}")
-        if not integer and value and abs(value * 10_000 - round(value * 10_000)) > 1e-6:
-            # Ray's resource precision: a finer fraction is refused only after Ray started.
-            raise ValueError(f"{flag} must be a multiple of 0.0001 (Ray's resource precision), got {value!r}")
-
-
-def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
-    """A text flag given as "" (or only commas and blanks) is an error, never a silent default."""
-    for flag, attr in flags:
-        value = getattr(args, attr, None)
-        if value is not None and not value.replace(",", "").strip():
-            raise ValueError(f"{flag} is empty ({value!r}); omit it for the default, or {_expected(flag)}")
-
-
-def _expected(flag: str) -> str:
-    if flag == "--datasets":
-        return f"pass comma-separated data sets from {list(names.DATASETS)}"
-    if flag == "--preset":
-        return f"pass one of {list(names.PRESETS)}"
-    return "pass a value"
-
-
 def build_trials(args: argparse.Namespace):
     """The study's trial configs; raises ValueError on any bad name or value."""
     from sweeps.common import StudyOptions  # imports torch: not at module level, so --help stays fast
 
     study = load_study(args.study)
-    check_numbers(args)
-    check_texts(args)
+    check_args(args)
     defaults: StudyOptions = study.DEFAULTS
     # At GPU speed an epoch takes seconds: checkpoint by wall time, not every epoch (--set overrides it).
     overrides = {"checkpoint_interval_s": GPU_CHECKPOINT_INTERVAL_S} if args.gpus_per_trial > 0 else {}
     if args.defaults_from:
         from sweeps.hparam import read_defaults
 
-        overrides.update(read_defaults(args.defaults_from))
+        overrides.update({k: check_value(k, v) for k, v in read_defaults(args.defaults_from).items()})
     swept = parse_overrides(args.set)
     datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
     if args.study == "hparam" and any(len(v) > 1 for v in swept.values()):
@@ -209,8 +153,12 @@ def check_data(configs) -> None:
 
 def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
     """(results, storage, mlflow_uri), validated."""
-    from records import stores
+    results, storage = resolve_paths(args)
+    return results, storage, resolve_tracking(args, results)
 
+
+def resolve_paths(args: argparse.Namespace) -> tuple[str, str]:
+    """(results, storage), validated, without importing torch, Ray or MLflow."""
     results = args.results if "://" in args.results else os.path.abspath(args.results)
     storage = args.storage or f"{results.rstrip('/')}/storage"
     if "://" not in storage:
@@ -219,9 +167,15 @@ def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
         if "://" not in uri and os.path.exists(uri) and not os.path.isdir(uri):
             raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
         _check_uri(uri)
+    return results, storage
+
+
+def resolve_tracking(args: argparse.Namespace, results: str) -> str:
+    from records import stores
+
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     stores.check_tracking_uri(mlflow_uri)
-    return results, storage, mlflow_uri
+    return mlflow_uri
 
 
 def _check_uri(uri: str) -> None:
@@ -256,9 +210,11 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
 
 
 def train_stage(args, configs, results, storage, mlflow_uri) -> int:
+    import ray
     from ray import tune
 
-    from records import manifest, provenance, tracking
+    from records import client, manifest, provenance, tracking
+    from sweeps import faults as fault_module
     from trainables.lifecycle import LaunchSettings, finished_trials
     from trainables.ray_start import DRIVER_RESOURCES, init_ray
     from trainables.ray_trial import UNRETRIABLE, run_trial
@@ -274,7 +230,12 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
         provenance={**provenance.provenance(), "code_version": code_version},
     )
     done = finished_trials(results, args.study)
+    # No trial runs now (this launch holds the lock): a run still RUNNING is an earlier launch's
+    # orphan, and a finished trial's run that could not be closed then is closed FINISHED now.
+    tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=done)
     todo = [c for c in configs if c.trial_id not in done]
+    if args.resume:
+        log.info(_resume_line(results, args.study, len(configs), len(todo)))
     if args.study != "hparam":  # a search samples its trials; there is no list to check off
         log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
     if not todo:
@@ -288,32 +249,38 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
              if args.study != "hparam" else [])
     packed = any(len(p.members) > 1 for p in packs)
     members = {p.pack_id: p.trial_ids for p in packs}
+    runs = [*members, *(c.trial_id for c in todo)]  # the Train runs this launch may continue
+    for line in fault_module.set_aside_truncated_train_state(storage, args.study, runs):
+        log.warning(line)
     if args.study != "hparam":  # a search's trials are sampled as it goes: no plan to record
         pack = pack_of(packs)
         plan = manifest.write_manifest(
             results, args.study, planned=[{"trial_id": c.trial_id, "pack": pack.get(c.trial_id)} for c in configs],
             command=[Path(sys.argv[0]).name, *sys.argv[1:]], code_version=code_version)
         tracking.describe_experiment(mlflow_uri, experiment_id, _describe(plan))
+    ray_was_up = ray.is_initialized()
     init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
     _check_store_reach(mlflow_uri)
     # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
     by_id = {c.trial_id: c.to_flat() for c in configs}
     lines = progress.TrialProgress(results, args.study, total=len(todo), members=members)
+    watch = fault_module.FaultWatch(mlflow_uri, client.RETRY_BUDGET_S)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat(), packs=members),
         DRIVER_RESOURCES,
     )
     tune_dir = f"{storage.rstrip('/')}/{args.study}"
-    # A packed sweep always starts a fresh Tuner: the old grid of packs is not what should run now.
-    name = f"tune-packs-{time.strftime('%Y%m%d-%H%M%S')}" if packed else "tune"
-    restore_path = f"{tune_dir}/{name}"
+    # Every launch starts a fresh Tuner over the trials still to run, never Tuner.restore: the trials
+    # table is the record of what is done, each trial continues its own Train checkpoint and MLflow
+    # run by its id, and Tune's saved state (truncated by a full disk, from another Ray, or holding
+    # the killed launcher's callbacks) has nothing a resume needs.
+    name = f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
     if packed:
         log.info("%d trials to run in %d packs", len(todo), len(packs))
-    if args.resume and not packed and tune.Tuner.can_restore(restore_path):
-        log.info("resuming the Tune experiment at %s", restore_path)
-        tuner = tune.Tuner.restore(restore_path, trainable=trainable, resume_errored=True, restart_errored=False)
-    elif args.study == "hparam":
-        tuner = hparam_tuner(args, configs[0], trainable, tune_dir, name)
+    stopped: set[str] = set()  # trials the hparam study's scheduler (ASHA) stopped early
+    if args.study == "hparam":
+        tuner = hparam_tuner(args, configs[0], trainable, tune_dir, name, stopped,
+                             callbacks=[watch.callback()], stop=watch.stopper())
     else:
         tuner = tune.Tuner(
             trainable,
@@ -330,34 +297,48 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                 storage_path=tune_dir,
                 failure_config=tune.FailureConfig(max_failures=args.max_failures),
                 verbose=progress.tune_verbosity(args.verbose),
-                callbacks=[lines.as_callback()],
+                callbacks=[watch.callback(), lines.as_callback(watch)],  # the watch first: it silences the lines
+                stop=watch.stopper(),
             ),
         )
     t0 = time.perf_counter()
-    with manifest.heartbeat(results, args.study):
-        grid = tuner.fit()
-    if args.study != "hparam":
-        print(lines.summary(), flush=True)
-    errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
-    for r in errors:
-        if not r.error:
-            log.error("trial %s failed without retries: %s", r.config.get("trial_id") or r.config.get("pack_id"),
-                      r.metrics[UNRETRIABLE])
-    log.info("train stage: %d trials in %.0f s, %d failed", len(grid), time.perf_counter() - t0, len(errors))
-    base = configs[0]
-    # Packs close their members themselves (finished, or failed with the reason), so only trials
-    # that ran alone can have been stopped early.
-    stopped = {
-        r.config["trial_id"] if "trial_id" in r.config else
-        members[r.config["pack_id"]][0] if "pack_id" in r.config else base.with_overrides(r.config).trial_id
-        for r in grid
-        if not any(r is e for e in errors)
-        and ("pack_id" not in r.config or len(members[r.config["pack_id"]]) == 1)
-    }
-    faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped)
-    if faults:
-        report_storage_faults(faults)
-        return 1
+    launch_log = fault_module.LaunchLog(results, args.study)
+    grid, errors = None, []
+    try:
+        with manifest.heartbeat(results, args.study), fault_module.routed(launch_log, args.verbose), watch:
+            try:
+                grid = tuner.fit()
+                errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
+                for r in errors:
+                    why = fault_module.classify(r.error) if r.error else None
+                    if why:
+                        watch.add(why)
+                    elif not r.error:
+                        log.error("trial %s failed without retries: %s",
+                                  r.config.get("trial_id") or r.config.get("pack_id"), r.metrics[UNRETRIABLE])
+            except Exception as exc:  # noqa: BLE001 - classified; anything else is raised as it is
+                why = fault_module.classify(exc)
+                if why is None:
+                    raise
+                logging.getLogger("vitsweep.tune").error("Tune ended with a storage fault", exc_info=True)
+                watch.add(why)
+            if args.study != "hparam":
+                print(lines.summary(), flush=True)
+            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
+                     len(errors), "; stopped by a storage fault" if watch.found else "")
+            reason = ("storage fault: " + watch.found[0]) if watch.found else \
+                "the launch ended before the trial finished (interrupted, or its driver was killed)"
+            faults = close_unfinished(results, args.study, mlflow_uri, experiment_id, stopped, reason,
+                                      tracking_down=watch.tracking_down)
+            for line in watch.found + faults:
+                launch_log.write_text(f"storage fault: {line}")
+    finally:
+        launch_log.close()
+    if watch.found or faults:
+        if not ray_was_up:  # Ray's shutdown chatter comes before the one line, not after it
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+        raise fault_module.StorageFault(watch.found + faults, launch_log.path)
     if args.study == "hparam":
         from sweeps import hparam
 
@@ -366,7 +347,25 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
                                  condition=configs[0].to_flat(), n_trials=len(grid))
         log.info("best %s %.4f with %s -> %s", hparam.METRIC, best.metrics[hparam.METRIC],
                  {k: best.config[k] for k in hparam.SEARCHED}, path)
+    if args.study != "hparam" and not errors:  # e.g. Ctrl-C: Tune returns, its trials cut short
+        from records import tables
+
+        table = tables.read_table(results, args.study, "trials")
+        ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
+        left = [c.trial_id for c in todo if c.trial_id not in ended]
+        if left:
+            log.warning("%d trial(s) did not finish; `--resume` continues them", len(left))
+            return 1
     return 1 if errors else 0
+
+
+def _resume_line(results: str, study: str, planned: int, todo: int) -> str:
+    from records import tables
+
+    if tables.read_table(results, study, "trials") is None:
+        return f"--resume: study {study!r} has no records in {results}; starting it fresh"
+    return (f"--resume: {todo} of {planned} trials unfinished (from the trials table); a fresh Tune run "
+            "continues each from its own checkpoint and MLflow run")
 
 
 def _describe(plan: dict) -> str:
@@ -390,76 +389,38 @@ def _check_store_reach(mlflow_uri: str) -> None:
         )
 
 
-def hparam_tuner(args, base, trainable, tune_dir: str, name: str):
-    """Optuna (TPE) proposals + ASHA early stopping around one base condition."""
+def hparam_tuner(args, base, trainable, tune_dir: str, name: str, stopped: set[str], **run_config):
+    """Optuna (TPE) proposals + ASHA early stopping around one base condition. ``stopped`` collects
+    the trial ids ASHA stops: only those may be recorded as stopped early."""
     from ray import tune
+    from ray.tune.schedulers import TrialScheduler
 
     from sweeps import hparam
 
+    scheduler = hparam.scheduler(base.epochs)
+    decide = scheduler.on_trial_result
+
+    def on_trial_result(tune_controller, trial, result):
+        decision = decide(tune_controller, trial, result)
+        if decision == TrialScheduler.STOP:
+            stopped.add(base.with_overrides(trial.config).trial_id)
+        return decision
+
+    scheduler.on_trial_result = on_trial_result
     return tune.Tuner(
         trainable,
         param_space=hparam.search_space(base.epochs),
         tune_config=tune.TuneConfig(
             search_alg=hparam.searcher(seed=base.seed),
-            scheduler=hparam.scheduler(base.epochs),
+            scheduler=scheduler,
             num_samples=args.samples or hparam.DEFAULT_SAMPLES,
             max_concurrent_trials=max_concurrent(args),
             metric=hparam.METRIC,
             mode=hparam.MODE,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=progress.tune_verbosity(args.verbose)),
+        run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=progress.tune_verbosity(args.verbose),
+                                  **run_config),
     )
-
-
-def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str]) -> list[str]:
-    """After Tune returns no trial runs, so nothing may stay "running". ``stopped``:
-    trials Tune ended without an error before they finished, i.e. a scheduler (ASHA)
-    stopped them; their driver may have recorded the stop as a failure. They become
-    "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any other unfinished
-    trial (a killed driver) becomes "failed".
-
-    Storage faults (a read-only or full results folder, an MLflow outage) do not stop
-    the rest: each row and each run is closed on its own, and every MLflow run still
-    RUNNING ends FAILED. Returns one line per fault (empty: none)."""
-    from records import tables, tracking
-
-    faults: list[str] = []
-    try:
-        table = tables.read_table(results, study, "trials")
-        rows = table.to_pylist() if table is not None else []
-    except OSError as exc:
-        faults.append(f"cannot read the trials table under {results}: {exc}")
-        rows = []
-    for row in rows:
-        early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
-        if not early and row["status"] != "running":
-            continue
-        try:
-            tables.write_trial(results, study, row, {**row, "status": "stopped" if early else "failed"})
-        except OSError as exc:
-            faults.append(f"cannot write the trials row of {row['trial_id']}: {exc}")
-        try:
-            run_id = tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
-            if run_id is not None:
-                if early:
-                    tracking.set_tags(mlflow_uri, run_id, {"vitsweep.stopped_early": "true", "vitsweep.error": ""})
-                tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
-        except Exception as exc:  # noqa: BLE001 - TrackingError after its retries, or the store's own error
-            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
-    try:
-        tracking.end_orphaned_runs(mlflow_uri, experiment_id)
-    except Exception as exc:  # noqa: BLE001 - reported with the other faults
-        faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
-    return faults
-
-
-def report_storage_faults(faults: list[str]) -> None:
-    """One line on stderr for the whole epilogue (details go to the log)."""
-    for fault in faults:
-        log.warning("storage fault: %s", fault)
-    more = f" (and {len(faults) - 1} more, logged above)" if len(faults) > 1 else ""
-    print(f"error: storage fault: {faults[0]}{more}; fix the storage, then launch again with --resume",
-          file=sys.stderr)
 
 
 def _trial_name(trial) -> str:
@@ -467,7 +428,9 @@ def _trial_name(trial) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from sweeps.validate import OneLineParser
+
+    parser = OneLineParser(
         prog="sweeps/run.py",
         description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
         epilog="example: python sweeps/run.py demo --stage all   |   python sweeps/run.py study_l --dry-run",
@@ -486,37 +449,70 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     progress.configure_console(getattr(args, "verbose", False))  # before Ray is imported: it reads these once
+    fault = None
     try:
-        configs = build_trials(args)
-        packs = build_packs(args, configs)
+        # Names, values and the launch lock before torch, Ray or MLflow is imported: a bad value or a
+        # refused second launch answers in a moment.
+        check_args(args)
         if args.dry_run:
-            if args.json:
-                from sweeps.packs import pack_of
-
-                pack = pack_of(packs)
-                json.dump([{**c.to_flat(), "trial_id": c.trial_id, "pack": pack[c.trial_id]} for c in configs],
-                          sys.stdout, indent=1)
-                print()
-            else:
-                from sweeps import estimate
-
-                print_table(configs, packs=packs)
-                print(estimate.estimate(configs, packs, estimate.load_table()))
-            return 0
-        results, storage, mlflow_uri = resolve_locations(args)
-        if args.stage in ("train", "all"):
-            check_data(configs)
+            return dry_run(args)
+        results, storage = resolve_paths(args)
         from sweeps.lock import LaunchLock
 
         with LaunchLock(results, args.study):
+            configs = build_trials(args)
+            build_packs(args, configs)
+            mlflow_uri = resolve_tracking(args, results)
+            if args.stage in ("train", "all"):
+                check_data(configs)
             try:
                 return _stages(args, configs, results, storage, mlflow_uri)
-            except OSError as exc:  # pyarrow's and the OS's I/O errors: a full or read-only folder
-                report_storage_faults([f"{type(exc).__name__}: {exc}"])
-                return 1
+            except ValueError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a storage fault ends in one line; anything else raises
+                from sweeps import faults
+
+                why = faults.classify(exc)
+                if why is None:
+                    raise
+                fault = exc if isinstance(exc, faults.StorageFault) else _logged_fault(results, args.study, why)
+        # (the lock is released here, so its own warnings come before the one line)
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    report_storage_faults(fault.lines, fault.log_path)
+    return 1
+
+
+def _logged_fault(results: str, study: str, why: str):
+    """A storage fault outside Tune (a manifest, a table, an MLflow call of the launcher): its
+    traceback goes to a launch log too."""
+    import traceback
+
+    from sweeps import faults
+
+    launch_log = faults.LaunchLog(results, study)
+    launch_log.write_text(traceback.format_exc())
+    launch_log.close()
+    return faults.StorageFault([why], launch_log.path)
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    configs = build_trials(args)
+    packs = build_packs(args, configs)
+    if args.json:
+        from sweeps.packs import pack_of
+
+        pack = pack_of(packs)
+        json.dump([{**c.to_flat(), "trial_id": c.trial_id, "pack": pack[c.trial_id]} for c in configs],
+                  sys.stdout, indent=1)
+        print()
+    else:
+        from sweeps import estimate
+
+        print_table(configs, packs=packs)
+        print(estimate.estimate(configs, packs, estimate.load_table()))
+    return 0
 
 
 def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
@@ -537,8 +533,20 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
 
         path = build_report(results, args.study, mlflow_uri=mlflow_uri)
         log.info("report: %s", path)
-    print(progress.closing_lines(results, args.study, mlflow_uri), flush=True)  # the summary comes last
+    # The summary comes last; it names the report only when there is one.
+    report = args.stage in ("report", "all") or _report_exists(results, args.study)
+    print(progress.closing_lines(results, args.study, mlflow_uri, report=report), flush=True)
     return status
+
+
+def _report_exists(results: str, study: str) -> bool:
+    from records.tables import filesystem
+
+    try:
+        fs, path = filesystem(f"{results.rstrip('/')}/{study}/report/index.html")
+        return fs.get_file_info(path).size is not None
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def study_status(results: str, study: str) -> dict[str, Any]:
         found = tables.list_studies(results)
         raise ValueError(f"no study {study!r} in {results}; studies there: {found or 'none'}")
     beat = manifest.read_heartbeat(results, study)
-    alive = manifest.launcher_alive(beat)
+    alive = manifest.launcher_alive(beat)  # on this machine: its pid checked, as the launch lock does
+    checked = bool(beat) and manifest.process_alive(beat)[0] is not None
     rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
     state = {tid: ("stale" if s == "running" and not alive else s) for tid, s in rows.items()}
     planned = [p["trial_id"] for p in plan["planned"]] if plan else []
@@ -47,10 +48,13 @@ def study_status(results: str, study: str) -> dict[str, Any]:
         "launch": plan,
         "heartbeat": beat,
         "alive": alive,
+        "pid_checked": checked,
     }
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
+    from records import manifest
+
     counts, plan, beat = status["counts"], status["launch"], status["heartbeat"]
     now = now or datetime.datetime.now(datetime.timezone.utc)
     lines = []
@@ -63,12 +67,16 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
     lines.append("  " + ", ".join(f"{s} {counts[s]}" for s in STATES if s != "pending" or plan))
     if beat:
         age = (now - datetime.datetime.fromisoformat(beat["time"])).total_seconds()
-        if status["alive"]:
-            lines.append(f"  launcher: running on {beat['host']} (pid {beat['pid']}), last heartbeat {age:.0f} s ago")
+        if status["alive"] and status.get("pid_checked"):
+            lines.append(f"  launcher: running on this machine (pid {beat['pid']}), last heartbeat {age:.0f} s ago")
+        elif status["alive"]:
+            lines.append(f"  launcher: running on {beat['host']} by its heartbeat, {age:.0f} s ago (its pid "
+                         f"{beat['pid']} cannot be checked from here; stale after {manifest.STALE_AFTER_S:.0f} s)")
         elif beat.get("ended"):
             lines.append(f"  launcher: ended {beat['time']}")
         else:
-            lines.append(f"  launcher: not alive (last heartbeat {age:.0f} s ago); "
+            why = manifest.process_alive(beat)[1] or f"last heartbeat {age:.0f} s ago"
+            lines.append(f"  launcher: not alive ({why}); "
                          "`vitsweep sweep STUDY --resume` continues the unfinished trials")
     for s in ("stale", "failed", "running"):
         if status["ids"][s]:

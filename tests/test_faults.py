@@ -113,10 +113,60 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
     assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
     assert set(runs) == set(statuses)
 
-    launcher.report_storage_faults(faults)
+    runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    assert runs.loc["a", "tags.vitsweep.error"] == "the launch ended before the trial finished"
+
+    launcher.report_storage_faults(faults, "/x/launch.log")
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
     assert line.startswith("error: storage fault: cannot write the trials row of a: ")
-    assert "(and 1 more, logged above); fix the storage, then launch again with --resume" in line
+    assert "(and 1 more); details in /x/launch.log; fix the storage, then launch again with --resume" in line
+
+
+def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
+    """Only a scheduler's stop is "stopped"; an unfinished trial is failed with its reason in its row and
+    its run; a trial whose row says finished has its run FINISHED even when the run was left RUNNING or
+    an earlier epilogue called it an orphan; a continued run loses the stopped-early tag."""
+    from records import stores, tables, tracking
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    experiment = tracking.ensure_experiment(uri, "demo")
+    runs = {t: tracking.start_trial_run(uri, experiment, t, params={"lr": 1e-3})
+            for t in ("done", "orphaned_done", "cut", "asha", "broken")}
+    rows = {"done": "finished", "orphaned_done": "finished", "cut": "running", "asha": "running", "broken": "failed"}
+    for t, status in rows.items():
+        tables.write_trial(results, "demo", {"lr": 1e-3}, {"trial_id": t, "study": "demo", "status": status,
+                                                          "mlflow_run_id": runs[t],
+                                                          "error": "loss is nan" if t == "broken" else None})
+    tracking.set_tags(uri, runs["orphaned_done"], {tracking.ERROR_TAG: "orphaned: ..."})
+    tracking.end_trial_run(uri, runs["orphaned_done"], "FAILED")  # what the old epilogue did
+    tracking.end_trial_run(uri, runs["broken"], "FAILED")
+
+    assert launcher.close_unfinished(results, "demo", uri, experiment, stopped={"asha"},
+                                     reason="storage fault: OSError: [Errno 28] No space left on device") == []
+    got = {r["trial_id"]: r for r in tables.read_table(results, "demo", "trials").to_pylist()}
+    assert {t: r["status"] for t, r in got.items()} == {
+        "done": "finished", "orphaned_done": "finished", "cut": "failed", "asha": "stopped", "broken": "failed"}
+    assert got["cut"]["error"].startswith("storage fault: OSError: [Errno 28]") and got["broken"]["error"] == "loss is nan"
+    mlflow = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    assert mlflow["status"].to_dict() == {"done": "FINISHED", "orphaned_done": "FINISHED", "cut": "FAILED",
+                                          "asha": "FINISHED", "broken": "FAILED"}
+    assert mlflow.loc["cut", "tags.vitsweep.error"].startswith("storage fault: OSError: [Errno 28]")
+    assert mlflow.loc["asha", "tags.vitsweep.stopped_early"] == "true"
+    assert mlflow.get("tags.vitsweep.error", {}).get("orphaned_done") in (None, "") or \
+        pd_isna(mlflow.loc["orphaned_done", "tags.vitsweep.error"])
+
+    again = tracking.start_trial_run(uri, experiment, "asha", params={"lr": 1e-3})  # a later launch continues it
+    assert again == runs["asha"]
+    tags = tracking.search_trial_runs(uri, "demo").set_index("trial_id").loc["asha"]
+    assert tags["status"] == "RUNNING" and pd_isna(tags.get("tags.vitsweep.stopped_early"))
+
+
+def pd_isna(value) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value))
 
 
 @pytest.mark.parametrize("command", ["analyze", "report"])
@@ -131,3 +181,196 @@ def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys
     assert cli.main([command, "nosuchstudy", "--results", str(results)]) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
+
+
+def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
+    """Paths under the results root are stored relative to it, and an older row's absolute path is
+    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved."""
+    import shutil
+
+    from analysis.job import Measurer, list_checkpoints
+    from records import tables
+
+    original = tmp_path / "results"
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
+                                data_root=str(tmp_path / "data"))
+    for trial_id in ("old", "new"):
+        storage = original / "storage" / "demo"
+        (storage / "checkpoints" / trial_id).mkdir(parents=True)
+        torch.save({"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": 1},
+                   storage / "checkpoints" / trial_id / "state.pt")
+        (storage / "snapshots" / trial_id).mkdir(parents=True)
+        shutil.copy(storage / "checkpoints" / trial_id / "state.pt", storage / "snapshots" / trial_id / "epoch_0000.pt")
+        outcome = {"trial_id": trial_id, "study": "demo", "status": "finished", "epochs_completed": 1,
+                   "checkpoint_path": str(storage / "checkpoints" / trial_id),
+                   "snapshot_dir": str(storage / "snapshots" / trial_id)}
+        with monkeypatch.context() as m:
+            if trial_id == "old":  # a row of today's tables: absolute paths
+                m.setattr(tables, "relative_path", lambda results, value: value)
+            tables.write_trial(str(original), "demo", cfg.to_flat(), outcome)
+    import pyarrow.parquet as pq
+
+    stored = {r["trial_id"]: r for r in pq.read_table(original / "demo" / "trials").to_pylist()}
+    assert stored["new"]["checkpoint_path"] == "storage/demo/checkpoints/new"
+    assert stored["old"]["checkpoint_path"] == str(original / "storage/demo/checkpoints/old")
+
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    for moment in ("original still there", "original moved away"):
+        paths = [r["path"] for r in list_checkpoints(str(copy), "demo", "all")]
+        assert len(paths) == 4 and all(p.startswith(f"{copy}/storage/demo/") for p in paths), (moment, paths)
+        assert tables.read_trial(str(copy), "demo", "old")["snapshot_dir"] == f"{copy}/storage/demo/snapshots/old"
+        if original.exists():
+            original.rename(tmp_path / "moved")
+    measurer = Measurer(str(copy), "demo", None, eval_size=8, batch_size=8, threads=1)
+    row = next(r for r in list_checkpoints(str(copy), "demo") if r["trial_id"] == "old")
+    out = measurer({k: [v] for k, v in row.items()})
+    assert str(out["status"][0]) == "ok" and int(out["rows"][0]) > 0, out["status"][0]
+
+
+def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
+    from records import tables
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    assert launcher._resume_line(results, "demo", 4, 4) == (
+        f"--resume: study 'demo' has no records in {results}; starting it fresh")
+    tables.write_trial(results, "demo", {}, {"trial_id": "t", "study": "demo", "status": "finished"})
+    assert launcher._resume_line(results, "demo", 4, 3).startswith("--resume: 3 of 4 trials unfinished")
+
+
+@pytest.mark.parametrize("exc, words", [
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system"), "Read-only file system"),
+    (OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"), "errno 28"),
+    (EOFError("Ran out of input"), "a Tune state file is truncated (EOFError"),
+    (__import__("pickle").UnpicklingError("pickle data was truncated"), "a Tune state file is truncated"),
+    (RuntimeError("Traceback ...\n  File x\nOSError: [Errno 122] Disk quota exceeded: '/r/t'"), "Disk quota exceeded"),
+    (RuntimeError("TrackingError: log_metrics on MLflow 'http://h' still failing"), "MLflow unreachable: log_metrics"),
+])
+def test_storage_faults_are_recognised_wherever_they_hide(exc, words):
+    from records.stores import TrackingError
+    from sweeps import faults
+
+    wrapped = RuntimeError("Tune failed")
+    wrapped.__cause__ = exc
+    for e in (exc, wrapped):
+        assert words in faults.classify(e), e
+    assert faults.classify(ValueError("a bug")) is None and faults.classify(KeyError("trial_id")) is None
+    assert faults.classify(TrackingError("down")).startswith("MLflow unreachable: down")
+
+
+def test_a_tracking_server_that_stops_answering_stops_the_sweep_after_the_budget(monkeypatch):
+    """The launcher's probe: a server gone for the retry budget is a storage fault, and the Tune
+    stopper then stops the whole experiment (the trials' own calls give up within the same budget)."""
+    import pickle
+    import socket
+    import time
+
+    from sweeps import faults
+
+    with socket.socket() as s:  # a port nobody listens on: a killed server
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(faults, "PROBE_INTERVAL_S", 0.2)
+    watch = faults.FaultWatch(uri, budget_s=1.0)
+    stopper = watch.stopper()
+    assert not stopper.stop_all()
+    start = time.monotonic()
+    with watch:
+        while not watch.found and time.monotonic() - start < 10:
+            time.sleep(0.05)
+    (line,) = watch.found
+    assert line.startswith(f"MLflow tracking server '{uri}' did not answer for ") and "(budget 1 s)" in line
+    assert stopper.stop_all() and not stopper("t", {}) and watch.tracking_down
+    assert pickle.loads(pickle.dumps(watch)).found == watch.found  # Tune pickles it with its state
+
+
+def test_with_the_tracking_server_gone_the_epilogue_closes_rows_and_leaves_mlflow_alone(tmp_path):
+    from records import tables
+    from sweeps import run as launcher
+
+    results = str(tmp_path / "results")
+    tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
+    faults = launcher.close_unfinished(results, "demo", "http://127.0.0.1:9", "0", set(), "storage fault: gone",
+                                       tracking_down=True)  # port 9: a call would be refused, and retried
+    assert faults == ["the MLflow runs of the unfinished trials are left for the next launch to close "
+                      "(the tracking server does not answer)"]
+    row = tables.read_trial(results, "demo", "a")
+    assert row["status"] == "failed" and row["error"] == "storage fault: gone"
+
+
+@pytest.fixture()
+def full_disk(tmp_path):
+    """A real 2 MiB tmpfs (needs mount rights; skipped without), filled up by the test."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+
+    def fill():
+        with open(mount / "ballast", "wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+
+    import contextlib
+
+    yield mount, fill
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(full_disk, monkeypatch, caplog):
+    import logging
+    import time
+
+    from records import tables
+    from sweeps import faults
+    from sweeps import lock as lock_module
+    from sweeps.lock import LaunchLock
+
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)  # the lock renews its lease while the disk is full
+    mount, fill = full_disk
+    results = str(mount / "results")
+    tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
+    launch_log = faults.LaunchLog(results, "demo")
+    assert launch_log.path.startswith(results)
+    lock = LaunchLock(results, "demo")
+    lock.acquire()
+    fill()
+    with pytest.raises(OSError) as info:  # pyarrow's own wording of ENOSPC
+        tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "failed"})
+    assert "No space left on device" in faults.classify(info.value)
+    launch_log.emit(logging.LogRecord("ray.tune", logging.ERROR, __file__, 0, "%s", ("x" * 100_000,), None))
+    assert not launch_log.path.startswith(results)  # the tracebacks of the fault itself are kept
+    assert "x" * 1000 in open(launch_log.path).read()
+    launch_log.close()
+    caplog.set_level(logging.WARNING, logger="vitsweep")
+    deadline = time.monotonic() + 10
+    while "could not renew the launch lock" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "No space left on device" in caplog.text
+    assert [p.name for p in (mount / "results" / "demo").glob(".launch.lock*")] == [".launch.lock"]  # no temp
+    lock.release()
+    assert not list((mount / "results" / "demo").glob(".launch.lock*"))
+
+
+def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over(tmp_path):
+    """A full disk leaves Ray Train's checkpoint list empty; Train then fails the trial on every retry."""
+    import json
+
+    from sweeps import faults
+
+    storage = tmp_path / "storage"
+    for name, text in (("cut", ""), ("half", '{"checkpoint_results": [{"che'), ("good", json.dumps({"a": 1}))):
+        (storage / "demo" / "train" / name).mkdir(parents=True)
+        (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).write_text(text)
+    lines = faults.set_aside_truncated_train_state(str(storage), "demo", ["cut", "half", "good", "never-ran", "cut"])
+    assert [line.split(": run ")[-1] for line in lines] == ["cut starts over", "half starts over"]
+    for name in ("cut", "half"):
+        assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()
+        assert len(list((storage / "demo" / "train" / name).glob(f"{faults.TRAIN_SNAPSHOT}.truncated-*"))) == 1
+    assert (storage / "demo" / "train" / "good" / faults.TRAIN_SNAPSHOT).read_text() == '{"a": 1}'

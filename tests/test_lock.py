@@ -127,3 +127,16 @@ def test_an_unreadable_lock_is_respected_briefly_then_taken_over(tmp_path, caplo
     with LaunchLock(str(tmp_path), "demo") as taken:
         assert json.loads(uri.read_text())["token"] == taken.token
     assert "not readable JSON" in caplog.text
+
+
+def test_release_removes_a_half_written_renewal_and_the_folder_it_made(tmp_path):
+    results = str(tmp_path / "results")
+    lock = LaunchLock(results, "demo")
+    lock.acquire()
+    Path(f"{lock.uri}.{lock.token}.tmp").write_bytes(b'{"tok')  # a renewal a full disk cut short
+    lock.release()
+    assert not (tmp_path / "results" / "demo").exists()  # nothing left: not the lock, its temp, the folder
+    (tmp_path / "results" / "demo" / "trials").mkdir(parents=True)
+    with LaunchLock(results, "demo"):
+        pass
+    assert sorted(p.name for p in (tmp_path / "results" / "demo").iterdir()) == ["trials"]  # a study's folder stays

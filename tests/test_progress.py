@@ -43,3 +43,20 @@ def test_the_callback_survives_tunes_pickling_on_a_real_terminal(tmp_path):
 
     p = progress.TrialProgress(str(tmp_path), "s", total=1, members={})
     assert pickle.loads(ray.cloudpickle.dumps(p.as_callback())) is not None
+
+
+def test_the_closing_lines_name_a_report_only_when_there_is_one(tmp_path):
+    results = str(tmp_path)
+    tables.write_trial(results, "s", {}, {"trial_id": "a", "study": "s", "status": "finished"})
+    after_train = progress.closing_lines(results, "s", "sqlite:////x/mlflow.db", report=False)
+    assert "report:" not in after_train and "trials: 1 finished" in after_train
+    assert f"report:         {results}/s/report/index.html" in progress.closing_lines(results, "s", "sqlite:////x.db")
+
+
+def test_the_summary_comes_from_the_trials_table_not_from_what_the_callback_counted(tmp_path):
+    # A restored Tune run revives the killed launcher's callback: the summary must not depend on it.
+    results = str(tmp_path)
+    for tid, state in (("a", "finished"), ("b", "failed")):
+        tables.write_trial(results, "s", {}, {"trial_id": tid, "study": "s", "status": state})
+    p = progress.TrialProgress(results, "s", total=3, members={"a": ["a"], "b": ["b"], "c": ["c"]}, stream=io.StringIO())
+    assert p.summary().startswith("s: 2 of 3 trials ended") and "(1 failed, 1 finished, 1 not started)" in p.summary()

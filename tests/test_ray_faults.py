@@ -1,63 +1,118 @@
-"""A storage fault mid-sweep on a real local Ray: the trials folder turns read-only
-(immutable) while trials run. Nothing stays RUNNING, the launcher reports the fault in
-one line and exits non-zero without raising; ``--resume`` then recovers every trial,
-each MLflow step logged once."""
+"""Storage faults mid-sweep on a real local Ray, each launcher a real process with its own Ray.
 
-import threading
+A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process of the sweep) makes each
+Parquet write under the results folder raise ``OSError(ENOSPC)``, then ``OSError(EROFS)``, from the
+moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
+naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
+called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
+exactly the unfinished trials, each MLflow step logged once."""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import FAST_DEMO
-from test_faults import chattr, freezable  # noqa: F401  (the fixture)
+from test_ray_resume import kill_ray_under
 
-from records import stores, tracking
+from records import stores, tables, tracking
 
 pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ["demo", "--set", "epochs=2", "--set", "max_train_images=1024", "--max-failures", "0"]
 
 
-def test_read_only_results_mid_run_then_resume_recovers(ray_local, tmp_path, freezable, capsys):  # noqa: F811
-    from sweeps import run as launcher
+def _launch(results: Path, *extra: str, ray_tmp: str, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": f"{ROOT / 'tests' / 'faultfs'}{os.pathsep}{ROOT}", "VITSWEEP_TEST_FAULT_DIR": str(results)}
+    return subprocess.Popen([sys.executable, "sweeps/run.py", *SWEEP, "--results", str(results), *extra], cwd=ROOT,
+                            env=env, start_new_session=True, stdout=open(out.with_suffix(".out"), "w"),  # noqa: SIM115
+                            stderr=open(out.with_suffix(".err"), "w"))  # noqa: SIM115
 
+
+def _assert_one_fault_line(out: Path, words: str) -> str:
+    err = out.with_suffix(".err").read_text().strip().splitlines()
+    last = err[-1]
+    assert last.startswith("error: storage fault: ") and words in last, err[-20:]
+    assert last.endswith("fix the storage, then launch again with --resume")
+    assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in x for x in err), err
+    log = Path(re.search(r"; details in (\S+);", last).group(1))
+    text = log.read_text()
+    assert words in text and "Traceback" in text  # Ray's and Tune's tracebacks are kept, in the log
+    return last
+
+
+def _no_run_running(results: Path) -> None:
+    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(results)), "demo")
+    assert "RUNNING" not in set(runs["status"]), runs[["trial_id", "status"]]
+    table = tables.read_table(str(results), "demo", "trials")
+    assert table is None or "stopped" not in set(table.column("status").to_pylist())  # no scheduler here
+
+
+def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp_path):
     results = tmp_path / "results"
-    trials_dir = results / "demo" / "trials"
-    parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
-    argv = ["demo", "--results", str(results), *FAST_DEMO, "--max-failures", "0"]
-
-    done = threading.Event()
-
-    def freeze_at_first_row():  # the first trial is running: from now on no row can be written
-        while not done.wait(0.2):
-            if trials_dir.is_dir() and any(p.name.endswith(".parquet") for p in trials_dir.iterdir()):
-                freezable(trials_dir)
-                return
-
-    watcher = threading.Thread(target=freeze_at_first_row, daemon=True)
-    watcher.start()
+    fault = results / ".fault"
+    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
     try:
-        assert launcher.run(parser.parse_args(argv)) == 1  # returns: no traceback out of the launcher
-    finally:
-        done.set()
-        watcher.join()
-    errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith("error: storage fault: cannot write the trials row of "), errors
-    uri = stores.default_tracking_uri(str(results))
-    runs = tracking.search_trial_runs(uri, "demo")
-    assert len(runs) == 4 and set(runs["status"]) == {"FAILED"}, runs[["trial_id", "status"]]
-    assert runs["tags.vitsweep.error"].str.startswith("storage fault: ").all()
+        # 1. The disk fills up once the first epoch is recorded.
+        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "full")
+        deadline = time.time() + 420
+        while proc.poll() is None and time.time() < deadline:
+            if (results / "demo" / "epochs").is_dir() and any((results / "demo" / "epochs").glob("*.parquet")):
+                fault.write_text("ENOSPC")
+                break
+            time.sleep(0.2)
+        assert proc.wait(timeout=420) == 1
+        _assert_one_fault_line(tmp_path / "full", "No space left on device")
+        _no_run_running(results)
 
-    chattr(trials_dir, "-i")  # the storage is fixed
-    assert launcher.run(parser.parse_args([*argv, "--resume"])) == 0
-    trials = pq.read_table(trials_dir).to_pandas()
+        # 2. Launched again onto a read-only folder: the first trial's first write fails.
+        fault.write_text("EROFS")
+        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "ro")
+        assert proc.wait(timeout=420) == 1
+        _assert_one_fault_line(tmp_path / "ro", "Read-only file system")
+        _no_run_running(results)
+
+        # 3. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
+        fault.unlink()
+        states = list((results / "storage" / "demo").glob("tune-*/experiment_state-*.json"))
+        assert states
+        for state in states:
+            state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 3])
+        # ... and so is Ray Train's checkpoint list of a trial that did not finish (it would fail every retry).
+        unfinished = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
+                      if r["status"] != "finished"}
+        lists = [p for p in (results / "storage" / "demo" / "train").glob("*/checkpoint_manager_snapshot.json")
+                 if p.parent.name in unfinished]
+        for cut in lists[:1]:
+            cut.write_bytes(b"")
+        before = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
+                  if r["status"] == "finished"}
+        proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
+        assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
+    finally:
+        for temp in temps:
+            kill_ray_under(temp)
+    err = (tmp_path / "fixed.err").read_text()
+    assert all(f"set aside as {cut}.truncated-" in err for cut in lists[:1])
+    assert f"--resume: {4 - len(before)} of 4 trials unfinished" in err
+    assert f"demo: {4 - len(before)} of {4 - len(before)} trials ended" in (tmp_path / "fixed.out").read_text()
+    trials = pq.read_table(results / "demo" / "trials").to_pandas()
     assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    uri = stores.default_tracking_uri(str(results))
     runs = tracking.search_trial_runs(uri, "demo")
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"]) and set(runs["status"]) == {"FINISHED"}
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    for run_id in runs["run_id"]:  # trials that had trained fully before the fault log nothing twice
+    for run_id in runs["run_id"]:  # each step once, across the three launches
         assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
+    assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 
 
 def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_local, tmp_path):

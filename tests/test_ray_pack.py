@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_ray_resume import ROOT, kill_ray_under
 
-from records import stores, tracking
+from records import stores, tables, tracking
 from sweeps import run as launcher
 from trainables import checkpoints
 
@@ -52,7 +52,7 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
         kill_ray_under(ray_tmp)
     assert marker.exists()  # the worker was killed (after the diverged member was closed) and retried
 
-    trials = pq.read_table(results / "demo" / "trials").to_pandas().set_index("trial_id")
+    trials = tables.read_table(str(results), "demo", "trials").to_pandas().set_index("trial_id")  # paths rooted
     assert len(trials) == 8 and [len(p.members) for p in packs] == [4, 4]
     assert trials.drop(diverged)["status"].eq("finished").all() and trials.drop(diverged)["error"].isna().all()
     assert trials.loc[diverged, "status"] == "failed" and "at epoch 2: diverged" in trials.loc[diverged, "error"]

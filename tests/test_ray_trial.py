@@ -54,3 +54,21 @@ def test_an_oom_retry_records_each_epoch_once_and_uploads_retrained_snapshots(tm
         assert uploaded.count([cfg.trial_id, "epoch_0001.pt"]) == 2  # the retrained snapshot, uploaded again
         row = tables.read_trial(results, "demo", cfg.trial_id)
         assert row["status"] == "finished" and row["epochs_completed"] == 2
+
+
+def test_a_continued_trial_sums_the_wall_time_of_every_launch(tmp_path):
+    """A resumed trial's row held only the last launch's seconds; now the earlier ones carry over."""
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", seed=0, epochs=1, warmup_epochs=0)
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    settings = lifecycle.LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"),
+                                        mlflow_uri=uri, experiment_id=tracking.ensure_experiment(uri, "demo"))
+    lifecycle.open_trials(settings, [cfg], None)
+    assert tables.read_trial(results, "demo", cfg.trial_id)["wall_time_s"] == 0.0  # a new trial: nothing before
+    tables.write_trial(results, "demo", cfg.to_flat(), lifecycle.outcome(settings, cfg, "running", None,
+                                                                          wall_time_s=42.5))  # a killed launch
+    lifecycle.open_trials(settings, [cfg], None)  # --resume
+    row = tables.read_trial(results, "demo", cfg.trial_id)
+    assert row["status"] == "running" and row["wall_time_s"] == 42.5
+    (member, open_row), = lifecycle.still_open(settings, [cfg])
+    assert lifecycle.prior_wall_time(open_row) == 42.5  # what the worker adds its own seconds to

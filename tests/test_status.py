@@ -32,7 +32,34 @@ def test_status_counts_pending_and_live_running(partial):
     assert got["counts"] == {"finished": 2, "running": 1, "stale": 0, "failed": 1, "stopped": 0, "pending": 1}
     assert got["ids"]["pending"] == ["t4"] and got["ids"]["failed"] == ["t3"]
     text = status.format_status(got)
-    assert "5 planned trials" in text and "launcher: running" in text and "code abc123" in text
+    assert "5 planned trials" in text and "launcher: running on this machine" in text and "code abc123" in text
+
+
+def test_a_killed_launcher_on_this_machine_is_not_running_whatever_its_heartbeats_age(partial):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = f"from records import manifest; manifest.beat({partial!r}, 's')"  # beats, then dies (no "ended")
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, env={**os.environ, "PYTHONPATH": str(root)})
+    beat = manifest.read_heartbeat(partial, "s")
+    assert not beat["ended"] and manifest.heartbeat_age(beat) < manifest.STALE_AFTER_S  # fresh, yet dead
+    got = status.study_status(partial, "s")
+    assert not got["alive"] and got["counts"]["stale"] == 1 and got["counts"]["running"] == 0
+    assert f"launcher: not alive (pid {beat['pid']} is no longer running)" in status.format_status(got)
+
+
+def test_on_another_machine_status_says_the_heartbeats_age(partial):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    manifest._write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
+                         {"time": (now - datetime.timedelta(seconds=42)).isoformat(), "host": "gpu-node-7",
+                          "pid": 1, "ended": False})
+    got = status.study_status(partial, "s")
+    assert got["alive"] and not got["pid_checked"] and got["counts"]["running"] == 1
+    text = status.format_status(got, now=now)
+    assert "launcher: running on gpu-node-7 by its heartbeat, 42 s ago (its pid 1 cannot be checked" in text
 
 
 def test_running_rows_of_a_dead_launcher_are_stale(partial):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import shutil
 import socket
 import sqlite3
@@ -478,3 +479,40 @@ def test_real_mlflow_server_roundtrip(tmp_path):
     assert _group_rss_bytes(process.pid)[1] == 0  # no uvicorn worker left behind
     with pytest.raises(TrackingError, match="not reachable"):
         stores.check_tracking_uri(uri)
+    # The server is gone (killed mid-sweep): a vitsweep call, all retries included, ends within the budget.
+    start = time.monotonic()
+    with pytest.raises(TrackingError, match=r"log_metrics\(step=3\) on MLflow .* still failing after"):
+        tracking.log_metrics(uri, run.run_id, {"eval_acc": 0.9}, step=3)
+    assert time.monotonic() - start <= client.RETRY_BUDGET_S + 1
+
+
+def test_a_hung_tracking_server_fails_each_call_within_the_budget(monkeypatch):
+    """A server that accepts connections and never answers: MLflow's own retries (7, backoff up to
+    120 s per request) are off, each request times out, and no attempt starts past the budget."""
+    import socket
+
+    assert {k: os.environ[k] for k in client.HTTP_SETTINGS} == client.HTTP_SETTINGS
+    monkeypatch.setattr(client, "RETRY_BUDGET_S", 3.0)
+    monkeypatch.setattr(client, "REQUEST_TIMEOUT_S", 1)
+    client.bound_http_requests()
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # the kernel completes the handshakes; nobody reads
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(TrackingError, match="still failing after [2-9] attempts"):
+            tracking.set_tags(uri, "0" * 32, {"a": "b"})
+        took = time.monotonic() - start
+    monkeypatch.undo()
+    client.bound_http_requests()
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == str(client.REQUEST_TIMEOUT_S)
+    assert took <= 3.0 + 0.5, took
+
+
+def test_a_full_or_read_only_store_is_not_retried_but_a_lock_is():
+    from sweeps import faults
+
+    full = sqlite3.OperationalError("database or disk is full")
+    assert not client._is_transient(full) and client._is_transient(sqlite3.OperationalError("database is locked"))
+    assert not client._is_transient(sqlite3.OperationalError("attempt to write a readonly database"))
+    assert faults.classify(full) == "database or disk is full"  # ends the sweep as a storage fault

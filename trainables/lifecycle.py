@@ -81,8 +81,11 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
         try:
             # Sets the code_version tag from the launcher's provenance (which carries it).
             tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
+            # A continued trial keeps the wall time of its earlier launches: the row sums every attempt.
+            earlier = prior_wall_time(tables.read_trial(settings.results, settings.study, cfg.trial_id))
             tables.write_trial(settings.results, settings.study, flat,
-                               outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now()))
+                               outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now(),
+                                       wall_time_s=earlier))
         except BaseException as exc:
             for started in run_ids.values():
                 close_run(settings, started, "FAILED", {"vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"})
@@ -154,13 +157,19 @@ def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids:
         raise errors[0]
 
 
-def still_open(settings: LaunchSettings, cfgs: Sequence[RunConfig]) -> list[tuple[RunConfig, Any]]:
-    """(config, started_at) of the members whose row is "running" or missing: what a (retried)
+def prior_wall_time(row: dict[str, Any] | None) -> float:
+    """Seconds of training a trial's row already holds from earlier attempts (0 for a new trial)."""
+    value = (row or {}).get("wall_time_s")
+    return float(value) if value is not None and value == value else 0.0
+
+
+def still_open(settings: LaunchSettings, cfgs: Sequence[RunConfig]) -> list[tuple[RunConfig, dict[str, Any]]]:
+    """(config, row or {}) of the members whose row is "running" or missing: what a (retried)
     worker trains. A member closed already (finished, or failed for a non-finite loss by an earlier
     attempt) never rejoins its pack."""
     todo = []
     for cfg in cfgs:
         row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
         if row is None or row["status"] == "running":
-            todo.append((cfg, (row or {}).get("started_at")))
+            todo.append((cfg, row or {}))
     return todo

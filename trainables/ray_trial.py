@@ -149,7 +149,8 @@ class PackWorker:
         self.run_ids: dict[str, str] = loop_config["run_ids"]
         cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
         self.members = lifecycle.still_open(settings, cfgs)  # a retried worker skips closed members
-        self.started = {c.trial_id: started for c, started in self.members}
+        self.started = {c.trial_id: row.get("started_at") for c, row in self.members}
+        self.earlier = {c.trial_id: lifecycle.prior_wall_time(row) for c, row in self.members}
         self.cfg_of = {c.trial_id: c for c, _ in self.members}
         self.root = Path(tempfile.mkdtemp(prefix=f"vitsweep-{self.pack_id}-"))
         self.workdirs = {c.trial_id: self.root / c.trial_id for c, _ in self.members}
@@ -268,7 +269,7 @@ class PackWorker:
                                      step=final["epochs_completed"])
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
-                checkpoint_path=self.settings.checkpoint_uri(trial_id), wall_time_s=time.perf_counter() - self.t0,
+                checkpoint_path=self.settings.checkpoint_uri(trial_id), wall_time_s=self.earlier[trial_id] + time.perf_counter() - self.t0,
                 epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
                 did_not_learn=final.get("did_not_learn"), started_at=self.started[trial_id],
                 **{k: final.get(k) for k in SUMMARY},

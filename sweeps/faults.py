@@ -1,0 +1,394 @@
+"""Storage faults while a sweep runs: recognised, logged, and ended in one line.
+
+A full or read-only results disk, a truncated Tune state file, or an MLflow
+server that stopped answering is no bug of the sweep: the user fixes the
+storage and launches again with ``--resume``. So the launcher
+
+- keeps Ray's and Tune's own output (their tracebacks, their retries) in the
+  launch's log file (``LaunchLog``: ``<results>/<study>/logs/launch-*.log``, or
+  the system temp folder when the results folder cannot take it), not on the
+  console, unless ``--verbose``;
+- watches the sweep (``FaultWatch``): a trial error that is a storage fault, or
+  a tracking server that does not answer for ``RETRY_BUDGET_S``, stops the Tune
+  experiment at once instead of letting Tune retry every trial into the same
+  wall;
+- classifies whatever comes out of Tune (``classify``), closes every trial and
+  MLflow run, and ends with ``error: storage fault: ...`` as the last line on
+  stderr, naming the log, with exit code 1 (``StorageFault``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+from records.stores import TrackingError, redact, scheme
+
+log = logging.getLogger("vitsweep")
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}
+# pyarrow's and Ray's errors carry the OS's wording, not always an errno; remote errors are text.
+STORAGE_TEXT = ("no space left on device", "read-only file system", "disk quota exceeded",
+                "input/output error", "permission denied", "operation not permitted",
+                "database or disk is full", "attempt to write a readonly database")  # (SQLite's words)
+PROBE_INTERVAL_S = 5.0
+
+
+class StorageFault(Exception):
+    """Raised by the train stage after it closed what it could; ``lines``: one per fault."""
+
+    def __init__(self, lines: list[str], log_path: str | None = None):
+        super().__init__(lines[0] if lines else "storage fault")
+        self.lines, self.log_path = lines, log_path
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # RayTaskError.cause
+
+
+def classify(exc: BaseException) -> str | None:
+    """One line saying which storage fault ``exc`` is, or None when it is no storage fault."""
+    for e in _chain(exc):
+        if isinstance(e, StorageFault):
+            return e.lines[0]
+        if isinstance(e, TrackingError):
+            return f"MLflow unreachable: {str(e).splitlines()[0]}"
+        if isinstance(e, (pickle.UnpicklingError, EOFError)):
+            return f"a Tune state file is truncated ({type(e).__name__}: {str(e) or 'end of file'})"
+        if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or _storage_words(str(e))):
+            return f"{type(e).__name__}: {e}"
+    for e in _chain(exc):  # Ray's errors carry the remote one's traceback as text
+        why = classify_text(str(e))
+        if why:
+            return why
+    return None
+
+
+def classify_text(text: str) -> str | None:
+    """The line of a remote traceback (Ray ships a worker's error as text) that names a storage fault."""
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if "TrackingError" in line:
+            return "MLflow unreachable: " + line.split("TrackingError:", 1)[-1].strip()[:400]
+        if _storage_words(line):
+            return line[:400]
+    return None
+
+
+def _storage_words(text: str) -> bool:
+    low = text.lower()
+    return any(words in low for words in STORAGE_TEXT)
+
+
+# ---------------------------------------------------------------------------------------------- the log
+
+class LaunchLog(logging.Handler):
+    """The launch's log file. A write that fails (the results disk filled up) moves the log to the
+    system temp folder, so the tracebacks of the fault itself are kept."""
+
+    def __init__(self, results: str, study: str):
+        super().__init__(logging.DEBUG)
+        name = f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        here = [os.path.join(results, study, "logs", name)] if "://" not in results else []
+        self._candidates = [*here, os.path.join(tempfile.gettempdir(), "vitsweep-logs", f"{study}-{name}")]
+        self.path: str | None = None
+        self._file = None
+        self._next()
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+
+    def _next(self) -> bool:
+        while self._candidates:
+            path = self._candidates.pop(0)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._file, self.path = open(path, "a", encoding="utf-8"), path  # noqa: SIM115
+                return True
+            except OSError:
+                continue
+        self._file = None
+        return False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record) + "\n"
+        except Exception:  # noqa: BLE001 - a bad log call must not stop the sweep
+            return
+        while self._file is not None:
+            try:
+                self._file.write(text)
+                self._file.flush()
+                return
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._next()
+
+    def write_text(self, text: str) -> None:
+        self.emit(logging.LogRecord("vitsweep", logging.ERROR, __file__, 0, "%s", (text,), None))
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+        super().close()
+
+
+class _ConsoleFilter(logging.Filter):
+    """On the console, only vitsweep's own lines; the rest goes to the launch log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name == "vitsweep" or record.name.startswith("vitsweep.")
+
+
+@contextlib.contextmanager
+def routed(launch_log: LaunchLog, verbose: bool) -> Iterator[None]:
+    """While Tune runs: every logger's records (Ray's, Tune's, Train's, MLflow's, warnings) go to the
+    launch log; unless ``verbose`` they leave the console, where only vitsweep's lines stay."""
+    root = logging.getLogger()
+    moved: dict[logging.Logger, list[logging.Handler]] = {}
+    console_filter = _ConsoleFilter()
+    logging.captureWarnings(True)
+    root.addHandler(launch_log)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and logger.handlers and not logger.propagate:
+            logger.addHandler(launch_log)  # e.g. "ray": its own console handler, not propagating
+            if not verbose:
+                moved[logger] = [h for h in logger.handlers if h is not launch_log]
+                for h in moved[logger]:
+                    logger.removeHandler(h)
+    if not verbose:
+        for h in root.handlers:
+            if h is not launch_log:
+                h.addFilter(console_filter)
+    try:
+        yield
+    finally:
+        for logger, handlers in moved.items():
+            for h in handlers:
+                logger.addHandler(h)
+        for logger in [logging.getLogger(n) for n in logging.root.manager.loggerDict]:
+            if launch_log in logger.handlers:
+                logger.removeHandler(launch_log)
+        for h in root.handlers:
+            h.removeFilter(console_filter)
+        root.removeHandler(launch_log)
+        logging.captureWarnings(False)
+
+
+# -------------------------------------------------------------------------------------------- the watch
+
+class FaultWatch:
+    """Storage faults seen while Tune runs. ``callback()`` reads every trial error (Tune retries a
+    trial before it reports it failed: ``on_trial_recover`` sees the first attempt's); a probe thread
+    asks an http(s) tracking server every ``PROBE_INTERVAL_S``; ``stopper()`` stops the whole
+    experiment once any fault is seen. Tune pickles callbacks and stoppers with its state, so the
+    probe's thread stays out of the pickle."""
+
+    def __init__(self, mlflow_uri: str, budget_s: float):
+        self.mlflow_uri, self.budget_s = mlflow_uri, budget_s
+        self.found: list[str] = []
+        self.tracking_down = False  # the probe found the server gone: the epilogue leaves MLflow alone
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __getstate__(self):
+        return {"mlflow_uri": self.mlflow_uri, "budget_s": self.budget_s, "found": list(self.found),
+                "tracking_down": self.tracking_down}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _stop=threading.Event(), _thread=None)
+
+    def add(self, line: str) -> None:
+        if line not in self.found:
+            self.found.append(line)
+            log.debug("storage fault: %s", line)
+
+    def trial_failed(self, trial) -> None:
+        text = None
+        with contextlib.suppress(Exception):  # the error file itself may be what the full disk truncated
+            text = trial.get_error()
+        if text is None and getattr(trial, "error_file", None):
+            with contextlib.suppress(OSError):
+                text = open(trial.error_file, encoding="utf-8", errors="replace").read()  # noqa: SIM115
+        why = classify_text(text or "")
+        if why:
+            self.add(f"trial {trial}: {why}")
+
+    # -- the tracking probe --------------------------------------------------------------------------
+    def __enter__(self) -> FaultWatch:
+        if scheme(self.mlflow_uri) in ("http", "https"):
+            self._thread = threading.Thread(target=self._probe, name="vitsweep-tracking-probe", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=PROBE_INTERVAL_S * 2)
+
+    def _probe(self) -> None:
+        from records.stores import check_http
+
+        down_since = None
+        while not self._stop.wait(PROBE_INTERVAL_S):
+            try:
+                check_http(self.mlflow_uri, min(PROBE_INTERVAL_S, self.budget_s))
+                down_since = None
+            except Exception as exc:  # noqa: BLE001 - TrackingError, or the server answering nonsense
+                now = time.monotonic()
+                down_since = down_since or now - PROBE_INTERVAL_S  # it was up at the last probe
+                if now - down_since >= self.budget_s:
+                    self.tracking_down = True
+                    self.add(f"MLflow tracking server {redact(self.mlflow_uri)!r} did not answer for "
+                             f"{now - down_since:.0f} s (budget {self.budget_s:g} s): {str(exc).splitlines()[0]}")
+                    return
+
+    # -- Tune's side -----------------------------------------------------------------------------------
+    def callback(self):
+        from ray import tune
+
+        watch = self
+
+        class _Watch(tune.Callback):
+            def on_trial_recover(self, iteration, trials, trial, **info):
+                watch.trial_failed(trial)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                watch.trial_failed(trial)
+
+        return _Watch()
+
+    def stopper(self):
+        from ray.tune.stopper import Stopper
+
+        watch = self
+
+        class _Stop(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return bool(watch.found)
+
+        return _Stop()
+
+
+# ------------------------------------------------------------------------------------ before a launch
+
+TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train V2's list of a run's checkpoints
+
+
+def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) -> list[str]:
+    """Ray Train restores a run (named by trial or pack id) from its checkpoint list, a JSON file
+    beside the checkpoints; a full disk leaves it empty or cut, and Train then fails the trial on
+    every retry (``CheckpointManagerInitializationError``). Call it while no trial runs (the launch
+    lock is held): each such file is renamed aside, so the run starts over instead of failing.
+    Returns one line per file set aside."""
+    import json
+
+    from pyarrow import fs as pafs
+
+    from records.tables import filesystem
+
+    fs, root = filesystem(f"{storage.rstrip('/')}/{study}/train")
+    paths = [f"{root}/{name}/{TRAIN_SNAPSHOT}" for name in dict.fromkeys(names)]  # (a pack of one: its trial)
+    lines = []
+    for info in fs.get_file_info(paths):
+        if info.type != pafs.FileType.File:
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                json.loads(stream.read())
+            continue
+        except (ValueError, OSError) as exc:  # empty, cut, or not text
+            why = f"{type(exc).__name__}: {exc}"
+        aside = f"{info.path}.truncated-{time.strftime('%Y%m%d-%H%M%S')}"
+        fs.move(info.path, aside)
+        lines.append(f"Ray Train's checkpoint list {info.path} cannot be read ({why}), as a full disk leaves it; "
+                     f"set aside as {aside}: run {info.path.rsplit('/', 2)[-2]} starts over")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ the epilogue
+
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],
+                     reason: str = "the launch ended before the trial finished", *,
+                     tracking_down: bool = False) -> list[str]:
+    """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the
+    hparam study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag
+    vitsweep.stopped_early); any other unfinished trial becomes "failed" with ``reason`` (its row's
+    own error, when it has one, is kept), its run FAILED with the same reason. A finished trial's
+    run ends FINISHED (``tracking.end_orphaned_runs``), whichever of row and run was closed first.
+
+    Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest:
+    each row is closed on its own; after one MLflow call failed for its whole retry budget the
+    remaining runs are left to the next launch (which closes them before it starts), as all are when
+    ``tracking_down`` (the launcher's probe found the server gone). Returns one line per fault
+    (empty: none)."""
+    from records import tables, tracking
+    from records.stores import TrackingError
+
+    faults: list[str] = []
+    try:
+        table = tables.read_table(results, study, "trials")
+        rows = table.to_pylist() if table is not None else []
+    except OSError as exc:
+        faults.append(f"cannot read the trials table under {results}: {exc}")
+        rows = []
+    tracking_down = ("the MLflow runs of the unfinished trials are left for the next launch to close "
+                     "(the tracking server does not answer)") if tracking_down else None
+    if tracking_down:
+        faults.append(tracking_down)
+    for row in rows:
+        early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
+        if not early and row["status"] != "running":
+            continue
+        why = row.get("error") or reason
+        closed = {**row, "status": "stopped" if early else "failed", "error": None if early else why}
+        try:
+            tables.write_trial(results, study, row, closed)
+        except OSError as exc:  # the row stays "running": `vitsweep status` calls it stale, --resume reruns it
+            faults.append(f"cannot write the trials row of {row['trial_id']}: {exc}")
+        if tracking_down:
+            continue
+        try:
+            run_id = row.get("mlflow_run_id") or tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
+            if run_id is not None:
+                tags = {tracking.STOPPED_EARLY_TAG: "true", tracking.ERROR_TAG: ""} if early else \
+                    {tracking.ERROR_TAG: why[:4000]}
+                tracking.set_tags(mlflow_uri, run_id, tags)
+                tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
+        except TrackingError as exc:
+            tracking_down = f"cannot end the MLflow runs of the unfinished trials: {exc}"
+            faults.append(tracking_down)
+        except Exception as exc:  # noqa: BLE001 - the store's own error, e.g. its disk is full
+            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
+    if not tracking_down:
+        try:
+            finished = [r["trial_id"] for r in rows if r["status"] == "finished"]
+            tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=finished)
+        except Exception as exc:  # noqa: BLE001 - reported with the other faults
+            faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
+    return faults
+
+
+def report_storage_faults(faults: list[str], log_path: str | None = None) -> None:
+    """The one line on stderr for a storage fault (each fault is in the launch log)."""
+    more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
+    where = f"; details in {log_path}" if log_path else ""
+    print(f"error: storage fault: {faults[0]}{more}{where}; fix the storage, then launch again with --resume",
+          file=sys.stderr, flush=True)
