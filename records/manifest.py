@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import socket
 import threading
@@ -22,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from records.tables import filesystem
+from records import files
 
 MANIFEST_FILE = "sweep.json"
 HEARTBEAT_FILE = "heartbeat.json"
@@ -40,26 +39,6 @@ def _path(results: str, study: str, name: str) -> str:
     return f"{results.rstrip('/')}/{study}/{name}"
 
 
-def _write_json(uri: str, obj: Mapping[str, Any]) -> None:
-    fs, path = filesystem(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    tmp = f"{path}.tmp"  # local: rename into place, so a reader never sees half a file
-    target = tmp if "://" not in uri else path
-    with fs.open_output_stream(target) as out:
-        out.write(json.dumps(obj, indent=1, default=str).encode())
-    if target != path:
-        fs.move(tmp, path)
-
-
-def _read_json(uri: str) -> dict | None:
-    fs, path = filesystem(uri)
-    try:
-        with fs.open_input_stream(path) as stream:
-            return json.loads(stream.read())
-    except (FileNotFoundError, OSError, json.JSONDecodeError):
-        return None
-
-
 def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, Any]], command: Sequence[str],
                    code_version: str) -> dict:
     """Record a launch's plan. planned: one mapping per trial with ``trial_id`` (and ``pack`` when packed)."""
@@ -73,20 +52,20 @@ def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, A
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    _write_json(_path(results, study, MANIFEST_FILE), manifest)
+    files.write_json(_path(results, study, MANIFEST_FILE), manifest)
     return manifest
 
 
 def read_manifest(results: str, study: str) -> dict | None:
-    return _read_json(_path(results, study, MANIFEST_FILE))
+    return files.read_json(_path(results, study, MANIFEST_FILE))
 
 
 def read_heartbeat(results: str, study: str) -> dict | None:
-    return _read_json(_path(results, study, HEARTBEAT_FILE))
+    return files.read_json(_path(results, study, HEARTBEAT_FILE))
 
 
 def beat(results: str, study: str, *, ended: bool = False) -> None:
-    _write_json(_path(results, study, HEARTBEAT_FILE), {
+    files.write_json(_path(results, study, HEARTBEAT_FILE), {
         "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
         "proc_start": proc_start(os.getpid()), "boot_id": boot_id(), "ended": ended,
     })

@@ -82,19 +82,11 @@ def _alive(holder: dict[str, Any]) -> tuple[bool, str]:
         age = float("inf")
     if holder.get("unreadable"):  # a lock being created is unreadable for a moment only
         return (age < UNREADABLE_GRACE_S), "its lock file is not readable JSON"
-    if holder.get("host") == socket.gethostname() and holder.get("boot_id") == _boot_id():
-        pid = int(holder.get("pid", -1))
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False, f"pid {pid} is no longer running"
-        except PermissionError:
-            pass  # runs, as another user
-        if holder.get("proc_start") and _proc_start(pid) not in (None, holder["proc_start"]):
-            return False, f"pid {pid} now belongs to another process"
-        return True, ""
-    if holder.get("host") == socket.gethostname():
-        return False, "the machine rebooted since"
+    from records.manifest import process_alive  # the same check as `vitsweep status`
+
+    alive, why = process_alive(holder)
+    if alive is not None:  # on this machine: the pid tells
+        return alive, why
     if age > STALE_AFTER_S:
         return False, f"its lease was last renewed {age:.0f} s ago (stale after {STALE_AFTER_S:.0f} s)"
     return True, ""

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from records import manifest, tables
+from records import files, manifest, tables
 from sweeps import cli, status
 
 
@@ -53,7 +53,7 @@ def test_a_killed_launcher_on_this_machine_is_not_running_whatever_its_heartbeat
 
 def test_on_another_machine_status_says_the_heartbeats_age(partial):
     now = datetime.datetime.now(datetime.timezone.utc)
-    manifest._write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
+    files.write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
                          {"time": (now - datetime.timedelta(seconds=42)).isoformat(), "host": "gpu-node-7",
                           "pid": 1, "ended": False})
     got = status.study_status(partial, "s")
@@ -64,7 +64,7 @@ def test_on_another_machine_status_says_the_heartbeats_age(partial):
 
 def test_running_rows_of_a_dead_launcher_are_stale(partial):
     old = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=10 * manifest.STALE_AFTER_S)
-    manifest._write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
+    files.write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
                          {"time": old.isoformat(), "host": "h", "pid": 1, "ended": False})
     got = status.study_status(partial, "s")
     assert got["counts"]["running"] == 0 and got["counts"]["stale"] == 1 and got["ids"]["stale"] == ["t2"]
