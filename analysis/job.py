@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from records import files, stores, tables, tracking
-from trainables import checkpoints
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -43,6 +42,7 @@ CHECKPOINT_CHOICES = ("final", "all")
 
 def list_checkpoints(results: str, study: str, which: str = "final") -> list[dict[str, Any]]:
     """One row per checkpoint to measure: trial_id, epoch, path (a checkpoint or snapshot file)."""
+    from trainables import checkpoints  # here, not at the top: `vitsweep --help` imports no torch
     if which not in CHECKPOINT_CHOICES:
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
@@ -113,10 +113,11 @@ class Measurer:
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> int:
         from analysis.evaluate import evaluate_checkpoint
+        from trainables.checkpoints import load_model
 
         local = _fetch(path)
         try:
-            model, cfg, _ = checkpoints.load_model(local, map_location="cpu", name=path)
+            model, cfg, _ = load_model(local, map_location="cpu", name=path)
         finally:
             if local != path:
                 os.unlink(local)

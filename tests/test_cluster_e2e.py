@@ -309,7 +309,7 @@ def test_the_ray_cli_reports_the_job_succeeded(job):
     logs = _job_logs(cluster, submission_id, lines=10_000)
     # The launcher joined the running cluster instead of starting a Ray of its own.
     assert re.search(r"Connecting to existing Ray cluster at address: [\d.]+:\d+", logs), logs[-3000:]
-    assert f"train stage: {TRIALS} trials" in logs and ", 0 failed" in logs, logs[-3000:]
+    assert f"train stage: {TRIALS} Tune trials" in logs and ", 0 failed" in logs, logs[-3000:]
 
 
 def test_the_token_is_required(job):

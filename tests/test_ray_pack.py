@@ -17,14 +17,14 @@ pytestmark = pytest.mark.ray
 SWEEP = ["demo", "--seeds", "2", "--pack", "4", "--set", "epochs=3", "--set", "max_train_images=256"]
 
 
-def launch(*argv, ray_tmp: str, env: dict | None = None, timeout: int = 600) -> str:
+def launch(*argv, ray_tmp: str, env: dict | None = None, timeout: int = 600, rc: int = 0) -> str:
     import subprocess
     import sys
 
     proc = subprocess.run([sys.executable, "sweeps/run.py", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "RAY_TMPDIR": ray_tmp, **(env or {})})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    assert proc.returncode == rc, out[-4000:]
     return out
 
 
@@ -47,9 +47,11 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
              "VITSWEEP_TEST_DIE": f"{survivor}:3:{marker}"}  # SIGKILL the pack's worker at epoch 3, once
     ray_tmp = tempfile.mkdtemp(prefix="vsp-", dir="/tmp")
     try:
-        launch(*SWEEP, "--results", str(results), ray_tmp=ray_tmp, env=hooks)
+        # A failed trial (the diverged one) makes the launch exit 1; the rest finished.
+        out = launch(*SWEEP, "--results", str(results), ray_tmp=ray_tmp, env=hooks, rc=1)
     finally:
         kill_ray_under(ray_tmp)
+    assert "(1 failed, 7 finished)" in out
     assert marker.exists()  # the worker was killed (after the diverged member was closed) and retried
 
     trials = tables.read_table(str(results), "demo", "trials").to_pandas().set_index("trial_id")  # paths rooted

@@ -73,12 +73,25 @@ def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict
     return cfg.trial_id, [cfg]
 
 
+def trainer_class(workers: int) -> type:
+    """``TorchTrainer`` for DDP (several workers: it sets up the process group); the plain data-parallel
+    trainer for one worker, which needs no process group. TorchTrainer would start one anyway, and its
+    rendezvous store (torch's TCPStore) listens on every interface of the node, where everything else
+    of a local Ray listens on loopback only."""
+    if workers > 1:
+        from ray.train.torch import TorchTrainer
+
+        return TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return DataParallelTrainer
+
+
 def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, dict[str, Any]],
               base: dict[str, Any] | None = None, packs: dict[str, list[str]] | None = None) -> None:
     """Tune function trainable: the driver of one pack (see the module docstring)."""
     import ray.train
     from ray import tune
-    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     pack_id, cfgs = members_of(config, trials, base, packs)
@@ -94,12 +107,12 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
     run_ids = lifecycle.open_trials(settings, todo, tag)
     use_gpu = settings.gpus_per_trial > 0
     resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
-    trainer = TorchTrainer(
+    workers = settings.workers_per_trial if solo else 1
+    trainer = trainer_class(workers)(
         train_worker,
         train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": [c.to_flat() for c in todo],
                            "settings": asdict(settings), "run_ids": run_ids},
-        scaling_config=ray.train.ScalingConfig(num_workers=settings.workers_per_trial if solo else 1,
-                                               use_gpu=use_gpu, resources_per_worker=resources),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=pack_id,
             storage_path=checkpoints.train_storage(settings.storage, settings.study),
