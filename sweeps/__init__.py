@@ -1,6 +1,6 @@
 """Study definitions (one module per study) and the launcher (``sweeps/run.py``)."""
 
-STUDIES = ("demo", "study_l", "study_p", "factorial", "hparam")
+STUDIES = ("demo", "study_l", "study_p", "factorial", "hparam", "pilot")
 
 
 def load_study(name: str):

@@ -1,0 +1,88 @@
+"""The pilot study's shape: grid, counts, conditions and recipe (nothing measured; docs/pilot/ holds the numbers)."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import sweeps
+from sweeps import pilot, run as launcher
+from sweeps.study_l import LEE_RECIPE
+
+CLASSES = tuple(f"class{k}" for k in range(10))
+
+
+def _folder(root: Path, size: int = 32) -> Path:
+    """A train/<class>/, test/<class>/ layout of a few random PNGs, as a user's DIR would hold."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in CLASSES:
+            (root / split / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+    return root
+
+
+def dry(*argv):
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    return launcher.build_trials(parser.parse_args([*argv, "--dry-run"]))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return _folder(tmp_path_factory.mktemp("pilot_data"))
+
+
+def test_pilot_is_a_registered_study():
+    assert "pilot" in sweeps.STUDIES
+    assert sweeps.load_study("pilot") is pilot
+
+
+def test_pilot_grid_eight_conditions_three_seeds(root):
+    configs = dry("pilot", "--data-root", str(root))
+    assert len(configs) == 24 == len({c.trial_id for c in configs})
+    cells = {(c.model.pe, c.rpt, c.protocol.name) for c in configs}
+    assert cells == {
+        ("none", False, "baseline"), ("ape", False, "baseline"), ("sincos2d", False, "baseline"),
+        ("rope2d", False, "baseline"), ("ape", True, "baseline"),  # Study P's five models
+        ("ape", False, "autoaugment"), ("ape", False, "cutmix"),  # Study L on APE, baseline shared
+        ("ape", False, "autoaugment+cutmix+label_smoothing"),  # modern
+    }
+    for cell in cells:
+        assert sorted(c.seed for c in configs if (c.model.pe, c.rpt, c.protocol.name) == cell) == [0, 1, 2]
+    # The docstring's launch line states the count the dry run shows.
+    assert re.search(r"8 conditions x 3 seeds = 24 trials", pilot.__doc__)
+
+
+def test_pilot_one_recipe_lees_for_every_condition(root):
+    configs = dry("pilot", "--data-root", str(root))
+    for c in configs:
+        assert c.study == "pilot" and c.dataset == "folder" and c.data_root == str(root)
+        assert (c.decay_exempt, c.crop_padding, c.cutmix_prob) == (
+            LEE_RECIPE["decay_exempt"], LEE_RECIPE["crop_padding"], LEE_RECIPE["cutmix_prob"])
+        assert (c.optimizer, c.lr, c.weight_decay, c.batch_size, c.schedule) == ("adamw", 1e-3, 0.05, 128, "cosine")
+        assert c.epochs == pilot.EPOCHS and c.max_train_images == pilot.MAX_TRAIN_IMAGES
+        assert c.warmup_epochs <= c.epochs
+        m = c.model
+        assert (m.dim, m.depth, m.heads) == (pilot.MODEL["dim"], pilot.MODEL["depth"], pilot.MODEL["heads"])
+        # Classes and grid come from the folder: 10 classes, 32 px / patch 4 -> Study L's 8x8 grid.
+        assert (m.num_classes, m.img_size, m.patch_size) == (10, 32, 4)
+
+
+def test_pilot_measures_every_snapshot_on_a_capped_test_subset():
+    assert pilot.CHECKPOINTS == "all"
+    assert isinstance(pilot.EVAL_SIZE, int) and pilot.EVAL_SIZE > 0
+
+
+def test_pilot_user_overrides_still_win(root):
+    configs = dry("pilot", "--data-root", str(root), "--seeds", "1", "--epochs", "2", "--set", "max_train_images=100")
+    assert len(configs) == 8
+    assert {(c.epochs, c.max_train_images, c.warmup_epochs <= 2) for c in configs} == {(2, 100, True)}
+
+
+def test_pilot_without_its_folder_names_the_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "nowhere"))):
+        dry("pilot", "--data-root", str(tmp_path / "nowhere"))
