@@ -43,6 +43,7 @@ from analysis.seedstats import (  # noqa: F401 - seed statistics re-exported for
     seed_summary,
     summarise,
 )
+from records.names import PES
 
 if TYPE_CHECKING:
     from analysis.report import StudyData
@@ -52,7 +53,6 @@ FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` ma
 SWITCHES = ("autoaugment", "cutmix", "label_smoothing")  # Study L's protocol switches, in name order
 MODERN = "+".join(SWITCHES)  # Protocol.name of "modern" (all three switches on)
 REFERENCE = {"pe": "ape", "rpt": False, "protocol": "baseline"}  # the setting a factor is pinned to
-PE_ORDER = ("none", "ape", "sincos2d", "rope2d", "rope2d_mixed")
 _SHORT = {"autoaugment": "AA", "cutmix": "CutMix", "label_smoothing": "LS"}
 
 
@@ -87,7 +87,8 @@ def model_label(pe: str, rpt: bool) -> str:
 
 
 def model_key(pe: str, rpt: bool) -> tuple:
-    return (PE_ORDER.index(pe) if pe in PE_ORDER else len(PE_ORDER), str(pe), bool(rpt))
+    """Sort key: the PE registry's order (``records.names.PES``), a PE it does not name last, by name."""
+    return (PES.index(pe) if pe in PES else len(PES), str(pe), bool(rpt))
 
 
 # -- the papers' reported numbers ---------------------------------------------

@@ -44,14 +44,31 @@ from analysis.interventions import (
     apply_condition,
 )
 from records.schema import PAIRED_COUNTS
+from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
 
-# Alpha scaling per PE kind: Study P's `pe_scale` multiplies an additive table; on the rotary PEs the
-# same multiplier scales the rotation angles, position interpolation, measured as `rope_scale`.
-# `none` has nothing to scale.
-ADDITIVE_PES = ("ape", "sincos2d")
-ROTARY_PES = ("rope2d", "rope2d_mixed")
-SCALABLE_PES = ADDITIVE_PES + ROTARY_PES
+# Alpha scaling per PE, declared by its class (`PositionalEncoding.alpha_scaling`): Study P's `pe_scale`
+# multiplies an additive table; on the rotary PEs the same multiplier scales the rotation angles, position
+# interpolation, measured as `rope_scale`; None (`none`) has nothing to scale.
+ALPHA_SCALES: dict[str, type[PEScale]] = {scale.name: scale for scale in (PEScale, RopeScale)}
+
+
+def alpha_scale(pe: str | None) -> type[PEScale] | None:
+    """The alpha intervention of the registered PE ``pe`` (``PEScale`` or ``RopeScale``), or None: no alpha rows.
+
+    Read from the registry at call time, so a PE registered later (a test's, a plug-in's) is measured too.
+    """
+    if pe is None or pe not in POS_EMBEDS:
+        return None
+    scaling = POS_EMBEDS[pe].alpha_scaling
+    if scaling is not None and scaling not in ALPHA_SCALES:
+        raise ValueError(f"pe={pe!r} declares alpha_scaling={scaling!r}; valid: {[*ALPHA_SCALES, None]}")
+    return None if scaling is None else ALPHA_SCALES[scaling]
+
+
+def pes_scaled_by(scaling: str) -> tuple[str, ...]:
+    """The registered PEs whose alpha rows are ``scaling`` ("pe_scale" or "rope_scale"), in registry order."""
+    return tuple(pe for pe, cls in POS_EMBEDS.items() if cls.alpha_scaling == scaling)
 
 
 def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,6 +266,7 @@ def evaluate_checkpoint(
       pe_scale/alpha: acc; fs_jpeg (q JPEG_HEADLINE); fs_blur (BLUR_HEADLINE); ssdc per layer under
                       RPI (index coordinates); dssdc; fs_jpeg_right_both, ... (their paired counts)
       rope_scale/alpha: the same metrics as pe_scale, for rope2d / rope2d_mixed
+    Which of the two (or neither) a PE gets is its class's ``alpha_scaling`` (``alpha_scale``).
     The model is put in eval mode for the evaluation and its previous mode restored.
     """
     if images_uint8.dtype != torch.uint8:
@@ -259,8 +277,9 @@ def evaluate_checkpoint(
         raise ValueError(f"need as many labels as images (>0); got {len(images_uint8)} images, {len(labels)} labels")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     pe = getattr(getattr(model, "config", None), "pe", None)
-    scaled_alphas = [float(a) for a in alphas] if pe in SCALABLE_PES else []
-    scale = RopeScale if pe in ROTARY_PES else PEScale
+    scale = alpha_scale(pe)
+    scaled_alphas = [float(a) for a in alphas] if scale is not None else []
+    scale = scale or PEScale
 
     clean = Clean()
     jpegs = {q: Jpeg(q) for q in jpeg_levels}

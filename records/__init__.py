@@ -2,6 +2,7 @@
 
 | module | holds |
 | --- | --- |
+| `names` | the registries' names (PEs, protocols, data sets, presets), torch-free, in registry order |
 | `fields` | run-config fields by role (execution-only ones stay out of trial ids and conditions) |
 | `schema` | the Parquet schemas of the `trials`, `epochs`, `measurements` and `summary` tables |
 | `tables` | reading and writing those tables (local folders or object storage, through pyarrow) |

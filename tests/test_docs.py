@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.evaluate import ADDITIVE_PES, ROTARY_PES, evaluate_checkpoint
+from analysis.evaluate import evaluate_checkpoint, pes_scaled_by
 from analysis.interventions import DEFAULT_LEVELS, INTERVENTIONS
 from records import schema
 from trainables.pos_embed import POS_EMBEDS
@@ -47,7 +47,7 @@ def emitted() -> set[tuple[str, str, str]]:
         images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
         labels = torch.arange(4) % 10
         out = set()
-        for pe in ("none", ADDITIVE_PES[0], ROTARY_PES[0]):
+        for pe in ("none", pes_scaled_by("pe_scale")[0], pes_scaled_by("rope_scale")[0]):
             torch.manual_seed(0)
             model = ViT(ViTConfig.preset("tiny", pe=pe)).eval()
             # One level per grid keeps it fast: the vocabulary does not depend on how many levels run.

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import metrics
-from analysis.evaluate import ADDITIVE_PES, ROTARY_PES, SCALABLE_PES, evaluate_checkpoint, evaluation_subset
+from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset, pes_scaled_by
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from trainables.datasets import TensorImages
@@ -231,14 +231,28 @@ def test_clean_measurements_do_not_depend_on_batch_size_and_mode_is_restored(ima
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
 
 
-def test_scalable_pes_are_the_registry_less_none():
+def test_every_pe_declares_its_alpha_scaling():
+    """The PE classes say how the analysis scales them: additive tables pe_scale, rotations rope_scale."""
     from trainables.pos_embed import POS_EMBEDS
 
-    assert set(SCALABLE_PES) == set(POS_EMBEDS) - {"none"}
-    assert set(ADDITIVE_PES).isdisjoint(ROTARY_PES) and set(ADDITIVE_PES) | set(ROTARY_PES) == set(SCALABLE_PES)
+    assert pes_scaled_by("pe_scale") == ("ape", "sincos2d")
+    assert pes_scaled_by("rope_scale") == ("rope2d", "rope2d_mixed")
+    assert alpha_scale("none") is None and alpha_scale("ape").name == "pe_scale"
+    assert {cls.alpha_scaling for cls in POS_EMBEDS.values()} <= {*ALPHA_SCALES, None}
 
 
-@pytest.mark.parametrize("pe", ROTARY_PES)
+def test_an_unknown_alpha_scaling_is_named_with_the_choices(monkeypatch):
+    from trainables import pos_embed
+
+    class Odd(pos_embed.LearnedAbsolute):
+        alpha_scaling = "pe_sacle"
+
+    monkeypatch.setitem(pos_embed.POS_EMBEDS, "odd", Odd)
+    with pytest.raises(ValueError, match=r"pe='odd' declares alpha_scaling='pe_sacle'; valid: \['pe_scale', 'rope_scale', None\]"):
+        alpha_scale("odd")
+
+
+@pytest.mark.parametrize("pe", pes_scaled_by("rope_scale"))
 def test_rope_alpha_rows_are_rope_scale_never_pe_scale(pe, images):
     """Scaling RoPE's angles is position interpolation: its rows never land under Study P's pe_scale."""
     model = _model(pe)

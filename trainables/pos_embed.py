@@ -16,9 +16,13 @@ The interface (`PositionalEncoding`), two hooks the ViT calls once per forward:
   rotations(pe_scale) -> list of L (cos, sin) pairs, each (T, hd) or (H, T, hd), applied to q and k of
                          block l by `apply_rotation`, or None.
   validate(config)    -> classmethod; raises ValueError when the geometry does not suit this PE.
+  alpha_scaling       -> class attribute: how the analysis scales this PE (`analysis.evaluate`): "pe_scale"
+                         (an additive table times alpha), "rope_scale" (rotation angles times alpha), or
+                         None (nothing to scale: no alpha rows).
 `pe_scale` (Study P's alpha) multiplies the whole additive table, CLS slot included; for the rotary PEs it
 multiplies the rotation angles (our extension: alpha = 0 is the identity rotation, i.e. the `none` model).
-A new PE is one subclass plus one line in `POS_EMBEDS`.
+A new PE is one subclass plus one line in `POS_EMBEDS` (and its name in the torch-free `records.names.PES`,
+which `tests/test_names.py` holds equal to this registry).
 """
 
 from __future__ import annotations
@@ -97,6 +101,10 @@ def pair_tables(angles: torch.Tensor) -> Rotation:
 class PositionalEncoding(nn.Module):
     """No positional information (Study P's `none` / "ablated"): the base every PE overrides from."""
 
+    # The name of the analysis's alpha intervention for this PE (analysis.interventions.PEScale.name or
+    # RopeScale.name), or None: nothing to scale, no alpha rows.
+    alpha_scaling: str | None = None
+
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.num_tokens = 1 + config.num_patches  # T
@@ -122,6 +130,8 @@ class LearnedAbsolute(PositionalEncoding):
     "trunc_normal": std 0.02 truncated at +-2 (absolute), timm ViT's init.
     """
 
+    alpha_scaling = "pe_scale"
+
     def __init__(self, config: ViTConfig):
         super().__init__(config)
         self.table = nn.Parameter(torch.empty(1, self.num_tokens, config.dim))
@@ -133,6 +143,8 @@ class LearnedAbsolute(PositionalEncoding):
 
 class SinCos2d(PositionalEncoding):
     """`sincos2d`: the fixed table of `sincos2d_table`, added like `ape`."""
+
+    alpha_scaling = "pe_scale"
 
     def __init__(self, config: ViTConfig):
         super().__init__(config)
@@ -173,6 +185,8 @@ class Rope2d(PositionalEncoding):
     so it passes unchanged without slicing q and k. Base: Study P 10000, Heo et al. 100 (config.rope_base).
     """
 
+    alpha_scaling = "rope_scale"  # position interpolation, not Study P's PE scaling
+
     def __init__(self, config: ViTConfig):
         super().__init__(config)
         rows, cols = grid_coordinates(config.grid)
@@ -205,6 +219,8 @@ class RopeMixed(PositionalEncoding):
     so each head starts with two orthogonal frequency directions. `freqs` (2, L, H, hd/2) is learned and,
     as in Heo et al., belongs to no weight decay (see ViT.no_weight_decay).
     """
+
+    alpha_scaling = "rope_scale"
 
     def __init__(self, config: ViTConfig):
         super().__init__(config)
