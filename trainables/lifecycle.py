@@ -66,8 +66,10 @@ def outcome(settings: LaunchSettings, cfg: RunConfig, status: str, pack_id: str 
             "snapshot_dir": settings.snapshot_uri(cfg.trial_id), "pack": pack_id, **fields}
 
 
-def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: str | None) -> dict[str, str]:
+def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: str | None,
+                rows: dict[str, dict[str, Any] | None] | None = None) -> dict[str, str]:
     """Start (or continue) each member's MLflow run and write its row "running"; trial id -> run id.
+    ``rows``: the members' trials rows as the caller already read them (read here when not given).
     A storage fault ends every run started here FAILED before it is raised: none stays RUNNING."""
     run_ids: dict[str, str] = {}
     for cfg in cfgs:
@@ -82,7 +84,9 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
             # Sets the code_version tag from the launcher's provenance (which carries it).
             tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
             # A continued trial keeps the wall time of its earlier launches: the row sums every attempt.
-            earlier = prior_wall_time(tables.read_trial(settings.results, settings.study, cfg.trial_id))
+            row = rows[cfg.trial_id] if rows is not None and cfg.trial_id in rows else \
+                tables.read_trial(settings.results, settings.study, cfg.trial_id)
+            earlier = prior_wall_time(row)
             tables.write_trial(settings.results, settings.study, flat,
                                outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now(),
                                        wall_time_s=earlier))

@@ -104,7 +104,7 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
                     if solo else {"members_to_train": 0})
         return
     tag = None if solo else pack_id  # the rows' `pack` and the runs' vitsweep.pack: packs of several only
-    run_ids = lifecycle.open_trials(settings, todo, tag)
+    run_ids = lifecycle.open_trials(settings, todo, tag, rows)  # the rows read just above
     use_gpu = settings.gpus_per_trial > 0
     resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
     workers = settings.workers_per_trial if solo else 1
