@@ -47,9 +47,9 @@ DEVICES = ("auto", "cpu", "cuda")
 
 HOLDOUT_FRACTION = 0.05  # a tuning run's holdout, unless it asks for another share
 
-# Fields that say where or how a run executes, not what it computes: they stay
-# out of the trial id, so moving the data or changing the device resumes the
-# same trial instead of starting a new one.
+# Fields that say where or how a run executes, not what it computes (records.vocab.EXECUTION_FIELDS)
+# stay out of the trial id, so moving the data or changing the device resumes the same trial
+# instead of starting a new one.
 
 # The fields every trial id has hashed since ids began. A field added later
 # enters the hash only when it differs from its default, so adding a field
