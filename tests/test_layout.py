@@ -6,7 +6,10 @@
 `records/` (what a sweep writes) sits below everything. Imports inside functions
 count too: a lazy import is still a dependency. A module's private names (a
 leading underscore) are its own: no other module imports them. The checkpoint
-layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only.
+layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
+names, the protocol switches, the did-not-learn rule, the headline severities, the data-set sizes and the
+results-path rule are defined in `records/vocab.py` only (standard library imports only), and no other
+module lists two registry names but the registries, the studies' grids and the papers' numbers.
 """
 
 from __future__ import annotations
