@@ -29,10 +29,8 @@ from torch import nn
 from analysis import metrics
 from analysis.interventions import (
     ALPHAS,
-    BLUR_HEADLINE,
     BLUR_KERNEL,
     BLUR_LEVELS,
-    JPEG_HEADLINE,
     JPEG_LEVELS,
     Clean,
     GaussianBlur,
@@ -44,6 +42,7 @@ from analysis.interventions import (
     apply_condition,
 )
 from records.schema import PAIRED_COUNTS
+from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
 

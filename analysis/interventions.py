@@ -36,11 +36,10 @@ import torch
 import torchvision.io
 import torchvision.transforms.v2.functional as TF
 
+# The headline severities among these (JPEG q5, blur sigma 2.5): records.vocab.JPEG_HEADLINE / BLUR_HEADLINE.
 JPEG_LEVELS = (5, 10, 20, 50, 75)  # quality
-JPEG_HEADLINE = 5
 BLUR_KERNEL = 5
 BLUR_LEVELS = (0.5, 1.0, 1.5, 2.0, 2.5)  # sigma, at kernel BLUR_KERNEL
-BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # 0, 0.1, ..., 1.0
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from records import files, stores, tables, tracking
+from records.vocab import results_location
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -239,7 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    results = args.results if "://" in args.results else os.path.abspath(args.results)
+    results = results_location(args.results)
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     try:
         for flag, value, low in (("--eval-size", args.eval_size, 1), ("--batch-size", args.batch_size, 1),

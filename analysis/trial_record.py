@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from records import measurements, tracking
+from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
 
 # (intervention, metric) -> MLflow key prefix of a per-layer curve, and how heads are reduced.
 _PROFILES = {
@@ -42,8 +43,6 @@ def _set(x: Any) -> bool:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Scalar MLflow metrics of one checkpoint's rows: acc_clean, n_images, dssdc_rpi, fs_jpeg_q5,
     fs_blur_s2.5, mad_min (NaNs left out)."""
-    from analysis.interventions import BLUR_HEADLINE, JPEG_HEADLINE
-
     out: dict[str, float] = {}
     mads = []
     for r in rows:

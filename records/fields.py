@@ -1,5 +1,4 @@
-"""Run-config fields by role, with no imports: read by training (no pyarrow there) and by the analysis."""
+"""PENDING (issue 24): `EXECUTION_FIELDS` moved to `records.vocab`; this shim stays only while
+`analysis/conditions.py` imports it from here. The lead deletes it at merge, wiring that import to vocab."""
 
-# Fields that say where or how a run executes, not what it computes: they stay out of the trial id
-# (trainables.config) and never split a condition (analysis.conditions).
-EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
+from records.vocab import EXECUTION_FIELDS  # noqa: F401

@@ -70,7 +70,7 @@ TRIAL_FIELDS = pa.schema(
         ("eval_loss", pa.float64()),
         ("eval_acc", pa.float64()),
         ("test_acc", pa.float64()),  # top-1 on the full official test split
-        ("did_not_learn", pa.bool_()),  # final eval_acc within 2 points of chance (trainables.config.did_not_learn)
+        ("did_not_learn", pa.bool_()),  # final eval_acc within 2 points of chance (records.vocab.did_not_learn)
         ("checkpoint_path", pa.string()),
         ("snapshot_dir", pa.string()),
         ("wall_time_s", pa.float64()),

@@ -35,12 +35,13 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TABLES, TRIAL_FIELDS
+from records.vocab import results_location
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path) for a local folder or a remote URI."""
     if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
+        return pafs.LocalFileSystem(), results_location(uri)
     return pafs.FileSystem.from_uri(uri)
 
 
@@ -87,7 +88,7 @@ PATH_COLUMNS = ("checkpoint_path", "snapshot_dir")
 
 
 def _root(results: str) -> str:
-    return (results if "://" in results else os.path.abspath(results)).rstrip("/")
+    return results_location(results).rstrip("/")
 
 
 def relative_path(results: str, value: Any) -> Any:

@@ -15,11 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-TABLE = Path(__file__).resolve().parent.parent / "bench" / "measured" / "gpu_suite.json"
+from records.vocab import DATASET_SIZES
 
-# Training images per epoch before the 5% holdout: the official train split sizes.
-TRAIN_IMAGES = {"shapes": 10_000, "cifar10": 50_000, "cifar100": 50_000, "tinyimagenet": 100_000,
-                "imagenet100": 126_689}
+TABLE = Path(__file__).resolve().parent.parent / "bench" / "measured" / "gpu_suite.json"
 
 
 def load_table(path: Path | None = None) -> dict[str, Any] | None:
@@ -30,8 +28,10 @@ def load_table(path: Path | None = None) -> dict[str, Any] | None:
 
 
 def trial_images(flat: dict[str, Any]) -> int | None:
-    """Training images one trial sees over all its epochs (None for a data set of unknown size)."""
-    n = TRAIN_IMAGES.get(flat["dataset"])
+    """Training images one trial sees over all its epochs (None for a data set of unknown size): the
+    official training split (`records.vocab.DATASET_SIZES`) less the holdout, capped, times the epochs."""
+    size = DATASET_SIZES.get(flat["dataset"])
+    n = size.train_images if size is not None else None
     if n is None:
         return None
     n = round(n * (1 - flat.get("holdout_fraction", 0.05)))

@@ -30,7 +30,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sweeps import STUDIES, load_study, names, progress
+from records import vocab as names  # PENDING (issue 24): the lead renames `names.` to `vocab.` here
+from sweeps import STUDIES, load_study, progress
 from sweeps.faults import close_unfinished, report_storage_faults  # noqa: F401  (the launcher's epilogue)
 from sweeps.validate import check_args, check_value, parse_overrides  # noqa: F401
 

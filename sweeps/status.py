@@ -98,9 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import os
 
-    results = args.results if "://" in args.results else os.path.abspath(args.results)
+    from records.vocab import results_location
+
+    results = results_location(args.results)
     try:
         status = study_status(results, args.study)
     except ValueError as exc:

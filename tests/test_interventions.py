@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import interventions as iv
+from records import vocab
 
 
 def _images(batch: int = 4, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -24,8 +25,8 @@ def _change(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_registry_and_default_levels():
     assert set(iv.INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale"}
     assert iv.DEFAULT_LEVELS["rope_scale"] == iv.DEFAULT_LEVELS["pe_scale"] == iv.ALPHAS
-    assert iv.JPEG_LEVELS == (5, 10, 20, 50, 75) and iv.JPEG_HEADLINE in iv.JPEG_LEVELS
-    assert iv.BLUR_LEVELS == (0.5, 1.0, 1.5, 2.0, 2.5) and iv.BLUR_HEADLINE == (iv.BLUR_KERNEL, iv.BLUR_LEVELS[-1])
+    assert iv.JPEG_LEVELS == (5, 10, 20, 50, 75) and vocab.JPEG_HEADLINE in iv.JPEG_LEVELS
+    assert iv.BLUR_LEVELS == (0.5, 1.0, 1.5, 2.0, 2.5) and vocab.BLUR_HEADLINE == (iv.BLUR_KERNEL, iv.BLUR_LEVELS[-1])
     assert iv.ALPHAS == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 

@@ -6,7 +6,10 @@
 `records/` (what a sweep writes) sits below everything. Imports inside functions
 count too: a lazy import is still a dependency. A module's private names (a
 leading underscore) are its own: no other module imports them. The checkpoint
-layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only.
+layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
+names, the protocol switches, the did-not-learn rule, the headline severities, the data-set sizes and the
+results-path rule are defined in `records/vocab.py` only (standard library imports only), and no other
+module lists two registry names but the registries, the studies' grids and the papers' numbers.
 """
 
 from __future__ import annotations
@@ -107,3 +110,184 @@ def test_the_checkpoint_layout_is_named_in_one_module():
            for n, line in enumerate(path.read_text().splitlines(), 1)
            if "state.pt" in line or "epoch_*" in line or r"epoch_(\d" in line or "epoch_{epoch:04d}.pt" in line]
     assert not bad, "name checkpoint files through trainables.checkpoints:\n" + "\n".join(bad)
+
+
+# -- one vocabulary --------------------------------------------------------------------------------
+# The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
+# the headline severities, the data-set sizes and the results-path rule live in records/vocab.py only.
+VOCABULARY = ROOT / "records" / "vocab.py"
+# The studies' grids pick names from the vocabulary: that is what a study is.
+GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
+# Literals that are a registry or the registry's own per-entry contents, keyed by the name they are assigned to.
+OWNED = {
+    ("trainables/pos_embed.py", "POS_EMBEDS"), ("trainables/datasets.py", "DATASETS"),
+    ("trainables/vit.py", "PRESETS"),
+    # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
+    ("trainables/formats.py", "_CIFAR"), ("trainables/formats.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
+    ("sweeps/__init__.py", "STUDIES"),  # study names: two of them are also preset names
+    # The colour map, keyed by vocabulary names, with a colour for names it has not seen.
+    ("analysis/plotting.py", "PE_COLOURS"), ("analysis/plotting.py", "PROTOCOL_COLOURS"),
+}
+# The papers' reported numbers (in whichever analysis module holds them), keyed by what the papers
+# name: a model (`ape`, `ape + RPT`) or a protocol; test_the_papers_numbers_use_the_vocabularys_names
+# checks every key is one the vocabulary holds.
+PAPER_TABLES = {"PAPER_P_MODELS": "model", "PAPER_L_MIN_MAD": "protocol"}
+# PENDING (issue 24): copies in modules this branch did not edit (the analysis split and the launcher are
+# other branches'); the lead wires each to records.vocab at merge and deletes its line here.
+PENDING_LITERALS = {("analysis/report.py", "TEST_SPLIT_IMAGES")}  # -> vocab.DATASET_SIZES[name].test_images
+PENDING_DEFINITIONS = {
+    ("analysis/claims.py", "SWITCHES"), ("analysis/claims.py", "MODERN"),  # -> vocab.SWITCHES, vocab.MODERN
+    ("analysis/claims.py", "canonical_protocol"), ("analysis/claims.py", "protocol_switches"),  # -> vocab's
+    ("analysis/report.py", "HEADLINE_JPEG_QUALITY"), ("analysis/report.py", "HEADLINE_BLUR_SIGMA"),
+    # -> float(vocab.JPEG_HEADLINE), vocab.BLUR_HEADLINE[1]; and analysis/figures_p.py's literal
+    # `x = 5.0 if kind == "jpeg" else 2.5` -> the same two (a number literal, which no rule here sees)
+    ("analysis/report.py", "TEST_SPLIT_IMAGES"),
+}
+PENDING_PATH_RULE = {"sweeps/run.py"}  # resolve_paths: results and storage -> vocab.results_location
+# Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
+VOCABULARY_DEFINITIONS = (
+    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",
+    "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE", "BLUR_HEADLINE",
+    "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES", "TRAIN_IMAGES",
+    "results_location",
+)
+
+
+def _vocabulary():
+    from records import vocab
+
+    return vocab
+
+
+def _registry_names() -> tuple[set[str], set[str]]:
+    """(every registry name, the switch names): a switch name is also a run-config field's name."""
+    vocab = _vocabulary()
+    return {*vocab.PES, *vocab.PROTOCOLS, *vocab.DATASETS, *vocab.PRESETS}, set(vocab.SWITCHES)
+
+
+def _owners(tree: ast.AST) -> dict[int, str]:
+    """id(node) -> the name its enclosing assignment binds (the innermost), for every node under one."""
+    owner = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            name = next((t.id for t in targets if isinstance(t, ast.Name)), None)
+            if name is not None:
+                owner.update({id(sub): name for sub in ast.walk(node.value)})
+    return owner
+
+
+def _name_collections(path: Path) -> list[tuple[int, str | None, list[str]]]:
+    """(line, assigned-to name, registry names) of every tuple, list, set or dict-key literal naming two or
+    more registry names. Switch names (`autoaugment`, `cutmix`, `label_smoothing`) are also run-config
+    fields: they count only in a literal that names another protocol (so a list of fields is no copy)."""
+    names, switches = _registry_names()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    owner, found = _owners(tree), []
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) or not items:
+            continue
+        strings = {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)} & names
+        if not strings & (set(_vocabulary().PROTOCOLS) - switches):
+            strings -= switches
+        if len(strings) >= 2:
+            found.append((node.lineno, owner.get(id(node)), sorted(strings)))
+    return found
+
+
+def test_registry_names_are_listed_in_the_vocabulary_only():
+    """A new PE, protocol, data set or preset: its registry line and its vocabulary name, no other list."""
+    bad = []
+    for package in PACKAGES:
+        for path in _modules(package):
+            if path == VOCABULARY or path in GRIDS:
+                continue
+            rel = str(path.relative_to(ROOT))
+            bad += [f"{rel}:{line} {owner}: {names}" for line, owner, names in _name_collections(path)
+                    if (rel, owner) not in OWNED | PENDING_LITERALS and owner not in PAPER_TABLES]
+    assert not bad, "registry names listed outside records/vocab.py (read them from there):\n" + "\n".join(bad)
+
+
+def test_the_name_walk_sees_copies_and_not_field_lists(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('ORDER = ("ape", "rope2d")\nFIELDS = ("seed", "autoaugment", "cutmix")\n'
+                      'def f():\n    return {"baseline": 1, "cutmix": 2}\n')
+    assert [(line, names) for line, _, names in _name_collections(module)] == [
+        (1, ["ape", "rope2d"]), (4, ["baseline", "cutmix"])]
+
+
+def test_the_papers_numbers_use_the_vocabularys_names():
+    """Every key of a papers' table is a model (`<pe>`, `<pe> + RPT`) or a protocol the vocabulary holds."""
+    vocab = _vocabulary()
+    valid = {"model": {*vocab.PES, *(f"{pe} + RPT" for pe in vocab.PES)}, "protocol": set(vocab.PROTOCOLS)}
+    found, bad = set(), []
+    for package in PACKAGES:
+        for path in _modules(package):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                table = node.targets[0].id if isinstance(node, ast.Assign) and isinstance(
+                    node.targets[0], ast.Name) else None
+                if table in PAPER_TABLES and isinstance(node.value, ast.Dict):
+                    found.add(table)
+                    keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+                    bad += [f"{path.relative_to(ROOT)}:{node.lineno} {table} {k!r}" for k in keys
+                            if k not in valid[PAPER_TABLES[table]]]
+    assert found == set(PAPER_TABLES), f"not found: {set(PAPER_TABLES) - found} (moved or renamed? update PAPER_TABLES)"
+    assert not bad, "the papers' numbers name what the vocabulary does not:\n" + "\n".join(bad)
+
+
+def _definitions(path: Path) -> set[str]:
+    """Names the module binds at its top level (assignments, functions, classes)."""
+    out = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                out |= {e.id for e in ast.walk(t) if isinstance(e, ast.Name)}
+    return out
+
+
+def test_the_vocabulary_is_defined_once():
+    bad = [f"{rel} defines {name}"
+           for package in PACKAGES for path in _modules(package)
+           if path != VOCABULARY and path not in GRIDS  # a grid's own pick (study_p's PES) is its choice
+           for rel in [str(path.relative_to(ROOT))]
+           for name in sorted(_definitions(path) & set(VOCABULARY_DEFINITIONS))
+           if (rel, name) not in PENDING_DEFINITIONS and not _is_registry(rel, name)]
+    assert not bad, "import these from records.vocab:\n" + "\n".join(bad)
+    assert set(VOCABULARY_DEFINITIONS) - {"HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "TEST_SPLIT_IMAGES",
+                                          "TRAIN_IMAGES"} <= _definitions(VOCABULARY)
+
+
+def _is_registry(rel: str, name: str) -> bool:
+    """The registries share their vocabulary's name (`PROTOCOLS`, `DATASETS`, `PRESETS`): the real table."""
+    return (rel, name) in {("trainables/protocols.py", "PROTOCOLS"), ("trainables/datasets.py", "DATASETS"),
+                           ("trainables/vit.py", "PRESETS")}
+
+
+def _path_rules(path: Path) -> list[int]:
+    """Lines of every `x if "://" in x else abspath(x)` (or `if "://" not in x: x = abspath(x)`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.IfExp, ast.If)) and any(
+                isinstance(c, ast.Constant) and c.value == "://" for c in ast.walk(node.test)):
+            branches = [node.body, node.orelse] if isinstance(node, ast.IfExp) else [*node.body, *node.orelse]
+            if any(isinstance(c, ast.Attribute) and c.attr == "abspath" for b in branches for c in ast.walk(b)):
+                found.append(node.lineno)
+    return found
+
+
+def test_the_results_path_rule_is_written_once():
+    bad = [f"{rel}:{line}" for package in PACKAGES for path in _modules(package) if path != VOCABULARY
+           for rel in [str(path.relative_to(ROOT))] if rel not in PENDING_PATH_RULE for line in _path_rules(path)]
+    assert not bad, "use records.vocab.results_location:\n" + "\n".join(bad)
+    assert _path_rules(VOCABULARY)
+
+
+def test_the_vocabulary_imports_only_the_standard_library():
+    import sys
+
+    imported = {name for name, _ in _imported_packages(VOCABULARY)} - {"__future__"}
+    assert imported <= set(sys.stdlib_module_names), imported

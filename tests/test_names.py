@@ -1,57 +1,91 @@
-"""`--help` lists the valid names without importing torch: the torch-free copy matches the registries."""
+"""One torch-free vocabulary: the registries check their keys against it at import, and `--help` lists
+its names without importing torch."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-from records import names as vocabulary
-from sweeps import names
+import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from records import vocab
+from sweeps import STUDIES
 
 HEAVY = ("torch", "torchvision", "matplotlib", "mlflow", "ray")
 
 
-def test_names_match_the_real_registries():
-    from trainables.datasets import DATASETS
-    from trainables.pos_embed import POS_EMBEDS
-    from trainables.protocols import PROTOCOLS
-    from trainables.vit import PRESETS
-
-    assert names.PES == vocabulary.PES == tuple(POS_EMBEDS)  # in registry order: the report's PE order
-    assert names.PROTOCOLS == tuple(PROTOCOLS)
-    assert names.DATASETS == tuple(DATASETS)
-    assert names.PRESETS == tuple(PRESETS)
+def test_a_registry_that_drifts_from_the_vocabulary_is_named():
+    vocab.check_registry("R", ["a", "b"], ("a", "b"), "NAMES")  # equal: silent
+    with pytest.raises(ValueError, match=r"R has \['c'\], which records.vocab.NAMES lacks.*NAMES has \['b'\]"):
+        vocab.check_registry("R", ["a", "c"], ("a", "b"), "NAMES")
+    with pytest.raises(ValueError, match="one order"):
+        vocab.check_registry("R", ["b", "a"], ("a", "b"), "NAMES")
 
 
-def _string_collections(path: Path) -> list[tuple[int, set[str]]]:
-    """(line, strings) of every tuple, list, set or dict-key literal of two or more strings in the file."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) and items:
-            strings = {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
-            if len(strings) >= 2:
-                found.append((node.lineno, strings))
-    return found
+def test_each_registry_checks_its_keys_at_import():
+    # A fresh interpreter: the vocabulary gains a name no registry has, then each registry's import fails
+    # naming it (and the registries import again once the name is gone).
+    probe = (
+        "import importlib, json, sys\n"
+        "from records import vocab\n"
+        "out = {}\n"
+        "for attr, module in (('PES', 'trainables.pos_embed'), ('PRESETS', 'trainables.vit'),\n"
+        "                     ('PROTOCOLS', 'trainables.protocols'), ('DATASETS', 'trainables.datasets')):\n"
+        "    real = getattr(vocab, attr)\n"
+        "    setattr(vocab, attr, (*real, 'made_up'))\n"
+        "    if attr == 'DATASETS':\n"
+        "        vocab.DATASET_SIZES['made_up'] = vocab.DATASET_SIZES['folder']\n"
+        "    try:\n"
+        "        importlib.import_module(module)\n"
+        "        out[attr] = 'imported'\n"
+        "    except ValueError as exc:\n"
+        "        out[attr] = str(exc)\n"
+        "    setattr(vocab, attr, real)\n"
+        "    vocab.DATASET_SIZES.pop('made_up', None)\n"
+        "    for name in [m for m in sys.modules if m.startswith('trainables')]:\n"
+        "        del sys.modules[name]\n"
+        "import trainables.datasets, trainables.vit\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    messages = json.loads(done.stdout.strip().splitlines()[-1])
+    registries = {"PES": "POS_EMBEDS", "PRESETS": "PRESETS", "PROTOCOLS": "PROTOCOLS", "DATASETS": "DATASETS"}
+    for attr, registry in registries.items():
+        assert f"records.vocab.{attr} has ['made_up'], which trainables." in messages[attr], messages[attr]
+        assert f".{registry} lacks" in messages[attr]
 
 
-def test_no_product_module_copies_the_pe_names():
-    """A new PE: its class, its registry line and its torch-free name; no other list of PE names to update.
-    Allowed: the colour map (analysis/plotting.py, with a default for unseen names), the papers' numbers
-    (analysis/claims.py) and the studies' grids (sweeps/<study>.py): each picks PEs, none lists them all."""
-    pes = set(vocabulary.PES)
-    allowed = {ROOT / "records" / "names.py", ROOT / "trainables" / "pos_embed.py", ROOT / "analysis" / "plotting.py",
-               ROOT / "analysis" / "claims.py", *(ROOT / "sweeps" / f"{study}.py" for study in names.STUDIES)}
-    copies = [f"{path.relative_to(ROOT)}:{line} {sorted(strings & pes)}"
-              for package in ("sweeps", "analysis", "trainables", "records")
-              for path in sorted((ROOT / package).rglob("*.py")) if path not in allowed
-              for line, strings in _string_collections(path) if len(strings & pes) >= 2]
-    assert copies == [], "PE names listed outside the registry and records.names:\n" + "\n".join(copies)
+def test_a_data_set_size_that_disagrees_with_the_registry_fails_its_import():
+    probe = (
+        "import dataclasses\n"
+        "from records import vocab\n"
+        "vocab.DATASET_SIZES['cifar10'] = dataclasses.replace(vocab.DATASET_SIZES['cifar10'], num_classes=11)\n"
+        "import trainables.datasets\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "data set 'cifar10'" in done.stderr and "num_classes" in done.stderr
+
+
+def test_protocol_names_parse_one_way_everywhere():
+    from trainables.protocols import PROTOCOLS, Protocol
+
+    for name in vocab.PROTOCOLS:
+        switches = vocab.protocol_switches(name)
+        assert Protocol.from_name(name) == Protocol(**switches) == PROTOCOLS[name]
+        assert vocab.protocol_name(**switches) == Protocol(**switches).name == vocab.canonical_protocol(name)
+    assert vocab.protocol_switches("cutmix+label_smoothing") == {"autoaugment": False, "cutmix": True,
+                                                                  "label_smoothing": True}
+    assert vocab.canonical_protocol("modern") == vocab.MODERN == "autoaugment+cutmix+label_smoothing"
+    with pytest.raises(ValueError, match=r"unknown protocol 'cutmix\+autoaugment'"):
+        vocab.protocol_switches("cutmix+autoaugment")  # only the stored order is a name
+
+
+def test_the_results_path_rule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert vocab.results_location("s3://bucket/x") == "s3://bucket/x"
+    assert vocab.results_location("results") == str(tmp_path / "results")
 
 
 def test_help_imports_no_heavy_library_and_lists_the_names():
@@ -73,5 +107,5 @@ def test_help_imports_no_heavy_library_and_lists_the_names():
         assert "usage:" in result["help"]
     sweep_help = subprocess.run([sys.executable, "-c", probe, "sweep", "--help"], capture_output=True, text=True,
                                 timeout=120).stdout
-    for name in (*names.STUDIES, *names.PES, *names.DATASETS, *names.PRESETS, "autoaugment+cutmix"):
+    for name in (*STUDIES, *vocab.PES, *vocab.DATASETS, *vocab.PRESETS, "autoaugment+cutmix"):
         assert name in sweep_help, f"{name!r} missing from `vitsweep sweep --help`"

@@ -94,7 +94,7 @@ def test_rpt_permutations_per_batch_and_per_image():
 
 
 def test_an_untrained_model_is_flagged_did_not_learn(tmp_path):
-    from trainables.config import did_not_learn
+    from records.vocab import did_not_learn
 
     # lr 1e-9: one epoch that changes nothing, so the model stays at chance on the 10 balanced classes.
     final = train(tiny(epochs=1, warmup_epochs=0, lr=1e-9, max_train_images=128), tmp_path, log=lambda *_: None)

@@ -28,11 +28,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from records.fields import EXECUTION_FIELDS
+from records.vocab import EXECUTION_FIELDS
+from records.vocab import did_not_learn  # noqa: F401  PENDING: analysis/conditions.py imports it from here
 from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 
@@ -45,14 +45,11 @@ SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
 
-# A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
-# flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
-CHANCE_MARGIN = 0.02
 HOLDOUT_FRACTION = 0.05  # a tuning run's holdout, unless it asks for another share
 
-# Fields that say where or how a run executes, not what it computes: they stay
-# out of the trial id, so moving the data or changing the device resumes the
-# same trial instead of starting a new one.
+# Fields that say where or how a run executes, not what it computes (records.vocab.EXECUTION_FIELDS)
+# stay out of the trial id, so moving the data or changing the device resumes the same trial
+# instead of starting a new one.
 
 # The fields every trial id has hashed since ids began. A field added later
 # enters the hash only when it differs from its default, so adding a field
@@ -219,14 +216,6 @@ class RunConfig:
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
-
-
-def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
-    """True when a final top-1 accuracy lies within ``CHANCE_MARGIN`` of chance (or below it);
-    None when the accuracy is unknown. ``did_not_learn(0.11, 10)`` -> True, ``(0.13, 10)`` -> False."""
-    if eval_acc is None or math.isnan(eval_acc):
-        return None
-    return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
 
 
 def _defaults() -> dict[str, Any]:

@@ -53,6 +53,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import find_classes
 
+from records import vocab
 from trainables import formats, shapes
 from trainables.formats import IMAGENET100_WNIDS, Loaded, link_imagenet100  # noqa: F401  (public here)
 from trainables.images import (  # noqa: F401  (re-exported: the data set API in one place)
@@ -308,3 +309,23 @@ DATASETS: dict[str, DatasetInfo] = {
         formats.OBTAIN["folder"], load=formats.load_folder, check=formats.check_folder,
     ),
 }
+
+
+def _check_sizes() -> None:
+    """The registry agrees with the torch-free table `records.vocab.DATASET_SIZES` (which the dry run's
+    GPU-hours and the report's standard errors read): names, and each image size, patch size and class
+    count; `shapes`' splits are its generator's."""
+    vocab.check_registry("trainables.datasets.DATASETS", DATASETS, vocab.DATASETS, "DATASETS")
+    for name, info in DATASETS.items():
+        size = vocab.DATASET_SIZES[name]
+        here = (info.img_size, info.patch_size, info.num_classes)
+        if here != (size.img_size, size.patch_size, size.num_classes):
+            raise ValueError(f"data set {name!r}: the registry has (img_size, patch_size, num_classes) {here}, "
+                             f"records.vocab.DATASET_SIZES {size}")
+    shapes_size = vocab.DATASET_SIZES["shapes"]
+    if (shapes_size.train_images, shapes_size.test_images) != (shapes.TRAIN_SIZE, shapes.TEST_SIZE):
+        raise ValueError(f"records.vocab.DATASET_SIZES['shapes'] {shapes_size} disagrees with trainables.shapes' "
+                         f"splits ({shapes.TRAIN_SIZE}, {shapes.TEST_SIZE})")
+
+
+_check_sizes()

@@ -21,8 +21,8 @@ The interface (`PositionalEncoding`), two hooks the ViT calls once per forward:
                          None (nothing to scale: no alpha rows).
 `pe_scale` (Study P's alpha) multiplies the whole additive table, CLS slot included; for the rotary PEs it
 multiplies the rotation angles (our extension: alpha = 0 is the identity rotation, i.e. the `none` model).
-A new PE is one subclass plus one line in `POS_EMBEDS` (and its name in the torch-free `records.names.PES`,
-which `tests/test_names.py` holds equal to this registry).
+A new PE is one subclass plus one line in `POS_EMBEDS` (and its name in the torch-free `records.vocab.PES`,
+which this registry checks at import, naming a key one has and the other lacks).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
+
+from records import vocab
 
 if TYPE_CHECKING:
     from trainables.vit import ViTConfig
@@ -260,6 +262,7 @@ POS_EMBEDS: dict[str, type[PositionalEncoding]] = {
     "rope2d": Rope2d,
     "rope2d_mixed": RopeMixed,
 }
+vocab.check_registry("trainables.pos_embed.POS_EMBEDS", POS_EMBEDS, vocab.PES, "PES")
 
 
 def build_pos_embed(config: ViTConfig) -> PositionalEncoding:

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
+from records import vocab
 from trainables.images import (
     LARGE_IMAGE_SIZE,
     device_constant,
@@ -65,7 +66,6 @@ LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
 COLOR_JITTER = 0.4  # brightness, contrast and saturation: Study L's AutoAugment stand-in on Tiny-ImageNet
 COLOR_JITTER_DATASETS = ("tinyimagenet",)
-_SWITCHES = ("autoaugment", "cutmix", "label_smoothing")
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,7 @@ class Protocol:
 
     @property
     def name(self) -> str:
-        on = [s for s in _SWITCHES if getattr(self, s)]
-        return "+".join(on) if on else "baseline"
+        return vocab.protocol_name(self.autoaugment, self.cutmix, self.label_smoothing)
 
     @property
     def smoothing(self) -> float:
@@ -88,13 +87,15 @@ class Protocol:
 
     @classmethod
     def from_name(cls, name: str) -> Protocol:
-        if name not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {name!r}; valid: {list(PROTOCOLS)}")
-        return PROTOCOLS[name]
+        """The protocol a name (or the alias ``modern``) means; an unknown name raises ValueError."""
+        return cls(**vocab.protocol_switches(name))
 
 
+# Every combination of the switches, and the aliases: the vocabulary's names, checked at import.
 _ALL = [Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True)]
-PROTOCOLS: dict[str, Protocol] = {p.name: p for p in _ALL} | {"modern": Protocol(True, True, True)}
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in _ALL} | {
+    alias: Protocol.from_name(name) for alias, name in vocab.ALIASES.items()}
+vocab.check_registry("trainables.protocols.PROTOCOLS", PROTOCOLS, vocab.PROTOCOLS, "PROTOCOLS")
 
 
 # -- per-image transforms ------------------------------------------------------------------------

@@ -55,10 +55,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from records.vocab import did_not_learn
 from trainables import checkpoints
 from trainables.augment import augmentation
 from trainables.checkpoints import CorruptCheckpointError, load_model  # noqa: F401  (their old home)
-from trainables.config import RunConfig, did_not_learn
+from trainables.config import RunConfig
 from trainables.datasets import capped_subset, load_dataset
 from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch

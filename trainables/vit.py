@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 from torch import nn
 
+from records import vocab
 from trainables.pos_embed import APE_INITS, POS_EMBEDS, Rotation, apply_rotation, build_pos_embed
 
 _STUDY_P = dict(
@@ -52,6 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(img_size=32, patch_size=4, num_classes=10, dim=64, depth=2, heads=4, mlp_ratio=2.0,
                  ape_init="trunc_normal", **_NO_DROPOUT),
 }
+vocab.check_registry("trainables.vit.PRESETS", PRESETS, vocab.PRESETS, "PRESETS")
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,0 +1,151 @@
+"""The project's vocabulary, torch-free (standard library only): every name and shared rule in one place.
+
+Every floor reads it: `vitsweep --help` and the pre-torch checks (`sweeps/validate.py`) list the
+names from here without waiting 10-40 s for torch; training, the analysis and the report take the
+same names, switches and rules from here, so no two copies can drift.
+
+    PES, PROTOCOLS, DATASETS, PRESETS     the registries' keys, in their order (the report's order)
+    SWITCHES, protocol_switches(name)     Study L's protocol switches and the one parser of a protocol name
+    protocol_name(...), canonical_protocol(name)
+    EXECUTION_FIELDS                      run-config fields that say where a run executes, not what it computes
+    CHANCE_MARGIN, did_not_learn(acc, classes)   the collapsed-run rule
+    JPEG_HEADLINE, BLUR_HEADLINE          Study P's headline severities of the fragility score
+    DATASET_SIZES                         image size, patch size, classes, train / test split sizes per data set
+    results_location(path)                the results-path rule: a URI as it is, a local path made absolute
+
+The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
+`trainables.datasets.DATASETS`, `trainables.vit.PRESETS`) call `check_registry` at import: a key
+one of them has and the vocabulary lacks (or the other way round, or another order) fails the import
+with a message naming the key. So a new PE is its subclass, its line in `POS_EMBEDS` and its name in
+`PES` below; a PE defined outside the product (a test, a notebook) by
+`POS_EMBEDS[name] = cls` after import needs no name here: it trains and is measured, and the report
+orders names it does not know after these.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# -- the registries' names ------------------------------------------------------------------------
+PES = ("none", "ape", "sincos2d", "rope2d", "rope2d_mixed")
+PROTOCOLS = (
+    "baseline", "label_smoothing", "cutmix", "cutmix+label_smoothing", "autoaugment",
+    "autoaugment+label_smoothing", "autoaugment+cutmix", "autoaugment+cutmix+label_smoothing", "modern",
+)
+DATASETS = ("shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder")
+PRESETS = ("study_l", "study_p", "vit_s", "tiny")
+
+
+def check_registry(registry: str, keys: Iterable[str], names: tuple[str, ...], vocabulary: str) -> None:
+    """Raise ValueError unless a registry's keys are the vocabulary's names, in the same order.
+
+    registry / vocabulary: how to name the two in the message (``"trainables.pos_embed.POS_EMBEDS"``,
+    ``"PES"``)."""
+    keys = tuple(keys)
+    if keys == names:
+        return
+    extra = [k for k in keys if k not in names]
+    missing = [n for n in names if n not in keys]
+    problems = []
+    if extra:
+        problems.append(f"{registry} has {extra}, which records.vocab.{vocabulary} lacks: add to records/vocab.py")
+    if missing:
+        problems.append(f"records.vocab.{vocabulary} has {missing}, which {registry} lacks")
+    if not problems:
+        problems.append(f"{registry} lists {list(keys)}, records.vocab.{vocabulary} {list(names)}: put them "
+                        "in one order (the report's)")
+    raise ValueError("; ".join(problems))
+
+
+# -- protocols: Study L's three switches ----------------------------------------------------------
+SWITCHES = ("autoaugment", "cutmix", "label_smoothing")  # in name order: "autoaugment+cutmix", never the reverse
+MODERN = "+".join(SWITCHES)  # the name trials store for `modern` (all three switches on)
+ALIASES = {"modern": MODERN}  # a name a user may type for another protocol
+
+
+def protocol_name(autoaugment: bool = False, cutmix: bool = False, label_smoothing: bool = False) -> str:
+    """The name a trial stores: "baseline", or the switches that are on joined by "+" in `SWITCHES` order."""
+    on = [s for s, value in zip(SWITCHES, (autoaugment, cutmix, label_smoothing)) if value]
+    return "+".join(on) if on else "baseline"
+
+
+def canonical_protocol(name: str) -> str:
+    """Protocol name as trials store it (``protocol_name``); an alias (``modern``) maps to its switches."""
+    return ALIASES.get(name, name)
+
+
+def protocol_switches(name: str) -> dict[str, bool]:
+    """{'autoaugment': bool, 'cutmix': bool, 'label_smoothing': bool} of a protocol name (or an alias).
+    ``"cutmix+label_smoothing"`` -> cutmix and label_smoothing on. An unknown name raises ValueError."""
+    if name not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {name!r}; valid: {list(PROTOCOLS)}")
+    name = canonical_protocol(name)
+    parts = set() if name == "baseline" else set(name.split("+"))
+    return {s: s in parts for s in SWITCHES}
+
+
+# -- run-config fields by role --------------------------------------------------------------------
+# Fields that say where or how a run executes, not what it computes: they stay out of the trial id
+# (trainables.config) and never split a condition (analysis.conditions).
+EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
+
+
+# -- collapsed runs -------------------------------------------------------------------------------
+# A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
+# flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
+CHANCE_MARGIN = 0.02
+
+
+def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
+    """True when a final top-1 accuracy lies within ``CHANCE_MARGIN`` of chance (or below it);
+    None when the accuracy is unknown. ``did_not_learn(0.11, 10)`` -> True, ``(0.13, 10)`` -> False."""
+    if eval_acc is None or math.isnan(eval_acc):
+        return None
+    return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
+
+
+# -- Study P's headline severities ----------------------------------------------------------------
+# The fragility score (FS) a claim, a summary column and a trial's MLflow run report: JPEG quality 5,
+# Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.interventions`' grids).
+JPEG_HEADLINE = 5  # quality
+BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
+
+
+# -- data-set sizes -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DatasetSize:
+    """What a data set is, by the numbers (None: read from the root, as for `folder`).
+
+    img_size / patch_size: px (the grid is img_size // patch_size); train_images: the official
+    training split before any holdout; test_images: the official test split (the n behind test_acc)."""
+
+    img_size: int | None
+    patch_size: int | None
+    num_classes: int | None
+    train_images: int | None
+    test_images: int | None
+
+
+# `trainables.datasets.DATASETS` checks its entries against these at import (`shapes`' splits are
+# `trainables.shapes.TRAIN_SIZE` / `TEST_SIZE`).
+DATASET_SIZES = {
+    "shapes": DatasetSize(32, 4, 10, 10_000, 2_000),
+    "cifar10": DatasetSize(32, 4, 10, 50_000, 10_000),
+    "cifar100": DatasetSize(32, 4, 100, 50_000, 10_000),
+    "tinyimagenet": DatasetSize(64, 8, 200, 100_000, 10_000),  # val used as test
+    "imagenet100": DatasetSize(224, 16, 100, 126_689, 5_000),  # val used as test
+    "folder": DatasetSize(None, None, None, None, None),
+}
+
+
+# -- where results live ---------------------------------------------------------------------------
+def results_location(path: str) -> str:
+    """The results-path rule: a URI (``s3://...``, anything with ``://``) as it is, a local path
+    made absolute, so every process of a sweep names the same folder whatever its working directory."""
+    return path if "://" in path else os.path.abspath(path)
+
+
+check_registry("records.vocab.DATASET_SIZES", DATASET_SIZES, DATASETS, "DATASETS")
