@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import plotting as pl
-from analysis.claims import PAPER_P_APE_SCALING, PAPER_P_MODELS, PAPER_P_SETTING, model_key, model_label, summarise
+from analysis.labels import model_key, model_label
+from analysis.paper_numbers import PAPER_P_APE_SCALING, PAPER_P_MODELS, PAPER_P_SETTING
+from analysis.seedstats import summarise
 
 if TYPE_CHECKING:
-    from analysis.report import StudyData
+    from analysis.study_data import StudyData
 
 
 def _model_lines(ax, df, s, x: str) -> None:

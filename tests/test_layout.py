@@ -25,6 +25,7 @@ FORBIDDEN = {  # package -> packages it must not import
     "sweeps": set(),
 }
 MAX_LINES = 600
+MAX_ANALYSIS_LINES = 400  # analysis/ by concern: the data model, labels, statistics, claims, tables, page, figures
 
 
 def _modules(package: str) -> list[Path]:
@@ -57,6 +58,73 @@ def test_every_module_fits_in_a_head():
             for package in PACKAGES for path in _modules(package)
             if (n := len(path.read_text().splitlines())) > MAX_LINES]
     assert not long, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(long)
+
+
+def test_every_analysis_module_fits_in_400_lines():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in _modules("analysis")
+            if (n := len(path.read_text().splitlines())) > MAX_ANALYSIS_LINES]
+    assert not long, f"analysis/ modules over {MAX_ANALYSIS_LINES} lines (split them by concern):\n" + "\n".join(long)
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Dotted names of the project modules the file imports, at any depth: ``from analysis import
+    figures`` names ``analysis.figures`` (a module), ``from analysis.claims import CLAIMS``
+    ``analysis.claims``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PACKAGES:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names
+                      if _module_path(f"{node.module}.{a.name}") is not None}
+    return found
+
+
+def _module_path(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _import_closure(name: str) -> set[str]:
+    """Every project module reachable from ``name`` through imports (lazy ones included)."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        if module in seen or (path := _module_path(module)) is None:
+            continue
+        seen.add(module)
+        todo += sorted(_project_imports(path) - seen)
+    return seen
+
+
+def test_the_measuring_job_imports_neither_the_report_nor_the_page():
+    # The Ray Data job reads the data model (analysis.study_data), never the HTML report.
+    closure = _import_closure("analysis.job")
+    assert "analysis.study_data" in closure  # the walk reaches it (through trial_record's summary table)
+    assert not closure & {"analysis.report", "analysis.page"}, sorted(closure & {"analysis.report", "analysis.page"})
+
+
+def test_the_closure_follows_lazy_and_from_package_imports():
+    closure = _import_closure("analysis.report")
+    assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
+
+
+def test_no_analysis_module_hides_a_module_behind_another_name():
+    """``from analysis import claims as numbers`` hid what a reader looks for; an alias may only
+    shorten the module's own name (``plotting as pl``)."""
+    bad = []
+    for path in _modules("analysis"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                for a in node.names:
+                    full = f"{module}.{a.name}" if module else a.name
+                    if a.asname and full.split(".")[0] in PACKAGES and _module_path(full) is not None \
+                            and not full.rsplit(".", 1)[-1].startswith(a.asname):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {full} as {a.asname}")
+    assert not bad, "import the module under its own name:\n" + "\n".join(bad)
 
 
 def test_the_walk_sees_lazy_imports(tmp_path):
