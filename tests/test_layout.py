@@ -111,6 +111,15 @@ def test_the_closure_follows_lazy_and_from_package_imports():
     assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
 
 
+def test_no_product_module_uses_the_per_image_reference_pipeline():
+    # trainables/reference.py is what the batched path is checked against (tests, bench/), not a second
+    # training path: a product module that imported it would train two ways.
+    bad = [f"{path.relative_to(ROOT)}" for package in PACKAGES for path in _modules(package)
+           if path != ROOT / "trainables" / "reference.py" and "trainables.reference" in _project_imports(path)]
+    assert not bad, "only tests and bench/ import trainables.reference:\n" + "\n".join(bad)
+    assert "trainables.reference" in _project_imports(ROOT / "bench" / "input_pipeline.py")  # the walk sees it
+
+
 def test_no_analysis_module_hides_a_module_behind_another_name():
     """``from analysis import claims as numbers`` hid what a reader looks for; an alias may only
     shorten the module's own name (``plotting as pl``)."""
