@@ -168,6 +168,14 @@ def test_no_module_imports_another_modules_private_names():
     assert not bad, "private names stay in their module (make them public, or move the code):\n" + "\n".join(bad)
 
 
+def test_benchmarks_use_public_names_only():
+    # A benchmark measures the product as a user calls it: a private name it imported could change
+    # under it without a test noticing.
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+           for path in sorted((ROOT / "bench").glob("*.py")) for name, line in _underscore_imports(path)]
+    assert not bad, "bench/ imports public names only:\n" + "\n".join(bad)
+
+
 def test_the_walk_sees_private_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from ray._private import ray_constants\nfrom os import _exit\n"
