@@ -1,14 +1,4 @@
-"""The two papers' claims, tested on a study's seeds, and the tables of numbers beside them.
-
-References (numbers copied from the shared spec STUDIES.md):
-    Study P: "Positional Encodings Anchor Spatial Structure in Vision Transformers" (arXiv 2606.00124).
-    Study L: "Inducing Spatial Locality in Vision Transformers through the Training Protocol" (arXiv 2605.16390).
-
-This module is the numeric layer of the report: vocabulary (model and protocol
-labels and orders), the papers' reported numbers, the claims and the ablation /
-condition tables; the statistics across seeds live in ``analysis.seedstats``.
-It knows no plotting and no storage; it reads a ``StudyData``
-(``analysis.report``) through its ``per_trial`` table and its ``pin`` method.
+"""The two papers' claims, tested on a study's seeds.
 
 A claim compares two groups of trials, paired by seed where seeds pair
 (``seedstats.compare``). A claim of *no* effect is "consistent with no effect"
@@ -18,6 +8,11 @@ points of chance) are counted per group, and every claim is computed twice: on
 the trials that learned (the verdict) and with the non-learners kept, their
 measurements as they are (``verdict (all trials)``); a row whose two verdicts
 differ is flagged.
+
+It knows no plotting and no storage; it reads a ``StudyData`` (``analysis.study_data``)
+through its ``per_trial`` table and its ``pin`` method. Labels come from ``analysis.labels``,
+the statistics from ``analysis.seedstats``, the papers' numbers from ``analysis.paper_numbers``;
+the ablation and conditions tables are ``analysis.condition_tables``.
 """
 
 from __future__ import annotations
@@ -29,121 +24,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.seedstats import (  # noqa: F401 - seed statistics re-exported for figures and plotting
-    ALPHA,
-    Comparison,
-    Summary,
-    binomial_se,
-    compare,
-    fragility_se,
-    fragility_se_without_counts,
-    mean_ci,
-    mean_std,
-    min_achievable_p,
-    seed_summary,
-    summarise,
-)
-from records.names import PES
+from analysis.labels import METRIC_LABELS, MODERN, SWITCHES, canonical_protocol, group_label, model_label
+from analysis.paper_numbers import PAPER_L_MIN_MAD, PAPER_P_APE_SCALING, PAPER_P_MODELS
+from analysis.seedstats import ALPHA, Comparison, compare
 
 if TYPE_CHECKING:
-    from analysis.report import StudyData
-
-# -- vocabulary ---------------------------------------------------------------
-FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` makes it a trial
-SWITCHES = ("autoaugment", "cutmix", "label_smoothing")  # Study L's protocol switches, in name order
-MODERN = "+".join(SWITCHES)  # Protocol.name of "modern" (all three switches on)
-REFERENCE = {"pe": "ape", "rpt": False, "protocol": "baseline"}  # the setting a factor is pinned to
-_SHORT = {"autoaugment": "AA", "cutmix": "CutMix", "label_smoothing": "LS"}
+    from analysis.study_data import StudyData
 
 
-def canonical_protocol(name: str) -> str:
-    """Protocol name as trials store it (``Protocol.name``); the alias ``modern`` maps to its switches."""
-    return MODERN if name == "modern" else name
-
-
-def protocol_switches(name: str) -> dict[str, bool]:
-    """{'autoaugment': bool, 'cutmix': bool, 'label_smoothing': bool} from a protocol name."""
-    parts = set() if name == "baseline" else set(canonical_protocol(name).split("+"))
-    return {s: s in parts for s in SWITCHES}
-
-
-def protocol_label(name: str) -> str:
-    """Short display name: ``autoaugment+cutmix`` -> ``AA+CutMix``; all three -> ``modern``."""
-    name = canonical_protocol(name)
-    if name in ("baseline", MODERN):
-        return "modern" if name == MODERN else name
-    return "+".join(_SHORT.get(p, p) for p in name.split("+"))
-
-
-def protocol_key(name: str) -> tuple:
-    """Sort key: baseline, single switches, pairs, modern (the ablation's reading order)."""
-    parts = [] if name == "baseline" else canonical_protocol(name).split("+")
-    return (len(parts), [SWITCHES.index(p) if p in SWITCHES else len(SWITCHES) for p in parts], name)
-
-
-def model_label(pe: str, rpt: bool) -> str:
-    """Study P's model names: ``ape``, ``ape + RPT``."""
-    return f"{pe} + RPT" if rpt else str(pe)
-
-
-def model_key(pe: str, rpt: bool) -> tuple:
-    """Sort key: the PE registry's order (``records.names.PES``), a PE it does not name last, by name."""
-    return (PES.index(pe) if pe in PES else len(PES), str(pe), bool(rpt))
-
-
-# -- the papers' reported numbers ---------------------------------------------
-# Study P, "Reported results (4 seeds, mean)": ImageNet-100 at 224 px; FS at JPEG q5 and blur k5 s2.5.
-PAPER_P_SETTING = "paper (224 px)"
-PAPER_P_MODELS = {
-    "ape": {"test_acc": 0.641, "fs_jpeg": 0.435, "fs_blur": 0.184},
-    "sincos2d": {"test_acc": 0.657, "fs_jpeg": 0.435, "fs_blur": 0.208},
-    "rope2d": {"test_acc": 0.690, "fs_jpeg": 0.299, "fs_blur": 0.147},
-    "none": {"test_acc": 0.568, "fs_jpeg": 0.646, "fs_blur": 0.298},
-    "ape + RPT": {"test_acc": 0.560, "fs_jpeg": 0.630, "fs_blur": 0.243},
-}
-# Study P, APE scaling (4 seeds): alpha -> (dSSDC, FS JPEG low, FS JPEG high). For alpha <= 0.4 the
-# paper gives one range, .627-.652, for FS JPEG: kept as a range, not a made-up point. The paper's
-# table covers 0.1-1.0: alpha 0 (measured here as a sanity point, equal to `none`) has no reference.
-PAPER_P_APE_SCALING = {
-    1.0: (0.473, 0.434, 0.434),
-    0.9: (0.385, 0.452, 0.452),
-    0.8: (0.313, 0.478, 0.478),
-    0.7: (0.185, 0.515, 0.515),
-    0.6: (0.098, 0.560, 0.560),
-    0.5: (0.048, 0.598, 0.598),
-    **{a: (0.0, 0.627, 0.652) for a in (0.4, 0.3, 0.2, 0.1)},
-}
-# Study L, CIFAR-100, one seed; its MAD normalisation is not published, so compare shapes, not digits.
-PAPER_L_SETTING = "paper (CIFAR-100, 1 seed)"
-PAPER_L_MIN_MAD = {"baseline": 0.316, MODERN: 0.008}
-PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN = 0.024, 0.210
-
-
-def paper_reference_table() -> pd.DataFrame:
-    """The papers' numbers in one table, for reading beside ours when no setting matches."""
-    rows = [
-        {"paper": "Study P", "setting": "ImageNet-100, 224 px, 4 seeds", "condition": m, "quantity": q, "value": v}
-        for m, d in PAPER_P_MODELS.items()
-        for q, v in (("clean acc", d["test_acc"]), ("FS JPEG q5", d["fs_jpeg"]), ("FS blur s2.5", d["fs_blur"]))
-    ]
-    for alpha, (d, lo, hi) in sorted(PAPER_P_APE_SCALING.items(), reverse=True):
-        setting = "ImageNet-100, 224 px, 4 seeds"
-        rows.append({"paper": "Study P", "setting": setting, "condition": f"ape, alpha {alpha:.1f}",
-                     "quantity": "dSSDC (RPI)", "value": f"{d:.3f}"})
-        fs = f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}"
-        rows.append({"paper": "Study P", "setting": setting, "condition": f"ape, alpha {alpha:.1f}",
-                     "quantity": "FS JPEG q5", "value": fs})
-    for proto, v in PAPER_L_MIN_MAD.items():
-        rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": protocol_label(proto),
-                     "quantity": "min MAD", "value": v})
-    rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": "every CutMix condition",
-                 "quantity": "min MAD", "value": f"<= {PAPER_L_CUTMIX_MAX}"})
-    rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": "every non-CutMix condition",
-                 "quantity": "min MAD", "value": f">= {PAPER_L_NO_CUTMIX_MIN}"})
-    return pd.DataFrame(rows).astype({"value": str})
-
-
-# -- claims -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Claim:
     """A claim as a comparison of two groups of trials on one per-trial metric.
@@ -153,7 +41,7 @@ class Claim:
     margin: the largest |A - B| that counts as no effect, in the metric's units: a null claim is
     "consistent with no effect" only when the effect's 95% CI lies inside [-margin, margin].
     separation: the claim is that *every* trial of A lies below every trial of B (no p-value).
-    Factors named in neither filter are pinned to ``REFERENCE`` where they vary; each dataset is its own row.
+    Factors named in neither filter are pinned to ``labels.REFERENCE`` where they vary; each dataset is its own row.
     """
 
     paper: str
@@ -203,31 +91,9 @@ CLAIMS = (
            {"pe": "ape", "rpt": False}, "greater"),
 )
 
-METRIC_LABELS = {
-    "min_mad": "minimum MAD",
-    "test_acc": "test accuracy",
-    "dssdc": "dSSDC under RPI",
-    "fs_jpeg": "FS JPEG q5",
-    "fs_blur": "FS blur s2.5",
-}
 CONSISTENT, INCONCLUSIVE = "consistent with no effect (CI inside the margin)", "inconclusive (CI exceeds the margin)"
 VERDICTS = ("supported", "not supported", CONSISTENT, INCONCLUSIVE, "differs (contradicts the claim)",
             "not enough seeds", "no data")
-
-
-def group_label(filters: dict) -> str:
-    """Readable name of a group filter: ``ape + RPT``, ``CutMix``, ``with CutMix``."""
-    parts = []
-    if "pe" in filters:
-        parts.append(model_label(filters["pe"], filters.get("rpt", False)))
-    elif "rpt" in filters:
-        parts.append("RPT" if filters["rpt"] else "fixed order")
-    if "protocol" in filters:
-        parts.append(protocol_label(filters["protocol"]))
-    for s in SWITCHES:
-        if s in filters:
-            parts.append(f"{'with' if filters[s] else 'without'} {_SHORT[s]}")
-    return ", ".join(parts) or "all"
 
 
 def verdict(claim: Claim, a: np.ndarray, b: np.ndarray, c: Comparison) -> str:
@@ -343,96 +209,3 @@ def _claim_row(claim: Claim, g: pd.DataFrame, in_a: pd.Series, in_b: pd.Series, 
         "verdict (all trials)": said_all,
         "survivors vs all": "agree" if said == said_all else "DISAGREE",
     }
-
-
-# -- tables -------------------------------------------------------------------------
-def ablation_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
-    """Study L's protocol ablation per dataset: (dataset, table, separation note).
-
-    Rows: protocols (all present, in ablation order); minimum MAD (smallest per-head MAD in the network)
-    and test accuracy as mean ± std over seeds, with n. The note marks the paper's binary CutMix
-    separation: the largest condition-mean minimum MAD among CutMix conditions against the smallest
-    among the others."""
-    pt = data.per_trial
-    if pt.empty or pt["min_mad"].notna().sum() == 0:
-        return []
-    pinned, setting = data.pin(pt[pt["min_mad"].notna()], {"protocol"})
-    out = []
-    for dataset, g in pinned.groupby("dataset", sort=True):
-        protocols = sorted(g["protocol"].unique(), key=protocol_key)
-        if len(protocols) < 2:
-            continue
-        rows = []
-        for proto in protocols:
-            t = g[g["protocol"] == proto]
-            sw = protocol_switches(proto)
-            rows.append({"protocol": protocol_label(proto),
-                         **{_SHORT[s]: "✓" if sw[s] else "" for s in SWITCHES},
-                         "min MAD": mean_std(t["min_mad"]), "test acc [95% CI]": mean_ci(t["test_acc"]),
-                         "n": len(t), "_mean": t["min_mad"].mean(), "_cutmix": sw["cutmix"]})
-        table = pd.DataFrame(rows)
-        note = _separation_note(table, g) + (f" Other factors: {setting}." if setting else "")
-        out.append((str(dataset), table.drop(columns=["_mean", "_cutmix"]), note))
-    return out
-
-
-def _separation_note(table: pd.DataFrame, runs: pd.DataFrame) -> str:
-    cm, other = table[table["_cutmix"]], table[~table["_cutmix"]]
-    if cm.empty or other.empty:
-        return "CutMix separation: needs conditions with and without CutMix."
-    hi, lo = cm.loc[cm["_mean"].idxmax()], other.loc[other["_mean"].idxmin()]
-    verdict_means = "separate" if hi["_mean"] < lo["_mean"] else "overlap"
-    cut = runs["cutmix"].astype(bool)
-    by_run = "separate" if runs.loc[cut, "min_mad"].max() < runs.loc[~cut, "min_mad"].min() else "overlap"
-    return (f"CutMix separation (paper: <= {PAPER_L_CUTMIX_MAX} vs >= {PAPER_L_NO_CUTMIX_MIN}): largest "
-            f"CutMix condition mean {hi['_mean']:.3f} ({hi['protocol']}) vs smallest non-CutMix "
-            f"{lo['_mean']:.3f} ({lo['protocol']}): condition means {verdict_means}; single runs {by_run}.")
-
-
-CONDITION_METRICS = ("test_acc", "min_mad", "dssdc", "fs_jpeg", "fs_blur")
-SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "fs_blur_se"}  # per_trial columns
-
-
-def _paper_numbers(data: StudyData, dataset: str, model: str, protocol: str) -> str:
-    """The paper's numbers for one condition where the setting matches (Study P: ImageNet-100 or 224 px,
-    its models at the baseline protocol; Study L: CIFAR-100), else a dash."""
-    said = []
-    if protocol == "baseline" and model in PAPER_P_MODELS and data.matches_paper_p(dataset):
-        p = PAPER_P_MODELS[model]
-        said.append(f"acc {p['test_acc']:.3f}, FS JPEG {p['fs_jpeg']:.3f}, FS blur {p['fs_blur']:.3f}")
-    if dataset == "cifar100" and model == "ape" and protocol in PAPER_L_MIN_MAD:
-        said.append(f"min MAD {PAPER_L_MIN_MAD[protocol]:.3f}")
-    return "; ".join(said) or "—"
-
-
-def conditions_table(data: StudyData) -> pd.DataFrame:
-    """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
-    and each metric as mean ± std, test accuracy also with its 95% bootstrap CI over seeds.
-
-    Beside accuracy and fragility: their standard error from ``n images`` (binomial for accuracy, the
-    delta method over the paired counts for FS; mean over the condition's trials), the test-set
-    sampling error the seed spread does not contain; and how many of the n trials ``did not learn``."""
-    pt = data.per_trial
-    if pt.empty:
-        return pd.DataFrame()
-    metrics = [m for m in CONDITION_METRICS if m in pt and pt[m].notna().any()]
-    extra = [c for c in data.condition_fields if c in pt]  # fields beyond the factors that split a cell
-    rows = []
-    for key, g in pt.groupby([*FACTORS, *extra], sort=False):
-        dataset, pe, rpt, proto = key[:4]
-        row = {"dataset": dataset, "model": model_label(pe, rpt), "protocol": protocol_label(proto),
-               **dict(zip(extra, key[4:])), "n": len(g),
-               "did not learn": int(g["did_not_learn"].sum()) if "did_not_learn" in g else 0}
-        if "n_images" in g and g["n_images"].notna().any():
-            row["n images"] = "/".join(str(int(v)) for v in sorted(g["n_images"].dropna().unique()))
-        for m in metrics:
-            row[METRIC_LABELS[m]] = mean_std(g[m])
-            if m == "test_acc":
-                row["test accuracy [95% CI]"] = mean_ci(g[m])
-            se = SAMPLING_SE.get(m)
-            if se in g and g[se].notna().any():
-                kind = "binomial" if m == "test_acc" else "delta-method"  # FS: from its paired counts
-                row[f"{METRIC_LABELS[m]}: {kind} SE"] = f"{g[se].mean():.3f}"
-        row["paper"] = _paper_numbers(data, str(dataset), model_label(pe, rpt), proto)
-        rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto), *map(str, key[4:]))})
-    return pd.DataFrame(rows).sort_values("_key").drop(columns="_key").reset_index(drop=True)

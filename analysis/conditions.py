@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import claims as numbers
-from analysis.claims import FACTORS, SWITCHES, canonical_protocol, model_label
-from records.fields import EXECUTION_FIELDS
+from analysis.labels import FACTORS, SWITCHES, canonical_protocol, model_label, protocol_label, protocol_switches
+from records.vocab import EXECUTION_FIELDS, did_not_learn
 from records.schema import TRIAL_FIELDS
 
 TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)
@@ -48,7 +47,7 @@ def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame,
     t["rpt"] = t["rpt"].fillna(False).astype(bool) if "rpt" in t else False
     t["protocol"] = t["protocol"].map(canonical_protocol)
     # The switches follow the protocol name, so a claim about "CutMix on" and one about protocol agree.
-    switches = pd.DataFrame([numbers.protocol_switches(p) for p in t["protocol"]], index=t.index)
+    switches = pd.DataFrame([protocol_switches(p) for p in t["protocol"]], index=t.index)
     t[list(SWITCHES)] = switches
     t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
     t["did_not_learn"] = _did_not_learn(t)
@@ -77,7 +76,7 @@ def condition_fields(t: pd.DataFrame) -> list[str]:
 
 
 def _condition_label(row: dict, extra: list[str]) -> str:
-    parts = [str(row["dataset"]), model_label(row["pe"], row["rpt"]), numbers.protocol_label(row["protocol"])]
+    parts = [str(row["dataset"]), model_label(row["pe"], row["rpt"]), protocol_label(row["protocol"])]
     return ", ".join(parts + [f"{c}={row[c]}" for c in extra])
 
 
@@ -98,8 +97,6 @@ def _one_trial_per_seed(t: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
 def _did_not_learn(t: pd.DataFrame) -> pd.Series:
     """The trials table's flag; where it is absent (tables written before it existed), recomputed
     from the final eval_acc and num_classes as the training loop does."""
-    from trainables.config import did_not_learn  # here: trainables imports torch, `vitsweep --help` must not
-
     stored = t["did_not_learn"] if "did_not_learn" in t else pd.Series(None, index=t.index, dtype=object)
     if "eval_acc" in t and "num_classes" in t:
         again = [did_not_learn(a, int(c)) if pd.notna(a) and pd.notna(c) else None

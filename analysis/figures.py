@@ -1,4 +1,4 @@
-"""Figures of the report, each a pure function of a ``StudyData`` (``analysis.report``): Study P's in
+"""Figures of the report, each a pure function of a ``StudyData`` (``analysis.study_data``): Study P's in
 ``analysis.figures_p``, Study L's and the training-time ones in ``analysis.figures_l``; this module is
 their registry (``FIGURES``, in page order) and the report's entry point.
 
@@ -36,9 +36,9 @@ from analysis.figures_p import (
 from analysis.plotting import NoData, Plot, display_px, render_pdf, render_png, render_svg  # noqa: F401 - entry points
 
 if TYPE_CHECKING:
-    from analysis.report import StudyData
+    from analysis.study_data import StudyData
 
-# (section, title for the omission note, function) in page order; sections are report.SECTIONS keys.
+# (section, title for the omission note, function) in page order; sections are page.SECTIONS keys.
 FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[Plot]]], ...] = (
     ("P", "SSDC vs depth (clean)", ssdc_clean),
     ("P", "SSDC vs depth under RPI (index coordinates)", ssdc_rpi),

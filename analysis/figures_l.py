@@ -15,18 +15,12 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
 from analysis import plotting as pl
-from analysis.claims import (
-    PAPER_L_MIN_MAD,
-    PAPER_L_SETTING,
-    model_key,
-    model_label,
-    protocol_key,
-    protocol_label,
-    summarise,
-)
+from analysis.labels import model_key, model_label, protocol_key, protocol_label
+from analysis.paper_numbers import PAPER_L_MIN_MAD, PAPER_L_SETTING
+from analysis.seedstats import summarise
 
 if TYPE_CHECKING:
-    from analysis.report import StudyData
+    from analysis.study_data import StudyData
 
 
 def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) -> list[pl.Plot]:

@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import plotting as pl
-from analysis.claims import PAPER_P_APE_SCALING, PAPER_P_MODELS, PAPER_P_SETTING, model_key, model_label, summarise
+from analysis.labels import model_key, model_label
+from analysis.paper_numbers import PAPER_P_APE_SCALING, PAPER_P_MODELS, PAPER_P_SETTING
+from analysis.seedstats import summarise
+from records import vocab
 
 if TYPE_CHECKING:
-    from analysis.report import StudyData
+    from analysis.study_data import StudyData
 
 
 def _model_lines(ax, df, s, x: str) -> None:
@@ -69,7 +72,7 @@ def fragility_severity(data: StudyData) -> list[pl.Plot]:
             for (pe, rpt), _ in pl.by_model(s):
                 paper = PAPER_P_MODELS.get(model_label(pe, rpt))
                 if paper and data.matches_paper_p(ds):
-                    x = 5.0 if kind == "jpeg" else 2.5
+                    x = float(vocab.JPEG_HEADLINE) if kind == "jpeg" else vocab.BLUR_HEADLINE[1]
                     ax.plot([x], [paper[f"fs_{kind}"]], color=pl.colour(pe, rpt, pl.held(rows, "protocol")),
                             **pl.PAPER_MARKER)
             handles, _ = ax.get_legend_handles_labels()

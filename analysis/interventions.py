@@ -16,8 +16,9 @@ It is kept as its own intervention so it never lands on the axes or in the
 claims of Study P's scaling.
 
 ``clean`` does neither. Interventions compose: a condition is a tuple of them,
-applied with ``apply_condition``. Make one by name with ``make_intervention``;
-``INTERVENTIONS`` is the registry and ``DEFAULT_LEVELS`` the severity grids.
+applied with ``apply_condition``. Make one from its class (``Jpeg(5)``,
+``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``, ``RandomPermutation(seed=0)``);
+``INTERVENTIONS`` is the registry by name and ``DEFAULT_LEVELS`` the severity grids.
 
 JPEG quality 5 and blur kernel 5 / sigma 2.5 are the paper's headline shifts,
 set for 224 px images; at 32 px they are far harsher, hence the grids.
@@ -187,28 +188,6 @@ INTERVENTIONS: dict[str, type[Intervention]] = {
     cls.name: cls for cls in (Clean, Jpeg, GaussianBlur, RandomPermutation, PEScale, RopeScale)
 }
 DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS, "rope_scale": ALPHAS}
-
-
-def make_intervention(name: str, level: float | None = None, **params: Any) -> Intervention:
-    """Build an intervention by registry name.
-
-    ``make_intervention("jpeg", 5)``, ``make_intervention("blur", 2.5, kernel=5)``,
-    ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rope_scale", 0.5)``,
-    ``make_intervention("rpi", seed=0)``,
-    ``make_intervention("clean")``. ``level`` is required exactly for the
-    interventions in ``DEFAULT_LEVELS``.
-    """
-    if name not in INTERVENTIONS:
-        raise ValueError(f"unknown intervention {name!r}; choose one of {tuple(INTERVENTIONS)}")
-    if name in DEFAULT_LEVELS:
-        if level is None:
-            raise ValueError(f"intervention {name!r} needs a level; defaults: {DEFAULT_LEVELS[name]}")
-        return INTERVENTIONS[name](level, **params)
-    if level is not None:
-        raise ValueError(
-            f"intervention {name!r} takes no level (got {level!r}); levelled ones: {tuple(DEFAULT_LEVELS)}"
-        )
-    return INTERVENTIONS[name](**params)
 
 
 def apply_condition(

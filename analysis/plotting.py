@@ -29,7 +29,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
-from analysis.claims import MODERN, canonical_protocol, model_key, model_label, protocol_label, seed_summary
+from analysis.labels import MODERN, canonical_protocol, model_key, model_label, protocol_label
+from analysis.seedstats import seed_summary
 
 FONT = 10  # axis labels and panel titles
 SMALL = 9  # legends and tick labels: the floor for a printed figure

@@ -139,7 +139,7 @@ def write_summary_table(results: str, study: str) -> int:
     """Write the wide ``summary`` table (one row per counted finished trial: its flat config, final
     accuracies and headline metrics at its last measured checkpoint) through ``records.tables``;
     returns the number of rows. Trials no longer counted (a rerun of a seed) lose their row."""
-    from analysis.report import StudyData
+    from analysis.study_data import StudyData
     from records import tables
     from records.schema import SUMMARY_FIELDS, TRIAL_FIELDS
 

@@ -42,13 +42,8 @@ from torch.utils.data import default_collate
 
 from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys
 from trainables.datasets import TensorImages, load_dataset
-from trainables.protocols import (
-    PROTOCOLS,
-    Augmented,
-    SeededSampler,
-    prepare_batch,
-    train_transform,
-)
+from trainables.protocols import PROTOCOLS
+from trainables.reference import Augmented, SeededSampler, prepare_batch, train_transform
 from trainables.shapes import make_shapes
 
 PROTOCOL_NAMES = [n for n in PROTOCOLS if n != "modern"]

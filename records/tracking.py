@@ -29,12 +29,13 @@ Use (launcher, then each trial)::
     stores.check_tracking_uri(uri)                        # before any trial starts
     experiment_id = tracking.ensure_experiment(uri, study_name)
     ...                                                   # in the trial:
-    flat = config.to_flat()
-    with tracking.trial_run(uri, experiment_id, trial_id, params=flat,
-                            tags=tracking.trial_tags(flat, code_version=version)) as run:
-        run.log_provenance(flat)
-        for epoch in ...:
-            run.log_metrics({"train_loss": ..., "eval_acc": ...}, step=epoch)
+    flat = config.to_flat()                               # (trainables.lifecycle does this)
+    run_id = tracking.start_trial_run(uri, experiment_id, trial_id, params=flat,
+                                      tags=tracking.trial_tags(flat, code_version=version))
+    tracking.log_provenance(uri, run_id, flat)
+    for epoch in ...:
+        tracking.log_metrics(uri, run_id, {"train_loss": ..., "eval_acc": ...}, step=epoch)
+    tracking.end_trial_run(uri, run_id)                   # or "FAILED", with tag ERROR_TAG saying why
     ...                                                   # after the sweep returns:
     tracking.end_orphaned_runs(uri, experiment_id)
 
@@ -43,9 +44,6 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
 - ``ensure_experiment(uri, name, artifact_location=None) -> experiment_id``
 - ``start_trial_run(uri, experiment_id, trial_id, *, params, tags=None) -> run_id``
 - ``find_trial_run(uri, experiment_id, trial_id) -> run_id | None``
-- ``trial_run(uri, experiment_id, trial_id, *, params, tags=None)``: context
-  manager yielding a ``TrialRun``; ends FINISHED, or FAILED on an exception
-  (KILLED on KeyboardInterrupt / SystemExit), and re-raises.
 - ``log_metrics(uri, run_id, metrics, step)``, ``log_metric_series(uri, run_id, series)``,
   ``set_tags(uri, run_id, tags)``,
   ``log_artifact_dict(uri, run_id, name, obj)``,
@@ -64,14 +62,12 @@ The analysis measurements (metric keys, per-layer curves) are written by ``recor
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import os
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -317,67 +313,6 @@ def end_trial_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     if status not in END_STATUSES:
         raise ValueError(f"run end status {status!r} is not one of {', '.join(END_STATUSES)}")
     with_retries(f"end run {run_id}", uri, lambda c: c.set_terminated(run_id, status=status))
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialRun:
-    """Handle on one trial's run: the module functions with uri and run_id bound.
-    Plain data, so it pickles into Ray tasks."""
-
-    uri: str
-    experiment_id: str
-    trial_id: str
-    run_id: str
-
-    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
-        log_metrics(self.uri, self.run_id, metrics, step)
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        set_tags(self.uri, self.run_id, tags)
-
-    def log_artifact_dict(self, name: str, obj: Any) -> None:
-        log_artifact_dict(self.uri, self.run_id, name, obj)
-
-    def log_artifact_text(self, name: str, text: str) -> None:
-        log_artifact_text(self.uri, self.run_id, name, text)
-
-    def log_artifact_file(self, path: str | os.PathLike, artifact_dir: str | None = None) -> None:
-        log_artifact_file(self.uri, self.run_id, path, artifact_dir)
-
-    def log_provenance(self, config: Mapping[str, Any] | None = None) -> dict:
-        return log_provenance(self.uri, self.run_id, config)
-
-    def end(self, status: str = "FINISHED") -> None:
-        end_trial_run(self.uri, self.run_id, status)
-
-
-@contextlib.contextmanager
-def trial_run(
-    uri: str,
-    experiment_id: str,
-    trial_id: str,
-    *,
-    params: Mapping[str, Any],
-    tags: Mapping[str, Any] | None = None,
-) -> Iterator[TrialRun]:
-    """``start_trial_run`` as a context manager: the run ends FINISHED when the block
-    completes, FAILED when it raises an Exception (its type and message go to tag
-    ``vitsweep.error``), KILLED on KeyboardInterrupt/SystemExit; the exception is
-    re-raised. A process killed outright (SIGKILL, node loss) cannot do this:
-    ``end_orphaned_runs`` cleans those up afterwards."""
-    run = TrialRun(uri, experiment_id, trial_id,
-                   start_trial_run(uri, experiment_id, trial_id, params=params, tags=tags))
-    try:
-        yield run
-    except BaseException as e:
-        status = "FAILED" if isinstance(e, Exception) else "KILLED"
-        try:
-            set_tags(uri, run.run_id, {ERROR_TAG: f"{type(e).__name__}: {e}"[:4000]})
-            end_trial_run(uri, run.run_id, status)
-        except Exception:  # never hide the trial's own error behind a tracking error
-            _log.exception("could not mark MLflow run %s of trial %s %s", run.run_id, trial_id, status)
-        raise
-    end_trial_run(uri, run.run_id, "FINISHED")
 
 
 def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[str] = (),

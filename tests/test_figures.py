@@ -18,11 +18,9 @@ from matplotlib.colors import to_hex
 from PIL import Image
 from test_report import N_IMAGES, write_study
 
-from analysis import claims as numbers
-from analysis import figures
+from analysis import figures, labels, page, seedstats
 from analysis import plotting as pl
-from analysis import report
-from analysis.report import StudyData
+from analysis.study_data import StudyData
 
 PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
 MODELS = [("none", False), ("ape", False), ("ape", True)]
@@ -53,7 +51,7 @@ def _line_colour(fig, label: str) -> str:
 
 
 def _panel(fig, protocol: str):
-    return next(ax for ax in fig.axes if ax.get_visible() and numbers.protocol_label(protocol) in ax.get_title())
+    return next(ax for ax in fig.axes if ax.get_visible() and labels.protocol_label(protocol) in ax.get_title())
 
 
 def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
@@ -61,14 +59,14 @@ def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
     from trainables.protocols import PROTOCOLS as REGISTRY
 
     pes = {pe: pl.named_colour(pe) for pe in POS_EMBEDS}
-    protocols = {numbers.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
+    protocols = {labels.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
     assert set(POS_EMBEDS) <= set(pl.COLOURS) and set(protocols) <= set(pl.COLOURS)  # none falls to the default
     assert len(set(pes.values())) == len(pes)
     assert len(set(protocols.values())) == len(protocols)
     # PE and protocol series meet only at the reference condition (ape, baseline): one colour in both.
     assert set(pes.values()) & set(protocols.values()) == {pes["ape"]} == {protocols["baseline"]}
     assert pl.colour("ape", True) not in (pes["ape"], *pes.values(), *protocols.values())  # RPT: its own shade
-    assert pl.colour("ape", False, "modern") == protocols[numbers.MODERN]
+    assert pl.colour("ape", False, "modern") == protocols[labels.MODERN]
     # A name the map has not seen: the same default in another process (no salted hash()).
     here = pl.named_colour("my_new_pe")
     code = "from analysis import plotting; print(plotting.named_colour('my_new_pe'))"
@@ -87,13 +85,13 @@ def test_a_condition_has_the_same_colour_in_every_figure(one_seed):
     (accuracy,) = figures.accuracy_fragility(data)
     # Study P's series (models at baseline) against the training curves' conditions.
     for pe, rpt in MODELS:
-        model = numbers.model_label(pe, rpt)
+        model = labels.model_label(pe, rpt)
         assert _line_colour(ssdc.figure, model) == _line_colour(curves.figure, f"{model} / baseline") == \
             pl.colour(pe, rpt, "baseline"), model
     assert _line_colour(ssdc.figure, "none") == _line_colour(emergence.figure, "none")
     # Study L's series (protocols at ape) in four figures; ape baseline is ape's colour from Study P.
     for protocol in PROTOCOLS:
-        label = numbers.protocol_label(protocol)
+        label = labels.protocol_label(protocol)
         per_layer = {to_hex(l.get_color()) for l in _panel(mad.figure, protocol).get_lines()}
         assert per_layer == {_line_colour(emergence.figure, label)} == {_line_colour(curves.figure, f"ape / {label}")}
     dots = _mean_markers(summary.figure.axes[0])  # one per protocol
@@ -175,10 +173,13 @@ def test_svg_text_is_editable_and_every_figure_has_a_pdf(one_seed):
 def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
     from trainables import datasets, shapes
 
-    for name, n in report.TEST_SPLIT_IMAGES.items():  # the copies agree with the data sets' own numbers
+    from records import vocab
+
+    sizes = {name: s.test_images for name, s in vocab.DATASET_SIZES.items() if s.test_images}
+    for name, n in sizes.items():  # the vocabulary's sizes agree with the data sets' own descriptions
         described = re.search(r"/ ~?([\d,]+) (?:test|val)", datasets.DATASETS[name].description).group(1)
         assert int(described.replace(",", "")) == n, name
-    assert report.TEST_SPLIT_IMAGES["shapes"] == shapes.TEST_SIZE
+    assert sizes["shapes"] == shapes.TEST_SIZE
     results = str(tmp_path)
     write_study(results, "se", seeds=1, protocols=["baseline"], models=[("none", False)], checkpoints=(4,),
                 tables=("trials", "measurements"))
@@ -187,11 +188,11 @@ def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
     pt = StudyData.load(results, "se").per_trial.set_index("dataset")
     cifar, folder = pt.loc[pt.index == "cifar100"].iloc[0], pt.loc["folder"]
     assert cifar["n_images"] == N_IMAGES and cifar["test_images"] == 10_000  # a 2,000-image analysis set
-    assert cifar["test_acc_se"] == pytest.approx(numbers.binomial_se(cifar["test_acc"], 10_000))
+    assert cifar["test_acc_se"] == pytest.approx(seedstats.binomial_se(cifar["test_acc"], 10_000))
     assert cifar["fs_jpeg_se"] == pytest.approx(
-        numbers.fragility_se_without_counts(cifar["fs_jpeg"], cifar["acc_clean"], N_IMAGES))  # the analysis set's
+        seedstats.fragility_se_without_counts(cifar["fs_jpeg"], cifar["acc_clean"], N_IMAGES))  # the analysis set's
     assert folder["test_acc_se_on_subset"] and not cifar["test_acc_se_on_subset"]
-    assert folder["test_acc_se"] == pytest.approx(numbers.binomial_se(folder["test_acc"], N_IMAGES))
-    note = report._se_note(StudyData.load(results, "se").per_trial)
+    assert folder["test_acc_se"] == pytest.approx(seedstats.binomial_se(folder["test_acc"], N_IMAGES))
+    note = page._se_note(StudyData.load(results, "se").per_trial)
     assert "test split's images (cifar100 10,000)" in note
     assert "For folder the test accuracy SE is over the analysis set's" in note

@@ -10,7 +10,7 @@ import torchvision.io
 from trainables.augment import Augmentation
 from trainables.images import ImageFiles, TensorImages, decode
 from trainables.inputs import EvalSource, TrainSource, decode_on_device, default_workers
-from trainables.protocols import SeededSampler
+from trainables.reference import SeededSampler
 from trainables.shapes import make_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from analysis import interventions as iv
 from records import vocab
+
+
+def make_intervention(name: str, level: float | None = None, **params: Any) -> iv.Intervention:
+    """Build an intervention by registry name (the tests' shorthand; the analysis builds its classes).
+
+    ``make_intervention("jpeg", 5)``, ``make_intervention("blur", 2.5, kernel=5)``,
+    ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rope_scale", 0.5)``,
+    ``make_intervention("rpi", seed=0)``,
+    ``make_intervention("clean")``. ``level`` is required exactly for the
+    interventions in ``iv.DEFAULT_LEVELS``.
+    """
+    if name not in iv.INTERVENTIONS:
+        raise ValueError(f"unknown intervention {name!r}; choose one of {tuple(iv.INTERVENTIONS)}")
+    if name in iv.DEFAULT_LEVELS:
+        if level is None:
+            raise ValueError(f"intervention {name!r} needs a level; defaults: {iv.DEFAULT_LEVELS[name]}")
+        return iv.INTERVENTIONS[name](level, **params)
+    if level is not None:
+        raise ValueError(
+            f"intervention {name!r} takes no level (got {level!r}); levelled ones: {tuple(iv.DEFAULT_LEVELS)}"
+        )
+    return iv.INTERVENTIONS[name](**params)
 
 
 def _images(batch: int = 4, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -32,23 +56,23 @@ def test_registry_and_default_levels():
 
 def test_jpeg_changes_pixels_more_at_lower_quality():
     images = _images()
-    changes = [_change(iv.make_intervention("jpeg", q).images(images), images) for q in sorted(iv.JPEG_LEVELS)]
+    changes = [_change(make_intervention("jpeg", q).images(images), images) for q in sorted(iv.JPEG_LEVELS)]
     assert all(a > b for a, b in zip(changes, changes[1:])), changes
-    out = iv.make_intervention("jpeg", 50).images(images)
+    out = make_intervention("jpeg", 50).images(images)
     assert out.dtype == torch.uint8 and out.shape == images.shape
 
 
 def test_jpeg_is_per_image():
     images = _images(batch=3)
-    jpeg = iv.make_intervention("jpeg", 10)
+    jpeg = make_intervention("jpeg", 10)
     torch.testing.assert_close(jpeg.images(images)[1:2], jpeg.images(images[1:2]), rtol=0, atol=0)
 
 
 def test_blur_changes_pixels_more_at_larger_sigma_and_matches_torchvision():
     images = _images()
-    changes = [_change(iv.make_intervention("blur", s).images(images), images) for s in iv.BLUR_LEVELS]
+    changes = [_change(make_intervention("blur", s).images(images), images) for s in iv.BLUR_LEVELS]
     assert all(a < b for a, b in zip(changes, changes[1:])), changes
-    blurred = iv.make_intervention("blur", 2.5).images(images)
+    blurred = make_intervention("blur", 2.5).images(images)
     # Reference: the blur of each image computed separately in float, rounded back to uint8.
     import torchvision.transforms.v2.functional as TF
 
@@ -60,44 +84,44 @@ def test_blur_changes_pixels_more_at_larger_sigma_and_matches_torchvision():
 def test_clean_and_model_interventions_leave_images_alone():
     images = _images()
     for name, level in (("clean", None), ("rpi", None), ("pe_scale", 0.3)):
-        intervention = iv.make_intervention(name, level)
+        intervention = make_intervention(name, level)
         assert intervention.images(images) is images
 
 
 def test_rpi_permutation_is_seeded_per_batch():
-    rpi = iv.make_intervention("rpi", seed=3)
+    rpi = make_intervention("rpi", seed=3)
     first = rpi.model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
     assert sorted(first.tolist()) == list(range(64))
-    again = iv.make_intervention("rpi", seed=3).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
+    again = make_intervention("rpi", seed=3).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
     assert torch.equal(first, again)
     second = rpi.model_kwargs(batch_index=1, num_patches=64, device="cpu")["perm"]
-    other_seed = iv.make_intervention("rpi", seed=4).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
+    other_seed = make_intervention("rpi", seed=4).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
     assert not torch.equal(first, second) and not torch.equal(first, other_seed)
 
 
 def test_pe_scale_kwargs_and_levels():
-    assert iv.make_intervention("pe_scale", 0.3).model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
+    assert make_intervention("pe_scale", 0.3).model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
         "pe_scale": 0.3
     }
-    assert iv.make_intervention("pe_scale", 0).level == 0.0
-    rope = iv.make_intervention("rope_scale", 0.5)  # the same model argument under its own name
+    assert make_intervention("pe_scale", 0).level == 0.0
+    rope = make_intervention("rope_scale", 0.5)  # the same model argument under its own name
     assert rope.name == "rope_scale" and rope.model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
         "pe_scale": 0.5
     }
-    assert rope != iv.make_intervention("pe_scale", 0.5)  # distinct conditions, never merged
-    assert iv.make_intervention("jpeg", 5.0).level == 5.0  # levels round-trip through float64 Parquet columns
-    assert iv.make_intervention("blur", 2.5).level == 2.5
-    assert iv.make_intervention("rpi").level is None and iv.make_intervention("clean").level is None
+    assert rope != make_intervention("pe_scale", 0.5)  # distinct conditions, never merged
+    assert make_intervention("jpeg", 5.0).level == 5.0  # levels round-trip through float64 Parquet columns
+    assert make_intervention("blur", 2.5).level == 2.5
+    assert make_intervention("rpi").level is None and make_intervention("clean").level is None
 
 
 def test_apply_condition_composes_images_and_kwargs():
     images = _images()
-    condition = (iv.make_intervention("jpeg", 5), iv.make_intervention("rpi"), iv.make_intervention("pe_scale", 0.5))
+    condition = (make_intervention("jpeg", 5), make_intervention("rpi"), make_intervention("pe_scale", 0.5))
     out, kwargs = iv.apply_condition(condition, images, batch_index=2, num_patches=16, device="cpu")
-    torch.testing.assert_close(out, iv.make_intervention("jpeg", 5).images(images), rtol=0, atol=0)
+    torch.testing.assert_close(out, make_intervention("jpeg", 5).images(images), rtol=0, atol=0)
     assert set(kwargs) == {"perm", "pe_scale"} and kwargs["pe_scale"] == 0.5
     with pytest.raises(ValueError, match="twice"):
-        twice = (iv.make_intervention("pe_scale", 0.1),) * 2
+        twice = (make_intervention("pe_scale", 0.1),) * 2
         iv.apply_condition(twice, images, batch_index=0, num_patches=16, device="cpu")
 
 
@@ -119,9 +143,9 @@ def test_apply_condition_composes_images_and_kwargs():
 )
 def test_bad_names_and_levels_raise(name, level, params, match):
     with pytest.raises(ValueError, match=match):
-        iv.make_intervention(name, level, **params)
+        make_intervention(name, level, **params)
 
 
 def test_image_interventions_reject_float_images():
     with pytest.raises(ValueError, match="uint8"):
-        iv.make_intervention("jpeg", 5).images(torch.rand(1, 3, 8, 8))
+        make_intervention("jpeg", 5).images(torch.rand(1, 3, 8, 8))

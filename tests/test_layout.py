@@ -28,6 +28,7 @@ FORBIDDEN = {  # package -> packages it must not import
     "sweeps": set(),
 }
 MAX_LINES = 600
+MAX_ANALYSIS_LINES = 400  # analysis/ by concern: the data model, labels, statistics, claims, tables, page, figures
 
 
 def _modules(package: str) -> list[Path]:
@@ -62,6 +63,82 @@ def test_every_module_fits_in_a_head():
     assert not long, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(long)
 
 
+def test_every_analysis_module_fits_in_400_lines():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in _modules("analysis")
+            if (n := len(path.read_text().splitlines())) > MAX_ANALYSIS_LINES]
+    assert not long, f"analysis/ modules over {MAX_ANALYSIS_LINES} lines (split them by concern):\n" + "\n".join(long)
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Dotted names of the project modules the file imports, at any depth: ``from analysis import
+    figures`` names ``analysis.figures`` (a module), ``from analysis.claims import CLAIMS``
+    ``analysis.claims``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PACKAGES:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names
+                      if _module_path(f"{node.module}.{a.name}") is not None}
+    return found
+
+
+def _module_path(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _import_closure(name: str) -> set[str]:
+    """Every project module reachable from ``name`` through imports (lazy ones included)."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        if module in seen or (path := _module_path(module)) is None:
+            continue
+        seen.add(module)
+        todo += sorted(_project_imports(path) - seen)
+    return seen
+
+
+def test_the_measuring_job_imports_neither_the_report_nor_the_page():
+    # The Ray Data job reads the data model (analysis.study_data), never the HTML report.
+    closure = _import_closure("analysis.job")
+    assert "analysis.study_data" in closure  # the walk reaches it (through trial_record's summary table)
+    assert not closure & {"analysis.report", "analysis.page"}, sorted(closure & {"analysis.report", "analysis.page"})
+
+
+def test_the_closure_follows_lazy_and_from_package_imports():
+    closure = _import_closure("analysis.report")
+    assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
+
+
+def test_no_product_module_uses_the_per_image_reference_pipeline():
+    # trainables/reference.py is what the batched path is checked against (tests, bench/), not a second
+    # training path: a product module that imported it would train two ways.
+    bad = [f"{path.relative_to(ROOT)}" for package in PACKAGES for path in _modules(package)
+           if path != ROOT / "trainables" / "reference.py" and "trainables.reference" in _project_imports(path)]
+    assert not bad, "only tests and bench/ import trainables.reference:\n" + "\n".join(bad)
+    assert "trainables.reference" in _project_imports(ROOT / "bench" / "input_pipeline.py")  # the walk sees it
+
+
+def test_no_analysis_module_hides_a_module_behind_another_name():
+    """``from analysis import claims as numbers`` hid what a reader looks for; an alias may only
+    shorten the module's own name (``plotting as pl``)."""
+    bad = []
+    for path in _modules("analysis"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                for a in node.names:
+                    full = f"{module}.{a.name}" if module else a.name
+                    if a.asname and full.split(".")[0] in PACKAGES and _module_path(full) is not None \
+                            and not full.rsplit(".", 1)[-1].startswith(a.asname):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {full} as {a.asname}")
+    assert not bad, "import the module under its own name:\n" + "\n".join(bad)
+
+
 def test_the_walk_sees_lazy_imports(tmp_path):
     # The rule would be toothless if imports inside functions were missed.
     module = tmp_path / "m.py"
@@ -92,6 +169,14 @@ def test_no_module_imports_another_modules_private_names():
            for package in PACKAGES for path in _modules(package)
            for name, line in _underscore_imports(path)]
     assert not bad, "private names stay in their module (make them public, or move the code):\n" + "\n".join(bad)
+
+
+def test_benchmarks_use_public_names_only():
+    # A benchmark measures the product as a user calls it: a private name it imported could change
+    # under it without a test noticing.
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+           for path in sorted((ROOT / "bench").glob("*.py")) for name, line in _underscore_imports(path)]
+    assert not bad, "bench/ imports public names only:\n" + "\n".join(bad)
 
 
 def test_the_walk_sees_private_imports(tmp_path):
@@ -132,18 +217,9 @@ OWNED = {
 # name: a model (`ape`, `ape + RPT`) or a protocol; test_the_papers_numbers_use_the_vocabularys_names
 # checks every key is one the vocabulary holds.
 PAPER_TABLES = {"PAPER_P_MODELS": "model", "PAPER_L_MIN_MAD": "protocol"}
-# PENDING (issue 24): copies in modules this branch did not edit (the analysis split and the launcher are
-# other branches'); the lead wires each to records.vocab at merge and deletes its line here.
-PENDING_LITERALS = {("analysis/report.py", "TEST_SPLIT_IMAGES")}  # -> vocab.DATASET_SIZES[name].test_images
-PENDING_DEFINITIONS = {
-    ("analysis/claims.py", "SWITCHES"), ("analysis/claims.py", "MODERN"),  # -> vocab.SWITCHES, vocab.MODERN
-    ("analysis/claims.py", "canonical_protocol"), ("analysis/claims.py", "protocol_switches"),  # -> vocab's
-    ("analysis/report.py", "HEADLINE_JPEG_QUALITY"), ("analysis/report.py", "HEADLINE_BLUR_SIGMA"),
-    # -> float(vocab.JPEG_HEADLINE), vocab.BLUR_HEADLINE[1]; and analysis/figures_p.py's literal
-    # `x = 5.0 if kind == "jpeg" else 2.5` -> the same two (a number literal, which no rule here sees)
-    ("analysis/report.py", "TEST_SPLIT_IMAGES"),
-}
-PENDING_PATH_RULE = {"sweeps/run.py"}  # resolve_paths: results and storage -> vocab.results_location
+PENDING_LITERALS: set = set()
+PENDING_DEFINITIONS: set = set()
+PENDING_PATH_RULE = {"sweeps/run.py"}  # resolve_paths: wired to vocab.results_location when the launcher merges
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
     "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from analysis.claims import model_key
 from analysis.evaluate import evaluate_checkpoint
-from analysis.report import StudyData
+from analysis.labels import model_key
+from analysis.study_data import StudyData
 from trainables import pos_embed
 from trainables.checkpoints import load_model, local_snapshots
 from trainables.config import RunConfig

@@ -8,19 +8,8 @@ import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader
 
 from trainables.datasets import TensorImages
-from trainables.protocols import (
-    LABEL_SMOOTHING,
-    PROTOCOLS,
-    Augmented,
-    Protocol,
-    SeededSampler,
-    cutmix_batch,
-    eval_transform,
-    normalize,
-    prepare_batch,
-    soft_targets,
-    train_transform,
-)
+from trainables.protocols import LABEL_SMOOTHING, PROTOCOLS, Protocol, cutmix_batch, normalize, soft_targets
+from trainables.reference import Augmented, SeededSampler, eval_transform, prepare_batch, train_transform
 from trainables.shapes import make_shapes
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)

@@ -23,13 +23,14 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from analysis import claims as numbers
+from analysis import claims, labels, paper_numbers, seedstats
 from analysis.figures import FIGURES
-from analysis.report import StudyData, build_report, main
+from analysis.report import build_report, main
+from analysis.study_data import StudyData
 from records.tables import write_epochs, write_measurements, write_trial
 
 LAYERS, HEADS = 6, 4
-PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(numbers.SWITCHES, r)]
+PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(labels.SWITCHES, r)]
 P_MODELS = [("none", False), ("ape", False), ("sincos2d", False), ("rope2d", False), ("ape", True)]
 N_IMAGES = 2000
 FS_JPEG = {"none": 0.65, "ape": 0.44, "sincos2d": 0.44, "rope2d": 0.30, "ape+RPT": 0.63}
@@ -42,7 +43,7 @@ def _conditions(protocols, models):
 
 def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool) -> list[dict]:
     """Measurement rows of one checkpoint; progress in [0, 1] moves values from untrained to trained."""
-    sw = numbers.protocol_switches(protocol)
+    sw = labels.protocol_switches(protocol)
     rows = []
     for layer, head in itertools.product(range(LAYERS), range(HEADS)):
         mad = 0.30 + 0.03 * layer + 0.04 * rng.random()
@@ -94,7 +95,7 @@ def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS
     """Write a synthetic study with the real writer (records.tables); ``tables`` picks which to write."""
     for (pe, rpt, protocol), seed in itertools.product(_conditions(protocols, models), range(seeds)):
         rng = np.random.default_rng(zlib.crc32(f"{pe}{rpt}{protocol}{seed}".encode()))
-        sw = numbers.protocol_switches(protocol)
+        sw = labels.protocol_switches(protocol)
         trial_id = f"{dataset}-{pe}{'-rpt' if rpt else ''}-{protocol}-s{seed}"
         acc = 0.50 + 0.06 * sw["cutmix"] + 0.06 * sw["autoaugment"] + 0.01 * rng.standard_normal()
         config = {"dataset": dataset, "pe": pe, "rpt": rpt, **sw, "protocol": protocol, "seed": seed,
@@ -131,7 +132,7 @@ def write_collapsed_trial(results: str, study: str) -> str:
     """A sixth baseline ape seed that stayed at chance, flagged did_not_learn, with a degenerate minimum
     MAD far below every CutMix run: counted in a claim, it would break the CutMix separation."""
     trial_id = "cifar100-ape-baseline-s5-collapsed"
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
               "protocol": "baseline", "seed": 5, "img_size": 32, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": 10,
               "code_version": "abc1234"}
     write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
@@ -181,7 +182,7 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert verdict["CutMix alone lowers minimum MAD"] == "supported"
     assert verdict["every CutMix run has lower minimum MAD than every run without"] == "supported"
     assert verdict["modern lowers minimum MAD (0.316 -> 0.008)"] == "supported"
-    assert verdict["label smoothing alone leaves minimum MAD at baseline"] == numbers.CONSISTENT
+    assert verdict["label smoothing alone leaves minimum MAD at baseline"] == claims.CONSISTENT
     assert verdict["CutMix adds accuracy"] == "supported"
     assert verdict["APE recovers SSDC under RPI more than none (dSSDC)"] == "supported"
     assert verdict["RPT collapses APE's SSDC recovery under RPI (dSSDC)"] == "supported"
@@ -205,9 +206,9 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert "supported" in index.read_text()
     # A directional claim about the planted null (label smoothing) is not supported.
     data = StudyData.load(results, "joint")
-    null = numbers.Claim("test", "label smoothing lowers minimum MAD", "min_mad", {"protocol": "label_smoothing"},
+    null = claims.Claim("test", "label smoothing lowers minimum MAD", "min_mad", {"protocol": "label_smoothing"},
                          {"protocol": "baseline"})
-    assert numbers.evaluate_claims(data, (null,))["verdict"].tolist() == ["not supported"]
+    assert claims.evaluate_claims(data, (null,))["verdict"].tolist() == ["not supported"]
 
 
 def test_three_seeds_are_not_enough_and_cli_writes_report(tmp_path):
@@ -260,16 +261,16 @@ def test_rope_scale_rows_stay_off_the_pe_scaling_axes_and_claims():
     (plot,) = figures.rope_scaling(data)
     assert "position interpolation" in plot.title and "rope2d" in plot.figure.axes[0].get_legend_handles_labels()[1][0]
     # alpha 0 has no paper reference (the paper's table covers 0.1-1.0)
-    assert min(numbers.PAPER_P_APE_SCALING) == 0.1
+    assert min(paper_numbers.PAPER_P_APE_SCALING) == 0.1
 
 
 def test_binomial_standard_errors():
-    assert numbers.binomial_se(0.5, 100) == pytest.approx(0.05)
-    assert np.isnan(numbers.binomial_se(0.5, np.nan))
+    assert seedstats.binomial_se(0.5, 100) == pytest.approx(0.05)
+    assert np.isnan(seedstats.binomial_se(0.5, np.nan))
     # FS 0.435 at clean accuracy 0.64 over 1,000 images: the surviving share 0.565 of 640 clean-correct images
-    assert numbers.fragility_se_without_counts(0.435, 0.64, 1000) == pytest.approx(math.sqrt(0.565 * 0.435 / 640))
+    assert seedstats.fragility_se_without_counts(0.435, 0.64, 1000) == pytest.approx(math.sqrt(0.565 * 0.435 / 640))
     # Without images right only under the shift, the delta method is that same binomial SE.
-    assert numbers.fragility_se(362, 278, 0, 1000) == pytest.approx(math.sqrt((362 / 640) * (278 / 640) / 640))
+    assert seedstats.fragility_se(362, 278, 0, 1000) == pytest.approx(math.sqrt((362 / 640) * (278 / 640) / 640))
 
 
 def test_fragility_se_from_paired_counts_by_hand_and_by_bootstrap():
@@ -277,16 +278,16 @@ def test_fragility_se_from_paired_counts_by_hand_and_by_bootstrap():
     a, b, c, n = 40, 60, 50, 1000
     x, y, r = (a + c) / n, (a + b) / n, (a + c) / (a + b)  # acc_shift 0.09, acc_clean 0.10, FS = 1 - r = 0.1
     by_hand = math.sqrt((x * (1 - x) - 2 * r * (a / n - x * y) + r**2 * y * (1 - y)) / (n * y**2))
-    se = float(numbers.fragility_se(a, b, c, n))
+    se = float(seedstats.fragility_se(a, b, c, n))
     assert se == pytest.approx(by_hand)
     # The old approximation ignores the 50 images right only under the shift: far too small here.
-    assert float(numbers.fragility_se_without_counts(1 - r, y, n)) < 0.5 * se
+    assert float(seedstats.fragility_se_without_counts(1 - r, y, n)) < 0.5 * se
     # Bootstrap over images: resample the n (clean right, shift right) pairs, recompute FS.
     rng = np.random.default_rng(0)
     cells = rng.multinomial(n, np.array([a, b, c, n - a - b - c]) / n, size=20_000)
     fs = 1 - (cells[:, 0] + cells[:, 2]) / (cells[:, 0] + cells[:, 1])
     assert se == pytest.approx(fs.std(), rel=0.05)
-    assert np.isnan(numbers.fragility_se(0, 0, 5, 100))  # nothing right clean: FS undefined
+    assert np.isnan(seedstats.fragility_se(0, 0, 5, 100))  # nothing right clean: FS undefined
 
 
 def test_paired_comparison_uses_each_seed_once_and_states_its_interval():
@@ -314,15 +315,15 @@ def test_a_null_claim_is_consistent_only_inside_its_margin(tmp_path):
     results = str(tmp_path)
     write_study(results, "null", seeds=5, protocols=["baseline", "label_smoothing"], models=[], checkpoints=(4,))
     data = StudyData.load(results, "null")
-    wide = numbers.Claim("t", "LS leaves min MAD (tight margin)", "min_mad", {"protocol": "label_smoothing"},
+    wide = claims.Claim("t", "LS leaves min MAD (tight margin)", "min_mad", {"protocol": "label_smoothing"},
                          {"protocol": "baseline"}, "two-sided", margin=1e-4)
-    loose = numbers.Claim("t", "LS leaves min MAD (loose margin)", "min_mad", {"protocol": "label_smoothing"},
+    loose = claims.Claim("t", "LS leaves min MAD (loose margin)", "min_mad", {"protocol": "label_smoothing"},
                           {"protocol": "baseline"}, "two-sided", margin=0.05)
-    table = numbers.evaluate_claims(data, (wide, loose)).set_index("claim")
-    assert table["verdict"].tolist() == [numbers.INCONCLUSIVE, numbers.CONSISTENT]
+    table = claims.evaluate_claims(data, (wide, loose)).set_index("claim")
+    assert table["verdict"].tolist() == [claims.INCONCLUSIVE, claims.CONSISTENT]
     assert table["margin"].tolist() == [1e-4, 0.05]
-    assert {c.margin for c in numbers.CLAIMS} <= set(numbers.MARGINS.values())
-    assert not any(math.isnan(c.margin) for c in numbers.CLAIMS)
+    assert {c.margin for c in claims.CLAIMS} <= set(claims.MARGINS.values())
+    assert not any(math.isnan(c.margin) for c in claims.CLAIMS)
 
 
 def test_unknown_study_names_the_ones_there(tmp_path):
@@ -336,7 +337,7 @@ def test_tuning_trials_show_no_test_accuracy(tmp_path):
     """A holdout-scored (hparam) trial's test accuracy stays empty, though the analysis measured the test split."""
     results = str(tmp_path)
     write_study(results, "hp", seeds=2, protocols=["baseline"], models=[], checkpoints=(4,))
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
               "protocol": "baseline", "seed": 7, "img_size": 32, "depth": LAYERS, "heads": HEADS, "lr": 1e-3,
               "epochs": 4, "eval_split": "holdout", "code_version": "abc1234"}
     write_trial(results, "hp", config, {"trial_id": "hp-tuning", "study": "hp", "status": "finished",
@@ -355,11 +356,11 @@ def test_seed_summary_against_numpy():
     rng = np.random.default_rng(1)
     for n in (2, 3, 5, 9):
         v = rng.normal(size=n)
-        s = numbers.seed_summary(np.append(v, np.nan))
+        s = seedstats.seed_summary(np.append(v, np.nan))
         assert s.n == n and np.isclose(s.mean, v.mean()) and np.isclose(s.std, v.std(ddof=1))
         assert v.min() <= s.low <= s.mean <= s.high <= v.max()
-    assert numbers.seed_summary([0.3]).n == 1 and np.isnan(numbers.seed_summary([0.3]).std)
-    assert numbers.seed_summary([]).n == 0
+    assert seedstats.seed_summary([0.3]).n == 1 and np.isnan(seedstats.seed_summary([0.3]).std)
+    assert seedstats.seed_summary([]).n == 0
 
 
 @pytest.mark.parametrize("n_a,n_b", [(2, 2), (3, 3), (3, 4), (4, 4), (5, 5)])
@@ -367,8 +368,8 @@ def test_min_achievable_p_is_the_exact_p_of_complete_separation(n_a, n_b):
     a, b = np.arange(n_a), np.arange(n_a, n_a + n_b)
     for alternative in ("less", "two-sided"):
         exact = stats.mannwhitneyu(a, b, alternative=alternative, method="exact").pvalue
-        assert np.isclose(numbers.min_achievable_p(n_a, n_b, alternative), exact)
-    assert (numbers.min_achievable_p(n_a, n_b, "less") >= numbers.ALPHA) == ((n_a, n_b) in [(2, 2), (3, 3)])
+        assert np.isclose(seedstats.min_achievable_p(n_a, n_b, alternative), exact)
+    assert (seedstats.min_achievable_p(n_a, n_b, "less") >= seedstats.ALPHA) == ((n_a, n_b) in [(2, 2), (3, 3)])
 
 
 def test_pin_holds_unshown_factors_at_the_reference():
@@ -393,5 +394,5 @@ def test_per_trial_fs_se_comes_from_the_paired_counts_where_stored():
     rows += [{"trial_id": "new", "intervention": "jpeg", "level": 5.0, "metric": m, "value": v, **whole}
              for m, v in zip(("right_both", "right_clean_only", "right_shift_only"), (40, 60, 50))]
     se = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame(rows)).per_trial.set_index("trial_id")
-    assert se.loc["new", "fs_jpeg_se"] == pytest.approx(float(numbers.fragility_se(40, 60, 50, 1000)))
-    assert se.loc["old", "fs_jpeg_se"] == pytest.approx(float(numbers.fragility_se_without_counts(0.1, 0.1, 1000)))
+    assert se.loc["new", "fs_jpeg_se"] == pytest.approx(float(seedstats.fragility_se(40, 60, 50, 1000)))
+    assert se.loc["old", "fs_jpeg_se"] == pytest.approx(float(seedstats.fragility_se_without_counts(0.1, 0.1, 1000)))

@@ -8,6 +8,7 @@ each test uses its own experiment name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -19,13 +20,15 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from records import client, measurements, provenance, server, stores, tracking
+from records import client, provenance, server, stores, tracking
 from records.stores import TrackingError
 
 
@@ -42,6 +45,68 @@ def _free_port() -> int:
 
 def _run(uri: str, run_id: str):
     return MlflowClient(tracking_uri=uri).get_run(run_id)
+
+
+# Test-only shorthands over records.tracking: the product opens and closes a trial's run in
+# trainables.lifecycle and logs a checkpoint's measurements through analysis.trial_record.
+@dataclasses.dataclass(frozen=True)
+class TrialRun:
+    """One trial's run with its uri and run_id bound."""
+
+    uri: str
+    run_id: str
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        tracking.log_metrics(self.uri, self.run_id, metrics, step)
+
+    def log_artifact_dict(self, name: str, obj: Any) -> None:
+        tracking.log_artifact_dict(self.uri, self.run_id, name, obj)
+
+
+@contextlib.contextmanager
+def trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapping[str, Any],
+              tags: Mapping[str, Any] | None = None) -> Iterator[TrialRun]:
+    """``start_trial_run`` as a context manager, ended as a trial's run is: FINISHED when the block
+    completes, FAILED when it raises an Exception (its type and message in tag ``vitsweep.error``),
+    KILLED on KeyboardInterrupt / SystemExit; the exception is re-raised."""
+    run = TrialRun(uri, tracking.start_trial_run(uri, experiment_id, trial_id, params=params, tags=tags))
+    try:
+        yield run
+    except BaseException as e:
+        tracking.set_tags(uri, run.run_id, {tracking.ERROR_TAG: f"{type(e).__name__}: {e}"[:4000]})
+        tracking.end_trial_run(uri, run.run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
+        raise
+    tracking.end_trial_run(uri, run.run_id, "FINISHED")
+
+
+def _given(x: Any) -> bool:
+    """A level / layer / head_index that is set: not None, not NaN (pandas reads nulls as NaN)."""
+    return x is not None and x == x
+
+
+def measurement_metric_key(intervention: str, level: float | None, layer: int | None, head_index: int | None,
+                           metric: str) -> str:
+    """MLflow metric key of one measurements row, grouped in the UI by intervention:
+    ('clean', None, None, None, 'acc') -> 'clean/acc'; ('jpeg', 5.0, None, None, 'fs') -> 'jpeg_5/fs';
+    ('clean', None, 3, 2, 'mad') -> 'clean/mad/layer3/head2'. Null (None or NaN): not per layer / head."""
+    key = f"{intervention}{f'_{float(level):g}' if _given(level) else ''}/{metric}"
+    key += f"/layer{int(layer)}" if _given(layer) else ""
+    return key + (f"/head{int(head_index)}" if _given(head_index) else "")
+
+
+def log_measurements(uri: str, run_id: str, rows: pd.DataFrame, *, per_head: bool = False) -> int:
+    """Measurements rows as metrics at step = checkpoint_epoch, keyed by ``measurement_metric_key``;
+    per-head rows (head_index set) only with ``per_head``. Returns the number of points logged."""
+    by_step: dict[int, dict[str, float]] = {}
+    for row in rows.to_dict("records"):
+        head = row.get("head_index")
+        if _given(head) and not per_head:
+            continue
+        key = measurement_metric_key(row["intervention"], row.get("level"), row.get("layer"), head, row["metric"])
+        by_step.setdefault(int(row["checkpoint_epoch"]), {})[key] = row["value"]
+    for step, metrics in sorted(by_step.items()):
+        tracking.log_metrics(uri, run_id, metrics, step)
+    return sum(len(m) for m in by_step.values())
 
 
 # ------------------------------------------------------------------------------- URIs
@@ -199,7 +264,7 @@ def test_same_trial_id_continues_one_run(uri):
 def test_trial_run_marks_failed_on_exception_and_finished_otherwise(uri):
     experiment_id = tracking.ensure_experiment(uri, "context")
     with pytest.raises(RuntimeError, match="boom"):
-        with tracking.trial_run(uri, experiment_id, "bad", params={"lr": 1}) as run:
+        with trial_run(uri, experiment_id, "bad", params={"lr": 1}) as run:
             run.log_metrics({"train_loss": 9.0}, step=1)
             raise RuntimeError("boom: loss diverged")
     failed = _run(uri, run.run_id)
@@ -208,15 +273,15 @@ def test_trial_run_marks_failed_on_exception_and_finished_otherwise(uri):
     assert failed.info.end_time is not None
 
     with pytest.raises(KeyboardInterrupt):
-        with tracking.trial_run(uri, experiment_id, "interrupted", params={"lr": 1}) as run:
+        with trial_run(uri, experiment_id, "interrupted", params={"lr": 1}) as run:
             raise KeyboardInterrupt
     assert _run(uri, run.run_id).info.status == "KILLED"
 
-    with tracking.trial_run(uri, experiment_id, "good", params={"lr": 1}) as run:
+    with trial_run(uri, experiment_id, "good", params={"lr": 1}) as run:
         run.log_metrics({"train_loss": 1.0}, step=1)
     assert _run(uri, run.run_id).info.status == "FINISHED"
 
-    with tracking.trial_run(uri, experiment_id, "bad", params={"lr": 1}) as retried:  # Ray's retry
+    with trial_run(uri, experiment_id, "bad", params={"lr": 1}) as retried:  # Ray's retry
         retried.log_metrics({"train_loss": 0.5}, step=1)
     assert retried.run_id == failed.info.run_id
     data = _run(uri, retried.run_id).data
@@ -252,7 +317,7 @@ def test_log_metrics_batches_past_mlflow_limits_and_checks_values(uri):
 
 
 def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
-    key = measurements.measurement_metric_key
+    key = measurement_metric_key
     assert key("clean", None, None, None, "acc") == "clean/acc"
     assert key("jpeg", 5.0, None, float("nan"), "fs") == "jpeg_5/fs"
     assert key("pe_scale", 0.5, 1, None, "ssdc") == "pe_scale_0.5/ssdc/layer1"
@@ -267,7 +332,7 @@ def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
     experiment_id = tracking.ensure_experiment(uri, "measurements")
     tracking.end_trial_run(uri, tracking.start_trial_run(uri, experiment_id, "measured", params={}))
     run_id = tracking.find_trial_run(uri, experiment_id, "measured")  # as the analysis job does
-    assert measurements.log_measurements(uri, run_id, rows) == 3  # the per-head row stays in Parquet
+    assert log_measurements(uri, run_id, rows) == 3  # the per-head row stays in Parquet
     client = MlflowClient(tracking_uri=uri)
     def history(key):
         return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
@@ -275,7 +340,7 @@ def test_measurements_become_grouped_metrics_at_the_checkpoint_step(uri):
     assert history("clean/acc") == [(10, 0.5), (20, 0.75)]
     assert history("blur_2.5/acc") == [(10, 0.25)]
     assert client.get_metric_history(run_id, "clean/mad/layer0/head4") == []
-    assert measurements.log_measurements(uri, run_id, rows.iloc[[1]], per_head=True) == 1
+    assert log_measurements(uri, run_id, rows.iloc[[1]], per_head=True) == 1
     assert client.get_metric_history(run_id, "clean/mad/layer0/head4")[0].value == 1.7
 
 
@@ -344,7 +409,7 @@ def _writer(uri: str, trial_id: str, barrier) -> None:
 
     barrier.wait()
     experiment_id = tracking.ensure_experiment(uri, "concurrent")
-    with tracking.trial_run(uri, experiment_id, trial_id, params={"trial": trial_id}) as run:
+    with trial_run(uri, experiment_id, trial_id, params={"trial": trial_id}) as run:
         for step in range(STEPS):
             run.log_metrics({f"m{k}": step * 100 + k for k in range(METRICS)}, step=step)
 
@@ -450,7 +515,7 @@ def test_real_mlflow_server_roundtrip(tmp_path):
 
         experiment_id = tracking.ensure_experiment(uri, "served")
         assert tracking.ensure_experiment(uri, "served") == experiment_id
-        with tracking.trial_run(uri, experiment_id, "served-trial",
+        with trial_run(uri, experiment_id, "served-trial",
                                 params={"pe": "sincos2d", "lr": 0.001}, tags={"study": "demo"}) as run:
             for epoch in (1, 2):
                 run.log_metrics({"eval_acc": 0.25 * epoch}, step=epoch)

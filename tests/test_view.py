@@ -13,14 +13,14 @@ import pytest
 from PIL import Image
 from test_report import _measure, write_study
 
-from analysis import claims as numbers
-from analysis import figures, trial_record
-from analysis.report import StudyData, build_report
+from analysis import claims, condition_tables, figures, labels, trial_record
+from analysis.report import build_report
+from analysis.study_data import StudyData
 from records import stores, tables, tracking
 
 
 def _add_trial(results, study, trial_id, seed, *, lr=1e-3, test_acc=0.9, epochs=4):
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **numbers.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
               "protocol": "baseline", "seed": seed, "img_size": 32, "depth": 6, "heads": 4, "lr": lr,
               "epochs": epochs, "code_version": "abc1234"}
     tables.write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
@@ -44,9 +44,9 @@ def test_a_varying_field_is_its_own_condition_and_a_duplicated_seed_is_never_poo
     assert any(n.startswith("ERROR: condition 'cifar100, ape, baseline, lr=0.001' has 2 trials with seed 1")
                for n in data.notes)
     # The lr run is pinned away from the claims and tables, not pooled into ape baseline as a third seed.
-    table = numbers.conditions_table(data)
+    table = condition_tables.conditions_table(data)
     assert sorted(table["n"]) == [1, 2, 2] and "lr" in table
-    claim = numbers.evaluate_claims(data).set_index("claim").loc["CutMix adds accuracy"]
+    claim = claims.evaluate_claims(data).set_index("claim").loc["CutMix adds accuracy"]
     assert (claim["n A"], claim["n B"]) == (2, 2) and "lr = 0.001" in claim["setting"]
     page = build_report(results, "pool").read_text()
     assert "5 finished trial(s) in 3 condition(s), 1-2 seed(s) each" in page
@@ -137,14 +137,15 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
 
 def test_trials_table_links_each_run_on_a_tracking_server():
     from analysis import report
+    from analysis.page import trials_html
 
     trials = pd.DataFrame({"trial_id": ["a", "b"], "dataset": "cifar10", "pe": "ape", "rpt": False,
                            "protocol": "baseline", "seed": [0, 1], "status": ["finished", "failed"],
                            "test_acc": [0.5, None], "mlflow_run_id": ["0123456789abcdef", None]})
     data = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame())
     links = report._run_links("http://mlflow:5000/", "7")
-    html = report._trials_html(data, links)
+    html = trials_html(data, links)
     assert "<a href='http://mlflow:5000/#/experiments/7/runs/0123456789abcdef'>01234567</a>" in html
     assert "failed" in html and html.count("<a href") == 1
     assert report._run_links("sqlite:////tmp/m.db", "7") == {}  # a file store has no page to link
-    assert "<a href" not in report._trials_html(data, {})
+    assert "<a href" not in trials_html(data, {})

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from records.vocab import EXECUTION_FIELDS
-from records.vocab import did_not_learn  # noqa: F401  PENDING: analysis/conditions.py imports it from here
 from trainables.protocols import Protocol
 from trainables.vit import ViTConfig
 

@@ -55,7 +55,6 @@ API for the training loop (the loop keeps per-member lists indexed like `pack.co
     pack.member_state_dict(k) / pack.load_member_state_dict(k, sd)        # as ViT.state_dict()
     pack.member_optimizer_state(optimizer, k) / load_member_optimizer_state(optimizer, k, sd)
                                                           # as the unpacked optimizer.state_dict()
-    pack.member_model(k)                                  # a plain ViT (snapshots, evaluation)
     pack.drop(optimizer, [j])                             # a diverged member leaves; K shrinks
 
 Per-trial checkpoints are the unpacked formats, so a trial resumes packed or unpacked.
@@ -187,7 +186,7 @@ class PackedViT:
             return
         self.module = None
         # The template keeps the real module: state_dict keys (persistent buffers only), the decay
-        # groups, and non-persistent buffers (RoPE / sin-cos tables) for `member_model`.
+        # groups, and non-persistent buffers (RoPE / sin-cos tables).
         self.template = copy.deepcopy(models[0])
         self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
         self.base = base
@@ -329,12 +328,6 @@ class PackedViT:
         stacked = {**self.params, **self.buffers}
         for name, value in state.items():
             stacked[name][k].copy_(value)
-
-    def member_model(self, k: int) -> ViT:
-        """A plain ViT holding member k's weights (in the mode the pack is in)."""
-        model = copy.deepcopy(self.template)
-        model.load_state_dict(self.member_state_dict(k))
-        return model.train(self.training)
 
     @staticmethod
     def _stacked_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Study L's training protocols: per-image augmentation, CutMix, label smoothing, normalisation.
+"""Study L's training protocols: the switches, CutMix, label smoothing, soft targets, normalisation.
 
 A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
 2021, "Vision Transformer for Small-Size Datasets"):
@@ -23,44 +23,28 @@ Data path (uint8 until the model; B batch, C classes, S image side):
     augment.draw (host, per image) + augment.apply (device, batched) -> uint8 (n, 3, S, S)
     soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C)   per batch, on the device
 
-The per-image transforms below (`TrainTransform`, `Augmented`) are the
-reference that trainables/augment.py is tested and benchmarked against; the
-loop no longer uses them. Per-image randomness is deliberate: torchvision v2
-transforms called on a batch tensor draw ONE parameter set for the whole
-batch (every image gets the same crop, flip and AutoAugment op), so these
-transforms only ever see one image, and augment.py draws per image too.
+The augmentation itself is trainables/augment.py (drawn per image on the
+host, applied batched on the device); the per-image torchvision pipeline it is
+checked against is trainables/reference.py, which training does not use.
 
-Seeding. A transform takes an optional `torch.Generator`: with one, every draw
-comes from it (torchvision's own draws run under the default CPU generator
-seeded from it, which is restored afterwards); without one, draws use torch's
-global RNG as torchvision does. `SeededSampler` + `Augmented` give every
-(seed, epoch, index) its own generator (`item_seed`), so augmentations are the
-same for any number of DataLoader workers, persistent or not, and after a
-resume; augment.py keys its draws by the same `item_seed`. The epoch's order
-is `epoch_order` (shared by `SeededSampler` and the device input path).
+Seeding. Every (seed, epoch, index) has its own 63-bit key (`item_seed`), so
+an image's augmentation is the same whatever the number of workers and after
+a resume; augment.py keys its draws by it. The epoch's order is `epoch_order`
+(shared by the device input path and the reference sampler).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, Sampler
-from torchvision.transforms import v2
 
 from records import vocab
-from trainables.images import (
-    LARGE_IMAGE_SIZE,
-    device_constant,
-    eval_resize_size,
-    resize_center_crop,
-    to_device,
-)
+from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
 
 LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
@@ -98,7 +82,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in _ALL} | {
 vocab.check_registry("trainables.protocols.PROTOCOLS", PROTOCOLS, vocab.PROTOCOLS, "PROTOCOLS")
 
 
-# -- per-image transforms ------------------------------------------------------------------------
+# -- which strong augmentation ------------------------------------------------------------------
 
 
 def augmentation_for(dataset_name: str, img_size: int) -> str:
@@ -107,104 +91,6 @@ def augmentation_for(dataset_name: str, img_size: int) -> str:
     if dataset_name in COLOR_JITTER_DATASETS:
         return "color_jitter"
     return "autoaugment_imagenet" if img_size >= LARGE_IMAGE_SIZE else "autoaugment_cifar10"
-
-
-@contextlib.contextmanager
-def _global_rng_from(generator: torch.Generator | None):
-    """Run torchvision's draws (which use the default CPU generator) from `generator`:
-    seed the default generator from it, restore the default's state afterwards."""
-    if generator is None:
-        yield
-        return
-    default = torch.default_generator
-    state = default.get_state()
-    default.manual_seed(int(torch.randint(2**62, (), generator=generator)))
-    try:
-        yield
-    finally:
-        default.set_state(state)
-
-
-class TrainTransform:
-    """One image in, one augmented image out: uint8 (3, h, w) -> uint8 (3, S, S). The per-image
-    reference of `augment.apply` (tests, bench/input_pipeline.py); training uses augment.py.
-
-    Below LARGE_IMAGE_SIZE the input must already be S x S (datasets store it so).
-    """
-
-    def __init__(self, img_size: int, *, strong: str | None):
-        self.img_size = img_size
-        self.padding = img_size // 8
-        self.resized_crop = (
-            v2.RandomResizedCrop(img_size, antialias=True) if img_size >= LARGE_IMAGE_SIZE else None
-        )
-        self.strong_name = strong
-        self.strong = {
-            None: None,
-            "color_jitter": v2.ColorJitter(COLOR_JITTER, COLOR_JITTER, COLOR_JITTER),
-            "autoaugment_cifar10": v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10),
-            "autoaugment_imagenet": v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET),
-        }[strong]
-
-    def __call__(self, image: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        if self.resized_crop is not None:
-            with _global_rng_from(generator):
-                image = self.resized_crop(image)
-            flip = bool(torch.rand((), generator=generator) < 0.5)
-        else:
-            image, flip = self._pad_crop(image, generator)
-        if flip:
-            image = image.flip(-1)
-        if self.strong is not None:
-            with _global_rng_from(generator):
-                image = self.strong(image)
-        return image
-
-    def _pad_crop(self, image: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, bool]:
-        """torchvision's RandomCrop(S, padding=p) (zero fill) as one shifted copy, plus the flip draw.
-
-        Written out because it is one slice assignment: v2.RandomCrop pads the whole
-        image first and costs ~3x more per image, and it cannot take a generator."""
-        S, p = self.img_size, self.padding
-        if image.shape[-2:] != (S, S):
-            raise ValueError(f"expected a {S}x{S} image for pad-and-crop, got {tuple(image.shape)}")
-        # One draw, decoded into a uniform (top, left, flip): RNG calls dominate at 32 px.
-        draw = int(torch.randint(0, 2 * (2 * p + 1) ** 2, (), generator=generator))
-        flip, top, left = draw % 2, draw // 2 // (2 * p + 1), draw // 2 % (2 * p + 1)
-        dy, dx = top - p, left - p  # out[y, x] = image[y + dy, x + dx], zero outside
-        out = torch.zeros_like(image)
-        out[:, max(0, -dy):S - max(0, dy), max(0, -dx):S - max(0, dx)] = \
-            image[:, max(0, dy):S - max(0, -dy), max(0, dx):S - max(0, -dx)]
-        return out, flip == 1
-
-    def __repr__(self) -> str:
-        crop = "random_resized_crop" if self.resized_crop is not None else f"pad{self.padding}_crop"
-        return f"TrainTransform({self.img_size}px: {crop} + flip + {self.strong_name})"
-
-
-class EvalTransform:
-    """Never augments: identity on images already at the evaluation size (every stored split),
-    else resize (shorter side 256 for 224) + centre crop."""
-
-    def __init__(self, img_size: int):
-        self.img_size = img_size
-
-    def __call__(self, image: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        return resize_center_crop(image, self.img_size, resize_to=eval_resize_size(self.img_size))
-
-    def __repr__(self) -> str:
-        return f"EvalTransform({self.img_size}px)"
-
-
-def train_transform(protocol: Protocol | str, dataset_name: str, img_size: int) -> TrainTransform:
-    """The per-image training transform of `protocol` (a Protocol or its name) for a data set."""
-    protocol = Protocol.from_name(protocol) if isinstance(protocol, str) else protocol
-    strong = augmentation_for(dataset_name, img_size) if protocol.autoaugment else None
-    return TrainTransform(img_size, strong=strong)
-
-
-def eval_transform(dataset_name: str, img_size: int) -> EvalTransform:
-    return EvalTransform(img_size)
 
 
 # -- batch-level: targets, CutMix, normalisation --------------------------------------------------
@@ -277,24 +163,7 @@ def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     return images.float().sub_(m).div_(s)
 
 
-def prepare_batch(
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    protocol: Protocol,
-    num_classes: int,
-    mean: Sequence[float],
-    std: Sequence[float],
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-batch half of a protocol: soft targets, CutMix when on, normalisation.
-    uint8 (B, 3, S, S), int64 (B,) -> float (B, 3, S, S), soft targets (B, C)."""
-    targets = soft_targets(labels, num_classes)
-    if protocol.cutmix:
-        images, targets = cutmix_batch(images, targets, generator=generator)
-    return normalize(images, mean, std), targets
-
-
-# -- DataLoader plumbing -----------------------------------------------------------------------
+# -- per-image seeds and the epoch's order ---------------------------------------------------------
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
@@ -308,68 +177,6 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
         x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
         x ^= x >> 31
     return x >> 1
-
-
-class Augmented(Dataset):
-    """`split` with a per-image `transform(image, generator)` applied: (uint8 (3, S, S), int).
-
-    Keys: an int index (draws from the global RNG, as torchvision does: reproducible
-    per process given torch.manual_seed / DataLoader worker seeding), or an
-    (index, seed) pair from `SeededSampler` (draws from a generator seeded with it:
-    reproducible whatever the workers)."""
-
-    def __init__(self, split: Dataset, transform: Callable[..., torch.Tensor]):
-        self.split, self.transform = split, transform
-        self._generator: torch.Generator | None = None
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        if isinstance(key, tuple):
-            index, seed = key
-            if self._generator is None:  # one per process (workers get a pickled copy without it)
-                self._generator = torch.Generator()
-            image, label = self.split[index]
-            return self.transform(image, self._generator.manual_seed(seed)), label
-        image, label = self.split[key]
-        return self.transform(image), label
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_generator": None}
-
-
-class SeededSampler(Sampler):
-    """Shuffles per epoch from (seed, epoch) and yields (index, item_seed(seed, epoch, index)).
-
-    With `Augmented` every image's augmentation depends only on (seed, epoch, index),
-    not on worker count, worker seeds or resumption. Call `set_epoch(epoch)` before
-    each epoch (it lives in the main process, so it works with persistent workers).
-    num_replicas/rank shard each epoch's order like DistributedSampler (padding by
-    repetition so every rank gets the same count, or dropping the tail).
-    """
-
-    def __init__(self, length: int, *, seed: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,
-                 drop_last: bool = False):
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must lie in [0, num_replicas={num_replicas}), got {rank}")
-        self.length, self.seed, self.shuffle = length, seed, shuffle
-        self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        if self.drop_last:
-            return self.length // self.num_replicas
-        return -(-self.length // self.num_replicas)
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        order = epoch_order(self.length, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                            num_replicas=self.num_replicas, rank=self.rank, drop_last=self.drop_last)
-        for index in order.tolist():
-            yield index, item_seed(self.seed, self.epoch, index)
 
 
 def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,

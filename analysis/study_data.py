@@ -1,0 +1,207 @@
+"""A study's data model: its Parquet tables cleaned and joined, with the views every figure, claim
+and table reads (``StudyData``); the summary table and the report both start here.
+
+    data = StudyData.load("results", "study_l")      # <results>/<study>/{trials,epochs,measurements}/
+    data.per_trial                                   # one row per counted trial: factors + headline metrics
+    data.select("jpeg", "fs", level=5.0)             # measurement rows at each trial's last checkpoint
+    data.pin(df, keep={"protocol"})                  # the factors not shown held at one value
+
+Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every
+other config field that varies among trials of one factor cell (``condition_fields``: an ``--set
+lr=...`` run, a second launch with other epochs); a *trial* is one seed of a condition and the unit
+of every spread and test. Two trials with the same seed in one condition are not two seeds: one is
+counted and the report's Notes name the rest as an error, never pooled. Figures and claims hold the
+fields they do not show at one value (``StudyData.pin``). Only finished trials count. Unless a
+figure is about training time, each trial contributes its last measured checkpoint. What a
+condition is, and the cleaning, are ``analysis.conditions``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+from pyarrow import fs as pafs
+
+from analysis.conditions import TRIAL_KEYS, normalise_trials
+from analysis.labels import REFERENCE
+from records import vocab
+from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
+from records.schema import MEASUREMENTS, PAIRED_COUNTS
+from records.tables import filesystem, list_studies, read_table, table_path
+
+
+@dataclass
+class StudyData:
+    """A study's tables, cleaned and joined; every frame carries the factor columns of its trial.
+
+    trials: finished trials, one row each; dataset, pe, rpt (bool), protocol (canonical name), seed,
+        model (``ape + RPT``) and the three protocol switches are always present.
+    epochs: per-epoch rows of those trials.  measurements: long rows of every measured checkpoint.
+    raw_trials: the trials table as stored (all statuses), for the configuration section.
+    """
+
+    study: str
+    trials: pd.DataFrame
+    epochs: pd.DataFrame
+    measurements: pd.DataFrame
+    raw_trials: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
+    condition_fields: list[str] = field(default_factory=list)  # config fields that split a factor cell
+
+    @classmethod
+    def load(cls, results: str, study: str) -> StudyData:
+        fs, root = filesystem(f"{results.rstrip('/')}/{study}")
+        if fs.get_file_info(root).type != pafs.FileType.Directory:
+            raise ValueError(f"no study {study!r} under {results!r}; studies there: {list_studies(results)}")
+        tables, notes = {}, []
+        for name in ("trials", "epochs", "measurements"):
+            table = read_table(results, study, name)
+            if table is None or table.num_rows == 0:
+                notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
+                tables[name] = pd.DataFrame()
+            else:
+                tables[name] = table.to_pandas()
+        return cls.from_frames(study, tables["trials"], tables["epochs"], tables["measurements"], notes=notes)
+
+    @classmethod
+    def from_frames(cls, study: str, trials: pd.DataFrame, epochs: pd.DataFrame, measurements: pd.DataFrame,
+                    *, notes: list[str] | None = None) -> StudyData:
+        """Clean and join raw tables (as ``pandas.read_parquet`` returns them)."""
+        notes = list(notes or [])
+        clean, extra = normalise_trials(trials, notes)
+        keys = clean[[*TRIAL_KEYS, *extra]]
+        joined_epochs = epochs.merge(keys, on="trial_id") if "trial_id" in epochs else pd.DataFrame()
+        if measurements.empty or "trial_id" not in measurements:
+            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *TRIAL_KEYS[1:], *extra])
+        else:
+            joined = measurements.merge(keys, on="trial_id")
+            if dropped := len(measurements) - len(joined):
+                notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
+        for column in ("level", "layer", "head_index"):  # null (NaN here): not per level / layer / head
+            joined[column] = joined[column].astype(float)
+        return cls(study, clean, joined_epochs, joined, trials, notes, extra)
+
+    # -- views ---------------------------------------------------------------------
+    @cached_property
+    def final(self) -> pd.DataFrame:
+        """Measurement rows of each trial's last measured checkpoint."""
+        m = self.measurements
+        if m.empty:
+            return m
+        return m[m["checkpoint_epoch"] == m.groupby("trial_id")["checkpoint_epoch"].transform("max")]
+
+    def select(self, intervention: str, metric: str, *, level: float | None = None, per_layer: bool = False,
+               per_head: bool = False, final: bool = True) -> pd.DataFrame:
+        """Measurement rows of one (intervention, metric), optionally at one level; per_layer/per_head
+        keep only rows with a layer / head_index (not null). ``final=False`` keeps every checkpoint."""
+        m = self.final if final else self.measurements
+        if m.empty:
+            return m
+        mask = (m["intervention"] == intervention) & (m["metric"] == metric)
+        if level is not None:
+            mask &= np.isclose(m["level"].to_numpy(float), level)
+        if per_layer:
+            mask &= m["layer"].notna()
+        if per_head:
+            mask &= m["head_index"].notna()
+        return m[mask]
+
+    @cached_property
+    def per_trial(self) -> pd.DataFrame:
+        """One row per finished trial: factors plus the headline metrics at the final checkpoint.
+
+        test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement;
+        a holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number
+        from the test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the
+        network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the PE-scaling rows
+        at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the headline
+        level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
+        standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
+        on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
+        unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
+        method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
+        measurements stored without them); NaN where no n is known."""
+        t = self.trials
+        extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
+        out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
+        out = out.copy().set_index("trial_id")
+
+        def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
+            return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
+
+        def column(name: str) -> pd.Series:
+            return t.set_index("trial_id")[name].astype(float).reindex(out.index) if name in t else \
+                pd.Series(np.nan, index=out.index)
+
+        tuning = (t.set_index("trial_id")["eval_split"].reindex(out.index) == "holdout") if "eval_split" in t else \
+            pd.Series(False, index=out.index)
+        measured = per(self.select("clean", "acc")).reindex(out.index)
+        acc = column("test_acc").where(~tuning)
+        out["test_acc"] = acc.combine_first(measured).where(~tuning)
+        out["eval_acc"] = column("eval_acc")
+        out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
+        out["dssdc"] = per(self.select("rpi", "dssdc"))
+        paired, scaled_from = {}, ("pe_scale", "rope_scale")
+        for name, kind, level in (("fs_jpeg", "jpeg", float(vocab.JPEG_HEADLINE)),
+                                  ("fs_blur", "blur", vocab.BLUR_HEADLINE[1])):
+            headline = per(self.select(kind, "fs", level=level))
+            scaled = pd.concat([per(self.select(iv, name, level=1.0)) for iv in scaled_from])
+            scaled = scaled[~scaled.index.duplicated()]
+            out[name] = headline.reindex(out.index).combine_first(scaled.reindex(out.index))
+            counts = []
+            for count in PAIRED_COUNTS:  # from the same rows as the value: the headline shift, else alpha 1
+                at_alpha = pd.concat([per(self.select(iv, f"{name}_{count}", level=1.0)) for iv in scaled_from])
+                at_alpha = at_alpha[~at_alpha.index.duplicated()]
+                counts.append(per(self.select(kind, count, level=level)).reindex(out.index)
+                              .combine_first(at_alpha.reindex(out.index)))
+            paired[name] = counts
+        clean = self.select("clean", "acc")
+        if "n_images" in clean and not clean.empty:
+            out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
+        else:
+            out["n_images"] = np.nan
+        out["acc_clean"] = measured.where(~tuning)  # on the analysis set (the test split): none for tuning runs
+        last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
+        out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
+        acc_clean = measured.combine_first(out["test_acc"])
+        # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
+        # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
+        split = out["dataset"].map(lambda name: vocab.DATASET_SIZES[name].test_images if name in vocab.DATASET_SIZES else None).where(acc.notna()).astype(float)
+        out["test_images"] = split
+        out["test_acc_se_on_subset"] = split.isna() & out["n_images"].notna() & out["test_acc"].notna()
+        out["test_acc_se"] = binomial_se(out["test_acc"], split.fillna(out["n_images"]))
+        for name, counts in paired.items():
+            from_counts = pd.Series(fragility_se(*counts, out["n_images"]), index=out.index)
+            approx = pd.Series(fragility_se_without_counts(out[name], acc_clean, out["n_images"]),
+                               index=out.index)
+            out[f"{name}_se"] = from_counts.where(counts[0].notna(), approx)
+        return out.reset_index()
+
+    def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
+        """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
+
+        For pe, rpt, protocol and every ``condition_fields`` column outside ``keep`` that takes several
+        values in ``df``, keep only the ``REFERENCE`` value (ape, fixed order, baseline), or the most
+        common one when there is none or it is absent (ties: the smallest). Returns the slice and a
+        description such as ``"pe = ape, protocol = baseline, lr = 0.001"``."""
+        said = []
+        for factor in ("pe", "rpt", "protocol", *self.condition_fields):
+            if factor in keep or factor not in df or df[factor].nunique() < 2:
+                continue
+            values = set(df[factor].unique())
+            ref = REFERENCE.get(factor)
+            value = ref if ref in values else min(df[factor].mode(), key=str)
+            df = df[df[factor] == value]
+            shown = {"rpt": lambda v: "RPT" if v else "fixed"}.get(factor, str)(value)
+            said.append(f"{'token order' if factor == 'rpt' else factor} = {shown}")
+        return df, ", ".join(said)
+
+    def matches_paper_p(self, dataset: str) -> bool:
+        """Study P's numbers compare only at its setting: ImageNet-100 or 224 px images."""
+        if dataset == "imagenet100":
+            return True
+        t = self.trials[self.trials["dataset"] == dataset]
+        return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
