@@ -1,7 +1,7 @@
 """The joint factorial of Study P and Study L.
 
     vitsweep sweep factorial --datasets cifar100,tinyimagenet --seeds 3      # 56 x 2 x 3 = 336 trials
-    ray submit cluster/aws.yaml sweeps/run.py -- factorial --datasets cifar10,cifar100,tinyimagenet --seeds 5 ...
+    ray submit cluster/aws.yaml sweeps/run.py -- factorial --datasets cifar10,cifar100,tinyimagenet --seeds 5 --gpus-per-trial 1 ...
 
 PE {none, ape, sincos2d, rope2d} x token order {fixed, RPT} (less the
 redundant none + RPT: 7 conditions; ``--include-none-rpt`` adds it back)

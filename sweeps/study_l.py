@@ -1,7 +1,7 @@
 """Study L: the training protocol induces locality (arXiv 2605.16390).
 
     vitsweep sweep study_l --data-root /data            # 12 conditions x 5 seeds = 60 trials
-    ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
+    ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data --gpus-per-trial 1
 
 Conditions: {cifar10, cifar100, tinyimagenet} x {baseline, modern}, plus the
 other six on/off combinations of {AutoAugment, CutMix, label smoothing} on

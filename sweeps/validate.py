@@ -11,12 +11,14 @@ epochs, dim divisible by heads) is left to it.
 
 One function per kind of check (``check_study``, ``check_numbers``,
 ``check_texts``, ``check_names``, ``check_value``, ``check_overrides``);
-``check_args`` runs them all. Each raises ValueError with the one line.
+``check_args`` runs them all. Each raises ValueError with the one line; a name
+close to a valid one (``difflib``) ends it with "did you mean ...?".
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -86,18 +88,25 @@ FIELDS: dict[str, Field] = {
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the valid name closest to a misspelt ``name``, or "" when none is close."""
+    close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def check_study(study: str) -> None:
     if study not in STUDIES:
-        raise ValueError(f"unknown study {study!r}; valid studies: {list(STUDIES)}")
+        raise ValueError(f"unknown study {study!r}; valid studies: {list(STUDIES)}{did_you_mean(study, STUDIES)}")
 
 
 def check_value(key: str, value: Any) -> Any:
     """One run-config value (a ``--set`` string or a JSON value) -> the parsed value, or ValueError
     naming the field, the value and what is valid."""
     if key not in FIELDS:
-        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELDS)}")
+        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELDS)}{did_you_mean(key, FIELDS)}")
     field = FIELDS[key]
-    bad = ValueError(f"{key} must be {field.describe()}, got {value!r}")
+    bad = ValueError(f"{key} must be {field.describe()}, got {value!r}"
+                     f"{did_you_mean(value, field.choices) if field.choices else ''}")
     if field.kind is bool:
         if isinstance(value, bool):
             return value
@@ -202,10 +211,12 @@ def check_names(args: argparse.Namespace) -> None:
     """``--datasets`` and ``--preset`` name things that exist."""
     for dataset in (d.strip() for d in (getattr(args, "datasets", None) or "").split(",") if d.strip()):
         if dataset not in names.DATASETS:
-            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(names.DATASETS)}")
+            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(names.DATASETS)}"
+                             f"{did_you_mean(dataset, names.DATASETS)}")
     preset = getattr(args, "preset", None)
     if preset is not None and preset not in names.PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(names.PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(names.PRESETS)}"
+                         f"{did_you_mean(preset, names.PRESETS)}")
 
 
 def check_args(args: argparse.Namespace) -> dict[str, list[str]]:
