@@ -35,10 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    f"pe: {', '.join(names.PES)}; protocol: {', '.join(names.PROTOCOLS)}")
     g.add_argument("--defaults-from", metavar="JSON", help="best config written by the hparam study")
     g.add_argument("--stage", choices=STAGES, default="train", help="train (default), analyze, report, or all three")
-    g.add_argument("--dry-run", action="store_true", help="print the trial table and count; start nothing")
+    g.add_argument("--dry-run", action="store_true", help="print the plan (conditions x seeds, GPU-hours, one line "
+                   "per trial); start nothing")
     g.add_argument("--verbose", action="store_true",
                    help="also show per-epoch lines, Tune's tables and Ray's own output (default: one line per trial)")
     g.add_argument("--json", action="store_true", help="with --dry-run: only a JSON list of trial configs on stdout")
+    g.add_argument("--wide", action="store_true", help="with --dry-run: every column of every trial, as a table")
     g.add_argument("--pack", type=int, metavar="K",
                    help="train up to K same-shaped trials together in one process (default: 1 without GPUs, "
                         "8 with --gpus-per-trial); see sweeps/packs.py")
