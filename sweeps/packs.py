@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sweeps.study import unpacked_reason
-from trainables.config import RunConfig
-from trainables.packed import pack_blocker, pack_key
+
+if TYPE_CHECKING:  # trainables.packed imports torch: only when trials are packed, not to import this module
+    from trainables.config import RunConfig
 
 DEFAULT_PACK_GPU = 8  # a study_l model at batch 128 leaves an H200 mostly idle; 8 share one launch stream
 DEFAULT_PACK_CPU = 1  # on CPUs the step is compute-bound: packing saves Train overhead but no kernel time
@@ -56,6 +58,8 @@ def pack_size(requested: int | None, gpus_per_trial: float) -> int:
 
 def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
     """Why `cfg` trains alone whatever --pack says, or None."""
+    from trainables.packed import pack_blocker
+
     if reason := unpacked_reason(cfg.study):
         return reason
     if workers_per_trial > 1:
@@ -83,6 +87,8 @@ def form_packs(
 
     resume_epochs: trial id -> the epoch its checkpoint holds (absent: 0, a fresh start); trials
     resuming from different epochs never share a pack (one schedule, one optimiser step count)."""
+    from trainables.packed import pack_key
+
     if k < 1:
         raise ValueError(f"pack size must be >= 1, got {k}")
     resume_epochs = resume_epochs or {}
