@@ -34,8 +34,7 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
 
 from sweeps import faults, options, progress, study
 from sweeps.faults import close_unfinished, report_storage_faults  # noqa: F401  (the launcher's epilogue)
-from sweeps.options import STAGES, add_arguments, build_packs, build_trials  # noqa: F401  (the launcher's API)
-from sweeps.validate import parse_overrides  # noqa: F401
+from sweeps.options import add_arguments, build_packs, build_trials  # noqa: F401  (the launcher's API)
 
 log = logging.getLogger("vitsweep")
 
