@@ -8,14 +8,17 @@
     vitsweep status demo                  # finished / running / failed / pending, from the results folder
 
 `--help` imports no torch, Ray, MLflow or matplotlib (the valid names come from
-`sweeps.names`); each command imports what it needs when it runs.
+`records.vocab`); each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
+from records import vocab
+from sweeps import STUDIES
 from sweeps import run as launcher
 from sweeps.validate import OneLineParser
 
@@ -28,15 +31,24 @@ EXAMPLES = {
 }
 
 
+def valid_names() -> str:
+    """The names a user types, one kind a line (from the torch-free ``records.vocab``), for ``--help``."""
+    kinds = (("studies", STUDIES), ("data sets", vocab.DATASETS), ("PEs", vocab.PES),
+             ("protocols", vocab.PROTOCOLS), ("presets", vocab.PRESETS))
+    return "\n".join(textwrap.fill(", ".join(valid), width=100, initial_indent=f"  {kind + ':':<12}",
+                                    subsequent_indent=" " * 14) for kind, valid in kinds)
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; ``command``: only that subcommand's arguments are built (``analyze``
     and ``report`` import numpy, pandas and scipy for theirs, a second or more that a launch, or
     its refusal, need not wait for)."""
     parser = OneLineParser(  # a bad argument is one line too (subcommands inherit the class)
         prog="vitsweep",
-        description="Sweeps of small ViTs for research on spatial structure: train on Ray Tune + Ray Train, "
+        description="Sweeps of small ViTs for research on spatial structure: train on Ray Tune + Ray Train,\n"
         "measure every checkpoint, compare in MLflow and Parquet.",
-        epilog="example: vitsweep demo",
+        epilog=f"valid names:\n{valid_names()}\n\nexample: vitsweep demo   |   vitsweep sweep STUDY --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the names one kind a line
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

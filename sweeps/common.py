@@ -2,17 +2,23 @@
 
 A study is a module in ``sweeps/`` with a docstring (launch command, trial
 count, expected result), ``DEFAULTS`` (a ``StudyOptions``) and
-``trials(options) -> list[RunConfig]``. ``sweeps.STUDIES`` lists them.
+``trials(options) -> list[RunConfig]``, plus optional hooks (``sweeps/study.py``
+lists them with their defaults). ``sweeps.STUDIES`` lists them.
+
+Importing a study imports no torch (``RunConfig`` and the protocols are imported
+when trials are built): ``vitsweep sweep --help`` shows every study's own flags,
+and a bad name is refused, in a moment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainables.config import RunConfig
-from trainables.protocols import Protocol
+if TYPE_CHECKING:
+    from trainables.config import RunConfig
+    from trainables.protocols import Protocol
 
 
 @dataclass(frozen=True)
@@ -30,9 +36,13 @@ class StudyOptions:
 # Native preset per image size: Study L's model at 32 and 64 px, Study P's at 224 px.
 NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
 
-ALL_PROTOCOLS = tuple(
-    Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True)
-)
+
+
+def all_protocols() -> tuple[Protocol, ...]:
+    """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
+    from trainables.protocols import Protocol
+
+    return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:
@@ -53,6 +63,8 @@ def make_trials(
     A condition is a dict with ``dataset`` and any run-config fields (``pe``,
     ``rpt``, ``protocol``, ...); ``base`` holds the study's recipe; user
     ``--set`` overrides win over both."""
+    from trainables.config import RunConfig
+
     configs = []
     for cond in conditions:
         cond = dict(cond)

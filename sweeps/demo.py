@@ -15,7 +15,7 @@ Every snapshot is analysed, so the report shows emergence over training.
 from sweeps.common import StudyOptions, make_trials
 
 DEFAULTS = StudyOptions(datasets=("shapes",), seeds=1, epochs=8, preset="tiny")
-# The demo measures a fixed 500-image subset of the 2,000 test images (the studies: the whole split).
+# Hooks (sweeps/study.py). The demo measures a fixed 500-image subset of the 2,000 test images (the studies: the whole split).
 EVAL_SIZE = 500
 # The analysis stage measures every log-spaced snapshot, so the report draws emergence over training.
 CHECKPOINTS = "all"

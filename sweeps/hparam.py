@@ -10,6 +10,11 @@ written to ``<results>/hparam/best_config.json``, which ``--defaults-from``
 feeds to any other study as its defaults (``--set`` still wins). Its trials
 are MLflow runs and Parquet rows like any other study's.
 
+Unlike a grid study (hooks: ``sweeps/study.py``), its trials are sampled as the search
+goes (``PLANNED = False``: no plan to record, no list to check off), they train alone,
+a search is not resumed, it brings its own Tuner, and after the sweep it writes the
+best config.
+
 Expected: on CIFAR-100 with the study_l preset, the best lr lies near Lee et
 al.'s 1e-3 with weight decay 0.05; a flat optimum means the studies' shared
 recipe is a fair choice for every condition.
@@ -18,6 +23,7 @@ recipe is a fair choice for every condition.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from sweeps.common import StudyOptions, make_trials
@@ -26,6 +32,20 @@ DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=30, preset=None)
 METRIC, MODE = "eval_acc", "max"  # holdout accuracy: eval_split is forced to "holdout"
 SEARCHED = ("lr", "weight_decay", "warmup_epochs")
 DEFAULT_SAMPLES = 24
+
+# Hooks (sweeps/study.py).
+PLANNED = False  # the searcher proposes trials as it goes: there is no list to record or check off
+UNPACKED = "the hparam study's searcher proposes and ASHA stops trials one at a time"
+RESUME_REFUSED = "the hparam study cannot be resumed; start a new search (results go to a new run)"
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--samples", type=int, help=f"hparam: number of Optuna trials (default {DEFAULT_SAMPLES})")
+
+
+def check_launch(args, swept: dict[str, list[str]]) -> None:
+    if any(len(values) > 1 for values in swept.values()):
+        raise ValueError("the hparam study searches one condition; --set KEY=V1,V2 sweeps are for grid studies")
 
 
 def trials(options: StudyOptions):
@@ -57,6 +77,47 @@ def searcher(seed: int = 0):
     from ray.tune.search.optuna import OptunaSearch
 
     return OptunaSearch(metric=METRIC, mode=MODE, seed=seed)
+
+
+def tuner(setup):
+    """Optuna (TPE) proposals + ASHA early stopping around one base condition; every trial ASHA stops
+    goes into ``setup.stopped``: only those may be recorded as stopped early."""
+    from ray import tune
+    from ray.tune.schedulers import TrialScheduler
+
+    base = setup.base
+    asha = scheduler(base.epochs)
+    decide = asha.on_trial_result
+
+    def on_trial_result(tune_controller, trial, result):
+        decision = decide(tune_controller, trial, result)
+        if decision == TrialScheduler.STOP:
+            setup.stopped.add(base.with_overrides(trial.config).trial_id)
+        return decision
+
+    asha.on_trial_result = on_trial_result
+    return tune.Tuner(
+        setup.trainable,
+        param_space=search_space(base.epochs),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher(seed=base.seed),
+            scheduler=asha,
+            num_samples=setup.args.samples or DEFAULT_SAMPLES,
+            max_concurrent_trials=setup.max_concurrent,
+            metric=METRIC,
+            mode=MODE,
+        ),
+        run_config=tune.RunConfig(**setup.run_config),
+    )
+
+
+def after_sweep(results: str, grid, configs) -> None:
+    """The best trial's values to ``best_config.json``, for ``--defaults-from``."""
+    best = grid.get_best_result(metric=METRIC, mode=MODE, scope="last")
+    path = write_best(results, best.config, score=best.metrics[METRIC], condition=configs[0].to_flat(),
+                      n_trials=len(grid))
+    logging.getLogger("vitsweep").info("best %s %.4f with %s -> %s", METRIC, best.metrics[METRIC],
+                                       {k: best.config[k] for k in SEARCHED}, path)
 
 
 def best_config_path(results: str) -> str:

@@ -12,7 +12,8 @@ Tiny-ImageNet 8 + 2 and CIFAR-100 5 x 8. Some trials always train alone (K = 1):
   * dropout or drop path (`study_p`, `vit_s` presets): per-member random draws under vmap;
   * DDP trials (`--workers-per-trial` > 1): their batch is split across processes instead;
   * `compile=True` trials: the vmapped forward of a pack is not compiled, the plain module is;
-  * the hparam study: its searcher proposes and ASHA stops trials one at a time.
+  * a study that declares why its trials train alone (its `UNPACKED` hook, `sweeps/study.py`):
+    the hparam study, whose searcher proposes and ASHA stops trials one at a time.
 
 A pack of one trial is named by that trial's id, so an unpacked sweep keeps the names (and Train
 storage paths) it has always had; a larger pack by its data set and a hash of its members' ids.
@@ -23,13 +24,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trainables.config import RunConfig
-from trainables.packed import pack_blocker, pack_key
+from sweeps.study import unpacked_reason
+
+if TYPE_CHECKING:  # trainables.packed imports torch: only when trials are packed, not to import this module
+    from trainables.config import RunConfig
 
 DEFAULT_PACK_GPU = 8  # a study_l model at batch 128 leaves an H200 mostly idle; 8 share one launch stream
 DEFAULT_PACK_CPU = 1  # on CPUs the step is compute-bound: packing saves Train overhead but no kernel time
-UNPACKED_STUDIES = ("hparam",)
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ def pack_size(requested: int | None, gpus_per_trial: float) -> int:
 
 def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
     """Why `cfg` trains alone whatever --pack says, or None."""
-    if cfg.study in UNPACKED_STUDIES:
-        return f"the {cfg.study} study's searcher proposes and stops trials one at a time"
+    from trainables.packed import pack_blocker
+
+    if reason := unpacked_reason(cfg.study):
+        return reason
     if workers_per_trial > 1:
         return f"--workers-per-trial {workers_per_trial} trains each trial with DDP"
     if cfg.compile:
@@ -82,6 +87,8 @@ def form_packs(
 
     resume_epochs: trial id -> the epoch its checkpoint holds (absent: 0, a fresh start); trials
     resuming from different epochs never share a pack (one schedule, one optimiser step count)."""
+    from trainables.packed import pack_key
+
     if k < 1:
         raise ValueError(f"pack size must be >= 1, got {k}")
     resume_epochs = resume_epochs or {}

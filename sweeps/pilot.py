@@ -50,7 +50,7 @@ from sweeps.study_l import LEE_RECIPE
 
 EPOCHS = 2
 MAX_TRAIN_IMAGES = 5000
-# Every snapshot is measured on this seeded subset of the test split (the studies: the whole split);
+# Hooks (sweeps/study.py). Every snapshot is measured on this seeded subset of the test split (the studies: the whole split);
 # 250 images keep 72 checkpoints within ~17 min on 2 loaded cores (see the sizing table).
 EVAL_SIZE = 250
 # The analysis stage measures every log-spaced snapshot, so the report draws emergence over training.

@@ -1,7 +1,7 @@
 """Study L: the training protocol induces locality (arXiv 2605.16390).
 
     vitsweep sweep study_l --data-root /data            # 12 conditions x 5 seeds = 60 trials
-    ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
+    ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data --gpus-per-trial 1
 
 Conditions: {cifar10, cifar100, tinyimagenet} x {baseline, modern}, plus the
 other six on/off combinations of {AutoAugment, CutMix, label smoothing} on
@@ -23,7 +23,7 @@ Expected (paper, one seed): CIFAR-100 minimum MAD 0.316 (baseline) -> 0.008
 AutoAugment each add ~6-7 accuracy points.
 """
 
-from sweeps.common import ALL_PROTOCOLS, StudyOptions, make_trials
+from sweeps.common import StudyOptions, all_protocols, make_trials
 
 DEFAULTS = StudyOptions(datasets=("cifar10", "cifar100", "tinyimagenet"), seeds=5, epochs=100, preset="study_l")
 ABLATION_DATASET = "cifar100"
@@ -31,8 +31,9 @@ LEE_RECIPE = {"decay_exempt": "none", "crop_padding": 4, "cutmix_prob": 0.5}
 
 
 def trials(options: StudyOptions):
+    every = all_protocols()
     conditions = []
     for dataset in options.datasets:
-        protocols = ALL_PROTOCOLS if dataset == ABLATION_DATASET else (ALL_PROTOCOLS[0], ALL_PROTOCOLS[-1])
+        protocols = every if dataset == ABLATION_DATASET else (every[0], every[-1])
         conditions += [{"dataset": dataset, "protocol": p.name, "pe": "ape"} for p in protocols]
     return make_trials("study_l", options, conditions, base=LEE_RECIPE)

@@ -3,7 +3,7 @@
 A bad value must answer in a moment with one line naming it and what is valid,
 not after the 10-40 s those imports cost cold, and never inside Ray (``lr=nan``
 there fails every trial deterministically, and Tune retries it). So the names
-(``sweeps.names``), the flags and every ``--set`` field are checked here, from a
+(``records.vocab``), the flags and every ``--set`` field are checked here, from a
 torch-free table of the run-config fields (``FIELDS``; ``tests/test_validate.py``
 fails when it drifts from ``RunConfig.to_flat()``). ``RunConfig`` checks the
 same ranges again when it is built; what needs two fields at once (warm-up <=
@@ -11,18 +11,20 @@ epochs, dim divisible by heads) is left to it.
 
 One function per kind of check (``check_study``, ``check_numbers``,
 ``check_texts``, ``check_names``, ``check_value``, ``check_overrides``);
-``check_args`` runs them all. Each raises ValueError with the one line.
+``check_args`` runs them all. Each raises ValueError with the one line; a name
+close to a valid one (``difflib``) ends it with "did you mean ...?".
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from records import vocab as names  # PENDING (issue 24): the lead renames `names.` to `vocab.` here
+from records import vocab
 from sweeps import STUDIES
 
 
@@ -66,8 +68,8 @@ APE_INITS = ("normal", "trunc_normal")
 
 # Every field of RunConfig.to_flat() (run fields, the derived protocol, the ViT's fields).
 FIELDS: dict[str, Field] = {
-    "study": Field(str), "dataset": Field(str, choices=names.DATASETS), "data_root": Field(str),
-    "preset": Field(str, choices=names.PRESETS),
+    "study": Field(str), "dataset": Field(str, choices=vocab.DATASETS), "data_root": Field(str),
+    "preset": Field(str, choices=vocab.PRESETS),
     "rpt": Field(bool), "rpt_per_image": Field(bool), "autoaugment": Field(bool), "cutmix": Field(bool),
     "label_smoothing": Field(bool), "cutmix_prob": Field(float, 0, True, 1, True),
     "optimizer": Field(str, choices=OPTIMIZERS), "lr": Field(float, 0, False), "weight_decay": _ge(0),
@@ -77,28 +79,35 @@ FIELDS: dict[str, Field] = {
     "crop_padding": _ge(0, int),
     "max_train_images": _ge(0, int), "checkpoint_every": _POSITIVE_INT, "checkpoint_interval_s": _ge(0),
     "device": Field(str, choices=DEVICES), "amp": Field(bool), "num_workers": _ge(-1, int), "compile": Field(bool),
-    "protocol": Field(str, choices=names.PROTOCOLS),
+    "protocol": Field(str, choices=vocab.PROTOCOLS),
     "img_size": _POSITIVE_INT, "patch_size": _POSITIVE_INT, "in_chans": _POSITIVE_INT, "num_classes": _POSITIVE_INT,
     "dim": _POSITIVE_INT, "depth": _POSITIVE_INT, "heads": _POSITIVE_INT, "mlp_ratio": Field(float, 0, False),
-    "pe": Field(str, choices=names.PES), "drop_rate": _RATE, "attn_drop_rate": _RATE, "proj_drop_rate": _RATE,
+    "pe": Field(str, choices=vocab.PES), "drop_rate": _RATE, "attn_drop_rate": _RATE, "proj_drop_rate": _RATE,
     "drop_path_rate": _RATE, "ape_init": Field(str, choices=APE_INITS), "rope_base": Field(float, 0, False),
 }
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the valid name closest to a misspelt ``name``, or "" when none is close."""
+    close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def check_study(study: str) -> None:
     if study not in STUDIES:
-        raise ValueError(f"unknown study {study!r}; valid studies: {list(STUDIES)}")
+        raise ValueError(f"unknown study {study!r}; valid studies: {list(STUDIES)}{did_you_mean(study, STUDIES)}")
 
 
 def check_value(key: str, value: Any) -> Any:
     """One run-config value (a ``--set`` string or a JSON value) -> the parsed value, or ValueError
     naming the field, the value and what is valid."""
     if key not in FIELDS:
-        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELDS)}")
+        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELDS)}{did_you_mean(key, FIELDS)}")
     field = FIELDS[key]
-    bad = ValueError(f"{key} must be {field.describe()}, got {value!r}")
+    bad = ValueError(f"{key} must be {field.describe()}, got {value!r}"
+                     f"{did_you_mean(value, field.choices) if field.choices else ''}")
     if field.kind is bool:
         if isinstance(value, bool):
             return value
@@ -193,20 +202,22 @@ def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
 
 def _expected(flag: str) -> str:
     if flag == "--datasets":
-        return f"pass comma-separated data sets from {list(names.DATASETS)}"
+        return f"pass comma-separated data sets from {list(vocab.DATASETS)}"
     if flag == "--preset":
-        return f"pass one of {list(names.PRESETS)}"
+        return f"pass one of {list(vocab.PRESETS)}"
     return "pass a value"
 
 
 def check_names(args: argparse.Namespace) -> None:
     """``--datasets`` and ``--preset`` name things that exist."""
     for dataset in (d.strip() for d in (getattr(args, "datasets", None) or "").split(",") if d.strip()):
-        if dataset not in names.DATASETS:
-            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(names.DATASETS)}")
+        if dataset not in vocab.DATASETS:
+            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(vocab.DATASETS)}"
+                             f"{did_you_mean(dataset, vocab.DATASETS)}")
     preset = getattr(args, "preset", None)
-    if preset is not None and preset not in names.PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(names.PRESETS)}")
+    if preset is not None and preset not in vocab.PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(vocab.PRESETS)}"
+                         f"{did_you_mean(preset, vocab.PRESETS)}")
 
 
 def check_args(args: argparse.Namespace) -> dict[str, list[str]]:

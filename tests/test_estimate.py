@@ -40,4 +40,4 @@ def test_unmeasured_presets_are_named_and_no_table_is_said():
 def test_dry_run_prints_the_estimate_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(estimate, "TABLE", tmp_path / "missing.json")
     assert launcher.main(["demo", "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("GPU-hours: no estimate")
+    assert capsys.readouterr().out.splitlines()[1].startswith("GPU-hours: no estimate")  # under the summary

@@ -219,7 +219,7 @@ OWNED = {
 PAPER_TABLES = {"PAPER_P_MODELS": "model", "PAPER_L_MIN_MAD": "protocol"}
 PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
-PENDING_PATH_RULE = {"sweeps/run.py"}  # resolve_paths: wired to vocab.results_location when the launcher merges
+PENDING_PATH_RULE: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
     "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",
@@ -367,3 +367,46 @@ def test_the_vocabulary_imports_only_the_standard_library():
 
     imported = {name for name, _ in _imported_packages(VOCABULARY)} - {"__future__"}
     assert imported <= set(sys.stdlib_module_names), imported
+
+
+def _study_name_comparisons(path: Path, studies) -> list[tuple[int, str]]:
+    """(line, code) of every comparison in the file (==, !=, in, not in, is, a match case) with a study's
+    name as a string constant on either side, or with ``args.study`` against any string constant."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def strings(node) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    def is_study_attr(node) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == "study" for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = set().union(*(strings(s) for s in sides))
+            if consts & set(studies) or (consts and any(is_study_attr(s) for s in sides)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.match_case) and strings(node.pattern) & set(studies):
+            found.append((node.pattern.lineno, ast.unparse(node.pattern)))
+    return found
+
+
+def test_the_launcher_compares_no_study_name():
+    """A study declares what it does differently in its hooks (sweeps/study.py); the launcher's stages
+    never test which study runs."""
+    from sweeps import STUDIES
+
+    bad = _study_name_comparisons(ROOT / "sweeps" / "run.py", STUDIES)
+    assert not bad, "sweeps/run.py compares study names (declare a hook instead):\n" + "\n".join(
+        f"sweeps/run.py:{line}: {code}" for line, code in bad)
+    constants = {n.value for n in ast.walk(ast.parse((ROOT / "sweeps" / "run.py").read_text()))
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not constants & set(STUDIES), f"sweeps/run.py names studies: {sorted(constants & set(STUDIES))}"
+
+
+def test_the_study_name_check_sees_comparisons(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('if args.study == "hparam":\n    pass\nok = "x" in y\nbad = args.study in ("a", "b")\n'
+                      'also = "factorial" != name\nmatch s:\n    case "pilot":\n        pass\n')
+    assert [line for line, _ in _study_name_comparisons(module, ("hparam", "factorial", "pilot"))] == [1, 4, 5, 7]

@@ -105,6 +105,10 @@ def test_help_imports_no_heavy_library_and_lists_the_names():
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert result["heavy"] == [], f"vitsweep {' '.join(argv)} imported {result['heavy']}"
         assert "usage:" in result["help"]
+    top_help = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True,
+                              timeout=120).stdout
+    for name in (*STUDIES, *vocab.PES, *vocab.DATASETS, *vocab.PRESETS, *vocab.PROTOCOLS):
+        assert name in top_help, f"{name!r} missing from `vitsweep --help`"
     sweep_help = subprocess.run([sys.executable, "-c", probe, "sweep", "--help"], capture_output=True, text=True,
                                 timeout=120).stdout
     for name in (*STUDIES, *vocab.PES, *vocab.DATASETS, *vocab.PRESETS, "autoaugment+cutmix"):

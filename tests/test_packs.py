@@ -74,7 +74,8 @@ def test_dry_run_prints_packs_and_json_gives_every_trial_its_pack(capsys):
     argv = ("study_l", "--seeds", "5", "--pack", "8")
     assert launcher.run(_args(*argv)) == 0
     table = capsys.readouterr().out
-    assert "60 trials in 9 packs" in table and " pack" in table.splitlines()[0]
+    lines = table.splitlines()
+    assert "60 trials in 9 packs (sizes 8, 2)" in lines[0] and lines[2].split() == ["trial_id", "pack"]
     assert launcher.run(_args(*argv, "--json")) == 0
     trials = json.loads(capsys.readouterr().out)
     assert len(trials) == 60 and Counter(Counter(t["pack"] for t in trials).values()) == {8: 7, 2: 2}

@@ -105,6 +105,48 @@ def test_set_with_commas_sweeps_the_field_across_the_study_grid():
         dry("demo", "--set", "lr=1e-3,")
 
 
+# sha1 of the comma-joined trial ids, in the study's order: ids name MLflow runs, checkpoints and rows,
+# so no change to how trials are built may move one.
+PINNED_IDS = {
+    ("demo",): (4, "2358a13a07af"),
+    ("study_l",): (60, "d608ac86e8cc"),
+    ("study_p",): (28, "0121481c58db"),
+    ("factorial", "--datasets", "cifar100,tinyimagenet", "--seeds", "2"): (224, "61421ea2c1e0"),
+    ("hparam",): (1, "98b771db311e"),
+    ("demo", "--set", "lr=1e-3,5e-4"): (8, "c6bc5babfb6f"),
+    ("demo", "--gpus-per-trial", "1"): (4, "2358a13a07af"),
+}
+
+
+@pytest.mark.parametrize("argv", list(PINNED_IDS))
+def test_trial_ids_are_pinned(argv):
+    import hashlib
+
+    ids = [c.trial_id for c in dry(*argv)]
+    assert (len(ids), hashlib.sha1(",".join(ids).encode()).hexdigest()[:12]) == PINNED_IDS[argv]
+
+
+def test_dry_run_starts_with_conditions_x_seeds_and_lists_one_short_line_per_trial(capsys, monkeypatch, tmp_path):
+    from sweeps import estimate
+
+    monkeypatch.setattr(estimate, "TABLE", tmp_path / "missing.json")
+    assert launcher.main(["study_l", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("study_l: 12 conditions x 5 seeds = 60 trials in 60 packs (sizes 1)")
+    assert "every trial: preset study_l, epochs 100, lr 0.001" in lines[0]
+    assert lines[1].startswith("GPU-hours:") and lines[2] == "trial_id"
+    trials = lines[3:-1]
+    assert len(trials) == 60 and trials[0] == "cifar10-ape-baseline-s0-ff40cc9b" and max(map(len, trials)) < 80
+    assert lines[-1].startswith("60 trials (--dry-run --wide")
+    # a swept field is what tells two trials apart beside their ids; --wide is the whole table
+    assert launcher.main(["demo", "--dry-run", "--set", "lr=1e-3,5e-4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("demo: 8 conditions x 1 seed = 8 trials") and lines[2].split() == ["trial_id", "lr"]
+    assert launcher.main(["demo", "--dry-run", "--wide"]) == 0
+    header = capsys.readouterr().out.splitlines()[2].split()
+    assert header == ["trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr", "pack"]
+
+
 def test_dry_run_json_prints_only_json_on_stdout():
     out = subprocess.run([sys.executable, "sweeps/run.py", "demo", "--dry-run", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True)

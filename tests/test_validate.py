@@ -117,3 +117,25 @@ def test_analyze_of_object_storage_without_a_tracking_server_is_one_line(capsys)
     err = capsys.readouterr().err
     assert err.startswith("error: --results 's3://bucket/vitsweep' is on s3:// storage") and err.count("\n") == 1
     assert "--mlflow-uri" in err
+
+
+def test_a_misspelt_name_is_refused_with_a_suggestion_before_torch(tmp_path):
+    results = str(tmp_path / "results")
+    misspelt = {
+        ("sweep", "studyl"): "unknown study 'studyl'; valid studies: [",
+        ("sweep", "demo", "--set", "pe=rope"): "pe must be one of [",
+        ("sweep", "demo", "--set", "protocol=modrn"): "protocol must be one of [",
+        ("sweep", "demo", "--set", "protocl=modern"): "unknown run-config field 'protocl'",
+        ("sweep", "demo", "--datasets", "cifar"): "unknown data set 'cifar'",
+        ("sweep", "demo", "--preset", "vits"): "unknown preset 'vits'",
+        ("sweep", "demo", "--set", "zzzz=1"): "unknown run-config field 'zzzz'",
+    }
+    suggested = ["study_l", "rope2d", "modern", "protocol", "cifar10", "vit_s", None]
+    got = _probe([[*argv, "--results", results] for argv in misspelt])
+    assert got["heavy"] == [], f"a misspelt name imported {got['heavy']}"
+    for (argv, message), suggestion, run in zip(misspelt.items(), suggested, got["runs"]):
+        assert run["rc"] == 2 and run["err"].count("\n") == 1 and message in run["err"], (argv, run)
+        if suggestion:
+            assert run["err"].rstrip().endswith(f"; did you mean {suggestion!r}?"), run["err"]
+        else:
+            assert "did you mean" not in run["err"], run["err"]

@@ -1,0 +1,53 @@
+"""The launcher's flags decided without Ray: a GPU cluster never trains on CPUs unless told to, and a
+study's own hooks (sweeps/study.py) reach the launch."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sweeps import STUDIES, options, study
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_a_gpu_cluster_refuses_a_launch_without_gpus_per_trial():
+    cluster = {"CPU": 16.0, "GPU": 4.0, "memory": 1e11}
+    with pytest.raises(ValueError) as refused:
+        options.check_gpus(cluster, _args("study_l"))
+    line = str(refused.value)
+    assert "--gpus-per-trial" in line and "4 GPU" in line and "\n" not in line
+
+
+def test_an_explicit_zero_trains_on_cpus_with_one_warning_and_gpus_or_no_gpus_say_nothing():
+    warning = options.check_gpus({"CPU": 16.0, "GPU": 1.0}, _args("study_l", "--gpus-per-trial", "0"))
+    assert warning and "--gpus-per-trial 0" in warning and "1 GPU" in warning and "\n" not in warning
+    assert options.check_gpus({"CPU": 16.0, "GPU": 1.0}, _args("study_l", "--gpus-per-trial", "0.25")) is None
+    assert options.check_gpus({"CPU": 2.0}, _args("demo")) is None  # a CPU machine: unset means 0
+    assert options.check_gpus({"CPU": 2.0, "GPU": 0.0}, _args("demo", "--gpus-per-trial", "0")) is None
+    assert options.gpus_per_trial(_args("demo")) == 0.0 and options.gpus_per_trial(_args("demo", "--gpus-per-trial", "2")) == 2.0
+
+
+def test_every_study_resolves_its_hooks_with_the_defaults():
+    for name in STUDIES:
+        spec = study.of(name)
+        assert spec.checkpoints in ("final", "all") and (spec.eval_size is None or spec.eval_size > 0), name
+    demo, hparam, study_l = study.of("demo"), study.of("hparam"), study.of("study_l")
+    assert (demo.eval_size, demo.checkpoints) == (500, "all")
+    assert (study_l.eval_size, study_l.checkpoints, study_l.planned, study_l.tuner) == (None, "final", True, None)
+    assert not hparam.planned and hparam.tuner is not None and hparam.unpacked and hparam.resume_refused
+    with pytest.raises(ValueError, match="unknown study 'nosuch'"):
+        study.of("nosuch")
+
+
+def test_a_studys_own_flags_and_checks_come_from_its_hooks():
+    assert _args("factorial", "--include-none-rpt").include_none_rpt is True
+    assert _args("hparam", "--samples", "3").samples == 3
+    with pytest.raises(ValueError, match="the hparam study searches one condition"):
+        options.check(_args("hparam", "--set", "lr=1e-3,5e-4"))
+    assert options.check(_args("demo", "--set", "lr=1e-3,5e-4")) == {"lr": ["1e-3", "5e-4"]}
