@@ -50,6 +50,14 @@ def rate(table: dict[str, Any], preset: str, k: int) -> float | None:
     return rows[f"K={usable[-1]}"].get("images_per_s") if usable else None
 
 
+def packing_speedup(table: dict[str, Any], preset: str, k: int) -> float | None:
+    """How many times the images/s of one lone trial a pack of ``k`` trains (all members together),
+    from the measured rates (``rate``: the largest measured K not above ``k``); None when unmeasured.
+    A pack's GPU-hours are its members' unpacked GPU-hours divided by this."""
+    alone, packed = rate(table, preset, 1), rate(table, preset, k)
+    return packed / alone if alone and packed else None
+
+
 def estimate(configs, packs, table: dict[str, Any] | None) -> str:
     """One line for the dry run: GPU-hours, or why there is no estimate."""
     if table is None:
@@ -69,4 +77,12 @@ def estimate(configs, packs, table: dict[str, Any] | None) -> str:
     line = f"GPU-hours: {seconds / 3600:.1f} on {device} (measured {table.get('measured_at', '?')})"
     if unmeasured:
         line += f"; not estimated (no measurement): {', '.join(sorted(unmeasured))}"
+    speedups = {}  # (preset, K) -> the measured speed-up of the sweep's pack sizes above one
+    for p in packs:
+        k, preset = len(p.members), p.members[0].to_flat()["preset"]
+        if k > 1 and (preset, k) not in speedups:
+            speedups[(preset, k)] = packing_speedup(table, preset, k)
+    shown = [f"{preset} K={k} x{s:.1f}" for (preset, k), s in sorted(speedups.items()) if s is not None]
+    if shown:
+        line += f"; packing speed-up over lone trials: {', '.join(shown)}"
     return line

@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Settings that keep the demo sweep inside the suite's time budget on 2 cores.
 FAST_DEMO = ["--set", "epochs=2", "--set", "max_train_images=1024"]
+# Test images measured per checkpoint in the suite's demo sweeps (the demo's own cap is 500). The
+# analysis stage is most of a demo sweep's time on 2 cores (measured: ~80% of the fixture at 500 images,
+# 56 forward passes per batch for an additive PE) and is linear in the images; 100 is still every
+# measurement of the vocabulary. The rows name the count, so tests that read it check the study's cap
+# reached the analysis.
+FAST_EVAL_SIZE = 100
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +44,11 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def demo_results(ray_local, tmp_path_factory):
-    """The demo study trained, analysed and reported once: returns the results folder."""
+    """The demo study trained, analysed and reported once: returns the results folder.
+
+    The demo's evaluation cap is lowered to ``FAST_EVAL_SIZE`` for this run only (the launcher reads
+    it from the study module, ``sweeps.demo.EVAL_SIZE``, as it reads any study's)."""
+    from sweeps import demo
     from sweeps import run as launcher
 
     results = tmp_path_factory.mktemp("demo-results")
@@ -46,7 +56,8 @@ def demo_results(ray_local, tmp_path_factory):
     launcher.add_arguments(parser)
     args = parser.parse_args(["demo", "--stage", "all", "--results", str(results), *FAST_DEMO])
     console = io.StringIO()  # what a user sees on stdout, kept for the console tests
-    with contextlib.redirect_stdout(console):
+    with contextlib.redirect_stdout(console), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo, "EVAL_SIZE", FAST_EVAL_SIZE)
         status = launcher.run(args)
     (results / "console.txt").write_text(console.getvalue())
     print(console.getvalue())

@@ -51,6 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
 STUDY = "demo"
 EPOCHS = 1
+# Test images measured per checkpoint (the demo's own cap is 500): set by tests/evalcap/ in the job's
+# launcher, as tests/conftest.py sets it for the local demo sweep; the analysis is linear in them.
+EVAL_SIZE = 100
 TRIALS = 4  # demo: PE {none, ape} x protocol {baseline, cutmix}
 WORKER_RESOURCE = "worker_node"
 JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core machine
@@ -256,7 +259,8 @@ def _submit(cluster: Cluster) -> str:
     ]
     done = cluster.ray(
         "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id, "--no-wait",
-        "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+        "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES, "env_vars": {
+            "PYTHONPATH": str(ROOT / "tests" / "evalcap"), "VITSWEEP_TEST_EVAL_SIZE": str(EVAL_SIZE)}}),
         "--", *entrypoint,
     )
     assert done.returncode == 0, f"ray job submit failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
@@ -392,6 +396,7 @@ def test_analysis_and_report_stages_ran_on_the_cluster(job):
     trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
     assert sorted(measurements["trial_id"].unique()) == sorted(trials["trial_id"])
     assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(measurements["intervention"])
+    assert (measurements["n_images"] == EVAL_SIZE).all()  # the study's cap reached the Ray Data job
     # The analysis job's summary reached each trial's run through the MLflow server.
     api = f"{cluster.mlflow_uri}/api/2.0/mlflow"
     experiment = _get_json(f"{api}/experiments/get-by-name?experiment_name={STUDY}")["experiment"]

@@ -8,6 +8,7 @@ fails this test until the page defines it; the interventions, PEs and protocols 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,96 @@ def test_readme_links_the_studies_page_not_a_path_outside_the_clone():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "](docs/studies.md)" in readme
     assert not re.search(r"\]\(\.\./", readme), "README links a path outside the repository"
+
+
+CLUSTER_HEADING = "## On a GPU cluster"
+
+
+def _cluster_commands() -> list[tuple[str, list[str]]]:
+    """(how it is started, vitsweep argv) of every vitsweep command in the README's cluster section:
+    the parts of a `ray exec` command and what follows `--` in a `ray submit ... sweeps/run.py --`."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split(CLUSTER_HEADING, 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            words = shlex.split(line)
+            assert words[:2] in (["ray", "exec"], ["ray", "submit"]) and "--tmux" in words, line
+            if words[1] == "submit":
+                commands.append(("ray submit", ["sweep", *words[words.index("--") + 1:]]))
+                continue
+            part: list[str] = []
+            for word in [*shlex.split(words[-1]), "&&"]:  # the head's shell line: vitsweep ... && vitsweep ...
+                if word == "&&":
+                    assert part[0] == "vitsweep", part
+                    commands.append(("ray exec", part[1:]))
+                    part = []
+                else:
+                    part.append(word)
+    return commands
+
+
+def test_every_cluster_command_of_the_readme_parses_and_plans_on_gpus(capsys):
+    """Each command is complete as written: it parses, a sweep plans (`--dry-run`: no Ray, no GPU) with
+    GPUs per trial on the running cluster, and the studies whose report draws emergence measure every
+    snapshot."""
+    import argparse
+
+    from analysis import job, report
+    from sweeps import run as launcher
+
+    add = {"sweep": launcher.add_arguments, "analyze": job.add_arguments, "report": report.add_arguments}
+    commands = _cluster_commands()
+    seen: dict[str, set[str]] = {}
+    for _, (command, *argv) in commands:
+        parser = argparse.ArgumentParser(prog=f"vitsweep {command}")
+        add[command](parser)
+        args = parser.parse_args(argv)
+        seen.setdefault(args.study, set()).add(command if command != "analyze" else f"analyze {args.checkpoints}")
+        if command == "sweep":
+            assert args.gpus_per_trial > 0 and args.address == "auto", argv
+            args.dry_run = True
+            assert launcher.run(args) == 0, argv
+            assert re.search(r"^\d+ trials", capsys.readouterr().out, flags=re.M), argv
+        elif command == "analyze":
+            assert args.address == "auto", argv
+    assert {"study_l", "study_p", "factorial"} <= set(seen), seen
+    for study in ("study_l", "factorial"):  # trained alone (--stage train), then every snapshot, then the report
+        assert seen[study] == {"sweep", "analyze all", "report"}, seen
+
+
+# The assumed training images/s per pack size that cluster/README.md's cost table states (A10G).
+ASSUMED_RATES = {"device": "A10G", "packing": {
+    "study_l": {"K=1": {"images_per_s": 2500.0}, "K=4": {"images_per_s": 6000.0}, "K=8": {"images_per_s": 10000.0}},
+    "study_p": {"K=1": {"images_per_s": 750.0}}}}
+
+
+def test_the_cluster_cost_table_is_what_the_estimate_gives_for_each_sweeps_packs():
+    from sweeps import estimate
+    from sweeps import run as launcher
+    from sweeps.packs import Pack
+
+    text = (ROOT / "cluster" / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Cost estimate", 1)[1].split("\n## ", 1)[0]
+    for value in ("2,500", "6,000", "10,000", "750"):  # the assumed rates, as the page states them
+        assert f"| {value} |" in section, value
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| `")]
+    rows = [r for r in rows if re.fullmatch(r"`[^`]+`", r[0])]  # a sweep's command line, not a preset's row
+    assert len(rows) == 5 and {r[0].strip("`").split()[0] for r in rows} == {"study_l", "study_p", "factorial"}, rows
+
+    def hours(line: str) -> str:
+        return re.match(r"GPU-hours: ([\d.]+)", line).group(1)
+
+    for sweep, trials, packs, alone, packed, *_ in rows:
+        parser = launcher.argparse.ArgumentParser()
+        launcher.add_arguments(parser)
+        args = parser.parse_args([*sweep.strip("`").split(), "--gpus-per-trial", "1", "--dry-run"])
+        configs = launcher.build_trials(args)
+        planned = launcher.build_packs(args, configs)
+        assert (int(trials), int(packs)) == (len(configs), len(planned)), sweep
+        lone = [Pack(pack_id=c.trial_id, members=(c,)) for c in configs]
+        assert hours(estimate.estimate(configs, lone, ASSUMED_RATES)) == alone, sweep
+        assert hours(estimate.estimate(configs, planned, ASSUMED_RATES)) == packed, sweep

@@ -41,3 +41,17 @@ def test_dry_run_prints_the_estimate_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(estimate, "TABLE", tmp_path / "missing.json")
     assert launcher.main(["demo", "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[1].startswith("GPU-hours: no estimate")  # under the summary
+
+
+def test_packing_speedup_is_the_measured_rate_of_the_pack_over_a_lone_trial():
+    table = {"packing": {"study_l": {"K=1": {"images_per_s": 20_000.0}, "K=4": {"images_per_s": 50_000.0},
+                                     "K=8": {"images_per_s": 80_000.0}}}}
+    assert estimate.packing_speedup(table, "study_l", 8) == 4.0
+    assert estimate.packing_speedup(table, "study_l", 5) == 2.5  # K=5 is timed as K=4: never extrapolated
+    assert estimate.packing_speedup(table, "study_l", 1) == 1.0
+    assert estimate.packing_speedup(table, "study_p", 8) is None  # unmeasured preset
+    configs, packs = _plan("study_l", "--datasets", "cifar10", "--seeds", "5", "--gpus-per-trial", "1", "--pack", "8")
+    sizes = sorted({len(p.members) for p in packs})  # 8 and the rest of the grid
+    line = estimate.estimate(configs, packs, table)
+    shown = ", ".join(f"study_l K={k} x{estimate.packing_speedup(table, 'study_l', k):.1f}" for k in sizes if k > 1)
+    assert line.endswith(f"; packing speed-up over lone trials: {shown}"), line

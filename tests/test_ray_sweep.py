@@ -2,10 +2,9 @@
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import FAST_DEMO
+from conftest import FAST_DEMO, FAST_EVAL_SIZE
 
 from records import stores, tables, tracking
-from sweeps import demo
 from trainables import checkpoints
 
 pytestmark = pytest.mark.ray
@@ -71,7 +70,7 @@ def test_analysis_rows_cover_the_vocabulary(demo_results):
     assert m["trial_id"].nunique() == 4 and set(m["checkpoint_epoch"]) == {0, 1, 2}  # every snapshot
     assert {"clean", "jpeg", "blur", "rpi", "pe_scale"} == set(m["intervention"])
     assert not m[m["trial_id"].str.contains("-none-")]["intervention"].eq("pe_scale").any()
-    assert (m["n_images"] == demo.EVAL_SIZE).all()  # every row names its images: the demo's capped set
+    assert (m["n_images"] == FAST_EVAL_SIZE).all()  # every row names its images: the study's cap (conftest)
     mad = m[(m.metric == "mad") & (m.intervention == "clean")]
     assert mad["value"].between(0, 1).all() and mad["head_index"].notna().all()
     whole = m[m.metric.isin(["acc", "fs", "dssdc"])]
@@ -82,7 +81,7 @@ def test_summary_table_has_one_row_per_trial(demo_results):
     summary = pq.read_table(demo_results / "demo" / "summary").to_pandas()
     trials = pq.read_table(demo_results / "demo" / "trials").to_pandas()
     assert sorted(summary["trial_id"]) == sorted(trials["trial_id"])
-    assert (summary["checkpoint_epoch"] == 2).all() and (summary["n_images"] == demo.EVAL_SIZE).all()
+    assert (summary["checkpoint_epoch"] == 2).all() and (summary["n_images"] == FAST_EVAL_SIZE).all()
     assert summary["min_mad"].notna().all() and {"pe", "protocol", "lr", "test_acc", "fs_jpeg"} <= set(summary)
 
 
