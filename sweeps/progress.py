@@ -14,6 +14,7 @@ with Ray's log deduplication off so no epoch line is swallowed.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -70,7 +71,9 @@ class TrialProgress:
     """Counts ended trials and prints their lines; ``Tune`` calls it through ``as_callback``."""
 
     def __init__(self, results: str, study: str, total: int, members: Mapping[str, Sequence[str]],
-                 stream: TextIO | None = None):
+                 stream: TextIO | None = None, configs: Sequence[Any] = (), clock=time.time):
+        from sweeps import live
+
         self.results, self.study, self.total = results, study, total
         self.members = {k: list(v) for k, v in members.items()}  # Tune trial name -> its trial ids
         self.stream = stream  # None: sys.stdout when printing (Tune pickles its callbacks; a terminal is no pickle)
@@ -78,6 +81,35 @@ class TrialProgress:
         self.done = 0
         self.counts: dict[str, int] = {}
         self._seen: set[str] = set()
+        # Live lines while trials train (sweeps.live), from the configs of the trials to run.
+        flats = {c.trial_id: c.to_flat() for c in configs}
+        plan = live.plan_units(self.members, flats) if flats else {}
+        self.clock = clock
+        self.live = live.LiveProgress(plan, live.RecordReader(results, study, self.members, plan)) if plan else None
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream or sys.stdout, flush=True)
+
+    def tick(self, running: Sequence[str]) -> None:
+        """Tune's loop stepped (``running``: the Tune trials running now): the live lines due now."""
+        if self.live is None:
+            return
+        for line in self.live.tick(running, self.clock()):
+            self._print(line.text)
+        self._report(self.live.eta_s)
+
+    def _eta(self, left: int) -> float | None:
+        """The sweep's ETA: the live one (measured rates, the slots), else the mean time per ended trial."""
+        if self.live is not None and self.live.eta_s is not None:
+            self.live.poll([], self.clock())  # this trial just ended: count it
+            return self.live.eta_s
+        return (time.monotonic() - self.start) / self.done * left if self.done else None
+
+    def _report(self, eta: float | None) -> None:
+        from records import manifest
+
+        manifest.report_progress(self.results, self.study, done=self.done, total=self.total, unit="trials ended",
+                                 eta_s=eta)
 
     def ended(self, name: str) -> None:
         """The Tune trial ``name`` ended (completed or errored): print one line per member."""
@@ -91,10 +123,11 @@ class TrialProgress:
             self.done += 1
             status = row["status"] if row else "unrecorded"
             self.counts[status] = self.counts.get(status, 0) + 1
-            elapsed = time.monotonic() - self.start
             left = self.total - self.done
-            eta = f"; ETA {format_duration(elapsed / self.done * left)}" if left else ""
-            print(trial_line(self.done, self.total, row, trial_id) + eta, file=self.stream or sys.stdout, flush=True)
+            seconds = self._eta(left) if left else None
+            eta = f"; ETA {format_duration(seconds)}" if seconds is not None else ""
+            self._print(trial_line(self.done, self.total, row, trial_id) + eta)
+            self._report(seconds if left else 0.0)
 
     def summary(self) -> str:
         """The launch's trials as the trials table has them now (the record of truth, not what this
@@ -132,7 +165,18 @@ class TrialProgress:
                 if watch is not None:
                     watch.add(f"cannot read the trials row of {trial}: {exc}")
 
+        def stepped(trials) -> None:
+            if watch is not None and watch.found:
+                return
+            try:
+                progress.tick([str(t) for t in trials if t.status == "RUNNING"])
+            except Exception:  # noqa: BLE001 - a live line must never stop the sweep (e.g. a file mid-write)
+                logging.getLogger("vitsweep.progress").debug("live progress skipped", exc_info=True)
+
         class _Callback(tune.Callback):
+            def on_step_end(self, iteration, trials, **info):
+                stepped(trials)
+
             def on_trial_complete(self, iteration, trials, trial, **info):
                 ended(trial)
 
