@@ -187,12 +187,14 @@ def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S
 def report_progress(results: str, study: str, *, done: int, total: int, unit: str,
                     eta_s: float | None = None) -> None:
     """The progress of the stage this process beats for (``done`` of ``total`` ``unit``, an ETA in
-    seconds or None): in the heartbeat file at once (at most every ``PROGRESS_WRITE_S``) and with
+    seconds or None): in the heartbeat file at once (the first, the last, and at most every
+    ``PROGRESS_WRITE_S`` between) and with
     every beat. Without a live heartbeat of (results, study) in this process it does nothing."""
     state = _LIVE.get(_path(results, study, HEARTBEAT_FILE))
     if state is None:
         return
+    first = state.progress is None
     state.progress = {"done": int(done), "total": int(total), "unit": unit,
                       "eta_s": None if eta_s is None else round(float(eta_s), 1)}
-    if done >= total or time.monotonic() - state.written >= PROGRESS_WRITE_S:
+    if first or done >= total or time.monotonic() - state.written >= PROGRESS_WRITE_S:
         state.write()
