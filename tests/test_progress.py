@@ -160,3 +160,16 @@ def test_epoch_fields_take_the_latest_training_loop():
             {"epoch": 3, "wall_time_s": 4.0}, {"epoch": 4, "wall_time_s": 8.0, "images_per_s": 7.0}]  # resumed at 3
     got = live.epoch_fields(rows, written_at=100.0)
     assert got == {"done": 4, "last_at": 100.0, "loop_s": 8.0, "epoch_s": 4.0, "images_per_s": 7.0}
+
+
+def test_the_analysis_eta_leaves_out_the_pools_start_up_and_counts_its_actors():
+    from analysis.job import eta_s
+
+    # 60 s of start-up, then 12 checkpoints of 5 s each on 2 actors (two end every 5 s).
+    ended = [60 + 5 * (i // 2 + 1) for i in range(12)]
+    truth = [ended[-1] - t for t in ended]
+    for k in (2, 3, 4):  # from the second line on (two ending together: no rate yet, the seconds say it)
+        got = eta_s(ended[:k], [5.0] * k, 12, actors=2)
+        assert abs(got - truth[k - 1]) <= 0.3 * truth[k - 1] + 5, (k, got, truth[k - 1])
+    assert eta_s(ended[:1], [5.0], 12, actors=2) == 11 * 5 / 2
+    assert eta_s(ended, [5.0] * 12, 12, actors=2) == 0.0
