@@ -1,5 +1,7 @@
 """The demo study on a real local Ray: Tune + Train, checkpoints, Parquet, MLflow, analysis, report."""
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_DEMO
@@ -49,12 +51,19 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, f"ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "mad_min/epoch_0002")] == [0, 1]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min/epoch_0002")] == [0, 1]
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"} <= figures
-    # The report and claims.csv sit on the study's own run, beside (not among) the trial runs.
-    (report,) = client.search_runs([run.info.experiment_id], "attributes.run_name = 'demo-report'")
+    # The report and claims.csv sit on the study's own run, in its own experiment (out of the trial
+    # runs' charts), linked from the study's.
+    reports = client.get_experiment_by_name("demo-reports").experiment_id
+    (report,) = client.search_runs([reports], "attributes.run_name = 'demo-report'")
+    assert client.get_experiment(run.info.experiment_id).tags["vitsweep.report_run"] == f"{reports}/{report.info.run_id}"
+    # Each run's input is its data set, with its split sizes; its device is a tag.
+    (given,) = run.inputs.dataset_inputs
+    assert given.dataset.name == "shapes" and json.loads(given.dataset.profile)["train_images"] == 1024
+    assert run.data.tags["vitsweep.device"] == "cpu"
     assert {"index.html", "claims.csv"} <= {a.path for a in client.list_artifacts(report.info.run_id)}
 
 
