@@ -21,7 +21,8 @@ ETA.
 
 Throttle: a unit's line at most every ``MIN_INTERVAL_S`` (30 s), printed when it reached a new
 epoch, and at least every ``MAX_INTERVAL_S`` (5 min) while it runs (a unit still starting says so).
-Records are read at most every ``POLL_S``.
+Records are read at most every ``POLL_S`` (``REMOTE_POLL_S`` on an object store); a running
+unit's rows are read once, then only its epochs file.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 300.0
-POLL_S = 10.0
+POLL_S = 2.0  # a local results folder: a file-info and a small read per running unit
+REMOTE_POLL_S = 10.0  # an object store: the same, as requests
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,9 @@ class Line:
 
 
 class LiveProgress:
-    """The throttled live lines. ``reader(names) -> list[Unit]`` gives the records of the named units
-    (every unit of the sweep: ``units``); ``tick(running, now)`` returns the lines due now."""
+    """The throttled live lines. ``reader(names, running) -> list[Unit]`` gives the records of the
+    named units (``running``: those Tune runs now; every unit of the sweep: ``units``);
+    ``tick(running, now)`` returns the lines due now."""
 
     def __init__(self, units: Mapping[str, Mapping[str, Any]], reader: Callable[[Sequence[str]], list[Unit]], *,
                  poll_s: float = POLL_S, min_interval_s: float = MIN_INTERVAL_S, max_interval_s: float = MAX_INTERVAL_S):
@@ -172,7 +175,7 @@ class LiveProgress:
         self.slots = max(self.slots, len(running))
         todo = [n for n in running if n in self.known]
         todo += [n for n, u in self.known.items() if u.started is not None and u.ended is None and n not in todo]
-        for unit in self.reader(todo):
+        for unit in self.reader(todo, set(running)):
             if unit.name in self.known:
                 self.known[unit.name] = unit
         self.polled = now
@@ -249,10 +252,10 @@ class RecordReader:
         self.rows: dict[str, dict] = {}  # member rows once read "running" (its start does not change)
         self.ended: dict[str, Unit] = {}
 
-    def __call__(self, names: Sequence[str]) -> list[Unit]:
-        return [self.unit(n) for n in names if n in self.members]
+    def __call__(self, names: Sequence[str], running: set[str] = frozenset()) -> list[Unit]:
+        return [self.unit(n, n in running) for n in names if n in self.members]
 
-    def unit(self, name: str) -> Unit:
+    def unit(self, name: str, running: bool = False) -> Unit:
         import pyarrow.parquet as pq
 
         from records import tables
@@ -261,7 +264,14 @@ class RecordReader:
             return self.ended[name]
         plan = self.plan.get(name, {})
         ids = self.members[name]
-        rows = [tables.read_trial(self.results, self.study, t) for t in ids]
+        cached = [self.rows.get(t) for t in ids]
+        if running and all(cached):  # Tune runs it: its rows still say "running"; read its epochs only
+            rows = cached
+        else:
+            rows = [tables.read_trial(self.results, self.study, t) for t in ids]
+            for t, r in zip(ids, rows):
+                if r is not None and r["status"] == "running" and r.get("started_at") is not None:
+                    self.rows[t] = r
         live = [r for r in rows if r is not None]
         base = Unit(name, len(ids), int(plan.get("epochs") or 0), plan.get("shape", ""))
         if not live:

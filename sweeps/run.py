@@ -220,6 +220,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     from trainables.ray_trial import UNRETRIABLE, run_trial
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
+    print(f"MLflow: {progress.mlflow_view(mlflow_uri, experiment_id)}", flush=True)  # at launch, not only at the end
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
     code_version = os.environ.get("VITSWEEP_CODE_VERSION") or provenance.code_version()
     settings = LaunchSettings(
@@ -263,7 +264,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     _check_store_reach(mlflow_uri)
     # Grid trials look their config up by id; hparam trials apply sampled values to `base`.
     by_id = {c.trial_id: c.to_flat() for c in configs}
-    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members)
+    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members, configs=todo)
     watch = fault_module.FaultWatch(mlflow_uri, client.RETRY_BUDGET_S)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, settings=settings, trials=by_id, base=configs[0].to_flat(), packs=members),
@@ -459,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
         results, storage = resolve_paths(args)
         from sweeps.lock import LaunchLock
 
-        with LaunchLock(results, args.study):
+        with LaunchLock(results, args.study), progress.quiet_console(results, args.study, args.verbose):
             configs = build_trials(args)
             build_packs(args, configs)
             mlflow_uri = resolve_tracking(args, results)
@@ -531,7 +532,10 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
     if args.stage in ("report", "all"):
         from analysis.report import build_report
 
-        path = build_report(results, args.study, mlflow_uri=mlflow_uri)
+        from records import manifest
+
+        with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
+            path = build_report(results, args.study, mlflow_uri=mlflow_uri)
         log.info("report: %s", path)
     # The summary comes last; it names the report only when there is one.
     report = args.stage in ("report", "all") or _report_exists(results, args.study)

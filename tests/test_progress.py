@@ -84,7 +84,7 @@ def _demo_like_schedule(n=4, slots=2, startup=20.0, epochs=8, epoch_s=6.0, close
 def _fake_reader(plan, epochs, clock):
     from sweeps import live
 
-    def read(names):
+    def read(names, running=()):
         now, out = clock[0], []
         for name in names:
             start, loop, each, end = plan[name]
@@ -108,7 +108,7 @@ def test_live_eta_is_within_30_percent_of_the_truth_by_the_second_line():
     plan, truth_end = _demo_like_schedule(epochs=epochs)
     clock = [0.0]
     units = {n: {"size": 1, "epochs": epochs, "shape": "shapes@32/tiny"} for n in plan}
-    lp = live.LiveProgress(units, _fake_reader(plan, epochs, clock))
+    lp = live.LiveProgress(units, _fake_reader(plan, epochs, clock), poll_s=10.0)
     lines = []
     while clock[0] < truth_end:
         running = [n for n, (start, _, _, end) in plan.items() if start <= clock[0] < end]
@@ -144,7 +144,7 @@ def test_a_unit_still_starting_says_so_after_five_quiet_minutes():
 
     clock = [0.0]
 
-    def read(names):
+    def read(names, running=()):
         return [live.Unit(n, 8, 100, "s", started=0.0) for n in names]
 
     lp = live.LiveProgress({"p0": {"size": 8, "epochs": 100, "shape": "s"}}, read)
@@ -173,3 +173,40 @@ def test_the_analysis_eta_leaves_out_the_pools_start_up_and_counts_its_actors():
         assert abs(got - truth[k - 1]) <= 0.3 * truth[k - 1] + 5, (k, got, truth[k - 1])
     assert eta_s(ended[:1], [5.0], 12, actors=2) == 11 * 5 / 2
     assert eta_s(ended, [5.0] * 12, 12, actors=2) == 0.0
+
+
+def test_the_console_keeps_vitsweeps_lines_and_moves_ray_tune_and_mlflow_ones(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    foreign = [
+        "[2026-12-02 01:18:53,448 E 5523 5523] core_worker.cc:2465: Actor with class name: 'MapWorker(MapBatches("
+        "Measurer))' and ID: '4b' has constructor arguments in the object store and max_restarts > 0. If ...",
+        "\x1b[33m(raylet)\x1b[0m WARNING: 8 PYTHON worker processes have been started on node: 27 with address: 1",
+        "2026-12-02 01:16:29,456\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled",
+        "2026/12/02 01:16:18 INFO mlflow.store.db.utils: Creating initial MLflow database tables...",
+        "2026-12-02 01:20:13,756 fontTools.subset: maxp pruned",
+    ]
+    ours = ["[1/4] shapes-none-cutmix-s0-b1cb20a4: test 0.103 in 6 s; ETA 3 min",
+            "2026-12-02 01:16:29,392 vitsweep: 4 trials, 0 already finished, 4 to run",
+            "[train] t0: epoch 1/8, 1,000 images/s, ETA 39 s; all 4 trials: ETA 2 min (2 running, 2 waiting)"]
+    assert [progress.classify_line(line) for line in foreign] == ["ray core", "ray process", "ray", "mlflow", "library"]
+    assert all(progress.classify_line(line) is None for line in ours)
+    # Through the file descriptors, as Ray's C++ core writes: a child process with the guard on.
+    log = tmp_path / "console.log"
+    code = (f"import os, sys; from sweeps import progress\n"
+            f"with progress.QuietConsole({str(log)!r}):\n"
+            f"    for line in {foreign + ours!r}: os.write(2, (line + '\\n').encode())\n"
+            f"    os.write(2, b'[2026-12-02 01:18:53,448 E 1 1] raylet.cc:1: something broke\\n')\n"
+            f"    print('stdout passes', flush=True)\n"
+            f"print('after', flush=True)\n")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    err = out.stderr.splitlines()
+    assert err[:3] == ours and out.stdout.splitlines() == ["stdout passes", "after"]
+    assert len(err) == 4 and err[3].startswith("vitsweep: Ray reported an error; its lines are kept in " + str(log))
+    kept = log.read_text()
+    assert all(progress._ANSI.sub("", line) in kept for line in foreign) and "something broke" in kept
