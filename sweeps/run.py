@@ -102,7 +102,7 @@ def build_trials(args: argparse.Namespace):
             seeds=defaults.seeds if args.seeds is None else args.seeds,
             epochs=defaults.epochs if args.epochs is None else args.epochs,
             preset=defaults.preset if args.preset is None else args.preset,
-            overrides={**overrides, **dict(zip(swept, values))},
+            overrides={**overrides, **dict(zip(swept, values)), **_swept_label(swept)},
             # Absolute: every Ray worker process has its own working directory.
             data_root=args.data_root if "://" in args.data_root else os.path.abspath(os.path.expanduser(args.data_root)),
         )
@@ -111,6 +111,12 @@ def build_trials(args: argparse.Namespace):
     if len(set(ids)) != len(ids):
         raise ValueError("the study produced duplicate trials; check --set overrides")
     return configs
+
+
+def _swept_label(swept) -> dict:
+    """The fields a --set sweep varies, for the trial ids' readable part (``RunConfig.swept``)."""
+    varied = ",".join(k for k, v in swept.items() if len(v) > 1)
+    return {"swept": varied} if varied else {}
 
 
 def build_packs(args: argparse.Namespace, configs, resume_epochs=None):

@@ -161,9 +161,31 @@ def test_console_is_one_line_per_trial_and_checkpoint_with_the_summary_last(demo
     checkpoints = [line for line in lines if re.match(r"^\[\d+/\d+\] checkpoints: shapes-", line)]
     assert checkpoints and "images/s" in checkpoints[0]
     assert lines[-1].strip().startswith("MLflow:") and any(line.strip().startswith("status:") for line in lines[-6:])
+    assert "?workflowType=machine_learning" in lines[-1]
     for chatter in ("Trial status", "Configuration for experiment", "Checkpoint successfully created",
                     "Reporting training result", "Total Progress"):
         assert chatter not in text, chatter
+
+
+def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(demo_results):
+    """No line from Ray, Tune or MLflow on stdout or stderr (file descriptors, Python streams and
+    every logger); live lines while the trials train; the MLflow address at launch."""
+    import re
+
+    out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
+    err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
+    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] shapes-|MLflow: |demo: \d+ of \d+ trials|"
+                      r"vitsweep demo: results in |  \S)")
+    assert [line for line in out if not ours.match(line)] == []
+    logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
+    assert err and [line for line in err if not logged.match(line)] == []
+    for line in out + err:  # nothing of theirs, whatever its shape
+        assert not re.search(r"\(raylet\)|core_worker|\bpid=|mlflow\.|worker\.py|fontTools|\x1b\[", line), line
+    assert out[0].startswith("MLflow: mlflow ui --backend-store-uri ") and "?workflowType=machine_learning" in out[0]
+    live = [i for i, line in enumerate(out) if re.match(r"^\[train\] shapes-\S+: epoch [12]/2, [\d,]+ images/s, ETA ", line)]
+    last_trial = max(i for i, line in enumerate(out) if line.startswith("[4/4] "))
+    assert live and live[0] < last_trial, out
+    assert all("all 4 trials: ETA" in out[i] for i in live)
 
 
 def test_trials_join_mlflow_by_run_id_and_carry_their_times(demo_results):
