@@ -137,6 +137,23 @@ def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp
         assert out.stdout.strip(), code
 
 
+def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metrics(demo_results, tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Browsing MLflow", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    (tmp_path / "results").symlink_to(demo_results)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header, *rows = [line.split() for line in out.stdout.strip().splitlines()]
+    assert header[:3] == ["tags.mlflow.runName", "params.dataset", "params.pe"] and "metrics.mad_min" in header
+    assert len(rows) == 4 and all(r[0].startswith("shapes-") and r[1] == "shapes" for r in rows)  # trials only
+
+
 def test_status_and_experiment_description_after_the_sweep(demo_results):
     from sweeps import status
 
