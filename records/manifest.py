@@ -4,7 +4,10 @@
 ids and their packs, the launch command, code version, start time, host and
 pid). ``<results>/<study>/heartbeat.json``: rewritten every
 ``HEARTBEAT_INTERVAL_S`` while a launcher runs, and stamped ``ended`` when it
-returns. With both, ``vitsweep status`` tells from the results folder alone
+returns; it names the stage the process is in (``train``, ``analyze``,
+``report``) and that stage's progress (``report_progress``: done of total,
+the unit, an ETA), so ``vitsweep status`` sees the analysis and the report
+too, not only the training. With both, ``vitsweep status`` tells from the results folder alone
 which trials are pending, and whether ``running`` rows are live or left behind
 by a launcher that died (stale). Both are small JSON files written through
 pyarrow's filesystems, so they work on a local folder and on object storage.
@@ -17,6 +20,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,10 +68,14 @@ def read_heartbeat(results: str, study: str) -> dict | None:
     return files.read_json(_path(results, study, HEARTBEAT_FILE))
 
 
-def beat(results: str, study: str, *, ended: bool = False) -> None:
+def beat(results: str, study: str, *, ended: bool = False, stage: str | None = None,
+         progress: Mapping[str, Any] | None = None) -> None:
+    """Write the heartbeat: who beats (host, pid, its start time, the boot), ``stage`` and its
+    ``progress`` ({done, total, unit, eta_s}: see ``report_progress``)."""
     files.write_json(_path(results, study, HEARTBEAT_FILE), {
         "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
         "proc_start": proc_start(os.getpid()), "boot_id": boot_id(), "ended": ended,
+        "stage": stage, "progress": dict(progress) if progress else None,
     })
 
 
@@ -128,17 +136,42 @@ def launcher_alive(heartbeat: Mapping[str, Any] | None, *, now: datetime.datetim
     return heartbeat_age(heartbeat, now=now) <= STALE_AFTER_S
 
 
+class _Stage:
+    """The stage a live heartbeat of this process stands for, and its latest progress. The heartbeat
+    thread and ``report_progress`` (the caller's thread) both write the file: one at a time."""
+
+    def __init__(self, results: str, study: str, stage: str):
+        self.results, self.study, self.stage = results, study, stage
+        self.progress: dict[str, Any] | None = None
+        self.lock = threading.Lock()
+        self.written = 0.0  # time.monotonic() of the last write
+
+    def write(self, *, ended: bool = False) -> None:
+        with self.lock:
+            self.written = time.monotonic()
+            with contextlib.suppress(OSError):  # a storage blip must not kill the launcher
+                beat(self.results, self.study, ended=ended, stage=self.stage, progress=self.progress)
+
+
+_LIVE: dict[str, _Stage] = {}  # heartbeat path -> the stage this process beats for
+PROGRESS_WRITE_S = 5.0  # report_progress writes at once, at most this often (the thread beats anyway)
+
+
 @contextlib.contextmanager
-def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S) -> Iterator[None]:
-    """Beat in a daemon thread while the block runs; stamp ``ended`` when it leaves."""
+def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S, *,
+              stage: str = "train") -> Iterator[None]:
+    """Beat in a daemon thread while the block runs, naming ``stage``; stamp ``ended`` when it
+    leaves. Inside, ``report_progress(results, study, ...)`` sets the stage's progress."""
+    state = _Stage(results, study, stage)
+    key = _path(results, study, HEARTBEAT_FILE)
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(interval_s):
-            with contextlib.suppress(OSError):  # a storage blip must not kill the launcher
-                beat(results, study)
+            state.write()
 
-    beat(results, study)
+    _LIVE[key] = state
+    state.write()
     thread = threading.Thread(target=loop, name="vitsweep-heartbeat", daemon=True)
     thread.start()
     try:
@@ -146,5 +179,22 @@ def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S
     finally:
         stop.set()
         thread.join(timeout=5)
-        with contextlib.suppress(OSError):
-            beat(results, study, ended=True)
+        state.write(ended=True)
+        if _LIVE.get(key) is state:
+            del _LIVE[key]
+
+
+def report_progress(results: str, study: str, *, done: int, total: int, unit: str,
+                    eta_s: float | None = None) -> None:
+    """The progress of the stage this process beats for (``done`` of ``total`` ``unit``, an ETA in
+    seconds or None): in the heartbeat file at once (the first, the last, and at most every
+    ``PROGRESS_WRITE_S`` between) and with
+    every beat. Without a live heartbeat of (results, study) in this process it does nothing."""
+    state = _LIVE.get(_path(results, study, HEARTBEAT_FILE))
+    if state is None:
+        return
+    first = state.progress is None
+    state.progress = {"done": int(done), "total": int(total), "unit": unit,
+                      "eta_s": None if eta_s is None else round(float(eta_s), 1)}
+    if first or done >= total or time.monotonic() - state.written >= PROGRESS_WRITE_S:
+        state.write()

@@ -13,11 +13,16 @@ retry or ``--resume`` finds and continues the run instead of making a second
 one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
 tags are study / dataset / pe / protocol / rpt / seed / code_version; metrics
 are per epoch (step = epoch), the analysis scalars (step = checkpoint epoch)
-and per-layer curves (step = layer, the epoch in the key: ``ssdc_rpi/epoch_0100``,
-see ``analysis.trial_record``); artifacts are ``config.json``, ``provenance/environment.json``,
+and per-layer curves, all under one prefix so the UI's Model metrics start with
+the training curves (step = layer, the epoch in the key: ``layers/ssdc_rpi/epoch_0100``,
+see ``analysis.trial_record``); the run's input is its data set (``log_dataset_input``:
+name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
+artifacts are ``config.json``, ``provenance/environment.json``,
 ``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
 tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``). The
-study's report sits on a run of its own, ``<study>-report`` (``study_run``).
+study's report sits on a run of its own, ``<study>-report``, in the experiment
+``<study>-reports``, linked from the study's (``study_run``). Addresses of the UI
+open its training layout (``experiment_url``, ``run_url``).
 
 Stores, and the checks that run before any trial, are in ``records.stores``;
 the client and its retries in ``records.client``; provenance in
@@ -53,7 +58,10 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
   ``end_trial_run(uri, run_id, status="FINISHED")``
 - ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=(), finished_trial_ids=()) -> list[str]``
 - ``study_run(uri, experiment_id, name) -> run_id``: the study's own run (the
-  report and ``claims.csv``), found again by name; not a trial run
+  report and ``claims.csv``), found again by name, in ``<study>-reports``; not a trial run
+- ``log_dataset_input(uri, run_id, dataset) -> None``: the data set a trial trained on
+- ``experiment_url(uri, experiment_id)``, ``run_url(uri, experiment_id, run_id)``,
+  ``experiment_id_of(uri, name)``
 - ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
 - ``trial_tags(config, *, code_version=None) -> dict``
 
@@ -141,9 +149,14 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
 def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
     """The experiment's description in the MLflow UI (its ``mlflow.note.content`` tag, Markdown),
     and its kind: MLflow 3 opens an experiment without one on its GenAI overview; a
-    ``custom_model_development`` one opens on the runs, the training view."""
+    ``custom_model_development`` one opens on the runs, the training view. A link to the study's
+    report (``study_run``) is kept."""
+    def describe(c):
+        link = c.get_experiment(experiment_id).tags.get(REPORT_RUN_TAG)
+        c.set_experiment_tag(experiment_id, "mlflow.note.content", _with_report(text, uri, link))
+
     with_retries("describe experiment", uri, lambda c: (
-        c.set_experiment_tag(experiment_id, "mlflow.note.content", text),
+        describe(c),
         c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")))
 
 
@@ -272,6 +285,24 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
                       lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
 
 
+DEVICE_TAG = "vitsweep.device"
+
+
+def log_dataset_input(uri: str, run_id: str, dataset: Mapping[str, Any]) -> None:
+    """The run's input, as ``mlflow.log_input`` records it: ``dataset`` holds ``name``, ``digest``,
+    ``source`` (where it was read) and the split sizes (``train_images``, ``eval_images``,
+    ``test_images``, ...), which go in its profile; context ``training``. Idempotent: MLflow keeps
+    one input per (name, digest) and context of a run, so a retried trial logs it again harmlessly."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    sizes = {k: v for k, v in dataset.items() if k not in ("name", "digest", "source")}
+    entry = Dataset(name=str(dataset["name"]), digest=str(dataset["digest"]), source_type="local",
+                    source=json.dumps({"uri": str(dataset.get("source", ""))}),
+                    profile=json.dumps(sizes, sort_keys=True, default=str))
+    inputs = [DatasetInput(entry, tags=[InputTag("mlflow.data.context", "training")])]
+    with_retries("log dataset input", uri, lambda c: c.log_inputs(run_id, datasets=inputs))
+
+
 def logged_steps(uri: str, run_id: str, key: str) -> set[int]:
     """Steps at which ``key`` was already logged in the run (a retried or resumed trial
     skips them, so each step is logged once)."""
@@ -347,24 +378,78 @@ def end_orphaned_runs(uri: str, experiment_id: str, *, keep_trial_ids: Iterable[
 
 
 STUDY_RUN_TAG = "vitsweep.study_run"  # marks a study's own run (the report), which is no trial
+REPORTS_SUFFIX = "-reports"  # the experiment of a study's own runs: `demo` -> `demo-reports`
+REPORT_RUN_TAG = "vitsweep.report_run"  # on the study's experiment: "<experiment id>/<run id>" of its report
 
 
 def study_run(uri: str, experiment_id: str, name: str) -> str:
-    """The run named ``name`` (e.g. ``demo-report``) in the study's experiment, created (and
-    tagged ``vitsweep.study_run``) if missing, so a second report overwrites the first one's
-    artifacts instead of adding a run. It carries no trial-id tag: ``search_trial_runs`` and
-    ``end_orphaned_runs`` never see it. The caller ends it (``end_trial_run``)."""
+    """The run named ``name`` (e.g. ``demo-report``) of the study whose experiment is
+    ``experiment_id``, created (tagged ``vitsweep.study_run``) if missing, so a second report
+    overwrites the first one's artifacts instead of adding a run. It lives in the experiment
+    ``<study>-reports``, not among the trial runs (where it would sit in every chart's legend with
+    no data), and the study's experiment links it (tag ``vitsweep.report_run``, and its
+    description). It carries no trial-id tag: ``search_trial_runs`` and ``end_orphaned_runs`` never
+    see it. The caller ends it (``end_trial_run``)."""
     _check_trial_id(name)
+    study = with_retries("get experiment", uri, lambda c: c.get_experiment(experiment_id))
+    reports_id = ensure_experiment(uri, study.name + REPORTS_SUFFIX)
 
     def find_or_create(client):
-        runs = _search_all(client, experiment_id, f"tags.`{STUDY_RUN_TAG}` = '{name}'",
+        runs = _search_all(client, reports_id, f"tags.`{STUDY_RUN_TAG}` = '{name}'",
                            order_by=["attributes.start_time ASC"])
         if runs:
             client.update_run(runs[0].info.run_id, status="RUNNING")
             return runs[0].info.run_id
-        return client.create_run(experiment_id, run_name=name, tags={STUDY_RUN_TAG: name}).info.run_id
+        return client.create_run(reports_id, run_name=name, tags={STUDY_RUN_TAG: name}).info.run_id
 
-    return with_retries(f"study_run({name!r})", uri, find_or_create)
+    run_id = with_retries(f"study_run({name!r})", uri, find_or_create)
+    link = f"{reports_id}/{run_id}"
+    with_retries("link the report", uri, lambda c: (
+        c.set_experiment_tag(experiment_id, REPORT_RUN_TAG, link),
+        c.set_experiment_tag(reports_id, "mlflow.experimentKind", "custom_model_development"),
+        c.set_experiment_tag(reports_id, "mlflow.note.content",
+                             f"The reports of study `{study.name}` (its trial runs: experiment `{study.name}`, "
+                             f"id {experiment_id}; {experiment_url(uri, experiment_id)})."),
+        c.set_experiment_tag(experiment_id, "mlflow.note.content",
+                             _with_report(study.tags.get("mlflow.note.content", ""), uri, link))))
+    return run_id
+
+
+def _with_report(note: str, uri: str, link: str | None) -> str:
+    """An experiment's description with its report paragraph (the last one) set to ``link``."""
+    head = note.split("\n\n**Report**:", 1)[0]
+    if not link:
+        return head
+    reports_id, run_id = link.split("/", 1)
+    return (f"{head}\n\n**Report**: run `{run_id}` in experiment {reports_id} (`index.html`, `claims.csv`, "
+            f"`figures/`): {run_url(uri, reports_id, run_id)}")
+
+
+# ------------------------------------------------------------------------------ UI addresses
+
+UI_LAYOUT = "workflowType=machine_learning"  # MLflow 3 opens its GenAI layout unless told (or remembered)
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri ...` serves a local store
+
+
+def ui_base(uri: str) -> str:
+    """The UI's address: the tracking server itself (password redacted), else a local `mlflow ui`."""
+    return redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def experiment_url(uri: str, experiment_id: str) -> str:
+    """The experiment's runs table in the training layout (``?workflowType=machine_learning``)."""
+    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs?{UI_LAYOUT}"
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str:
+    """One run's page in the training layout (its per-epoch curves under Model metrics)."""
+    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}?{UI_LAYOUT}"
+
+
+def experiment_id_of(uri: str, name: str) -> str | None:
+    """The id of experiment ``name``, or None when there is none (nothing is created)."""
+    experiment = with_retries("get experiment", uri, lambda c: c.get_experiment_by_name(name))
+    return experiment.experiment_id if experiment is not None else None
 
 
 def search_trial_runs(uri: str, experiment_name: str):

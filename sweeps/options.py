@@ -113,7 +113,7 @@ def build_trials(args: argparse.Namespace):
             seeds=defaults.seeds if args.seeds is None else args.seeds,
             epochs=defaults.epochs if args.epochs is None else args.epochs,
             preset=defaults.preset if args.preset is None else args.preset,
-            overrides={**overrides, **dict(zip(swept, values))},
+            overrides={**overrides, **dict(zip(swept, values)), **swept_label(swept)},
             # Absolute: every Ray worker process has its own working directory.
             data_root=vocab.results_location(os.path.expanduser(args.data_root)),
         )
@@ -122,6 +122,12 @@ def build_trials(args: argparse.Namespace):
     if len(set(ids)) != len(ids):
         raise ValueError("the study produced duplicate trials; check --set overrides")
     return configs
+
+
+def swept_label(swept) -> dict:
+    """The fields a --set sweep varies, for the trial ids' readable part (``RunConfig.swept``)."""
+    varied = ",".join(k for k, v in swept.items() if len(v) > 1)
+    return {"swept": varied} if varied else {}
 
 
 def build_packs(args: argparse.Namespace, configs, resume_epochs=None):

@@ -9,13 +9,44 @@ the numbers printed are the numbers stored. The callback runs in the launcher
 process, so it needs no worker output at all: by default the launcher stops
 Ray forwarding worker logs (Train's checkpoint/report lines, epoch lines),
 Tune's tables and Ray Data's progress blocks; ``--verbose`` brings them back,
-with Ray's log deduplication off so no epoch line is swallowed.
+with Ray's log deduplication off so no epoch line is swallowed. While trials
+train, ``sweeps.live`` adds a throttled line per running pack or trial
+(epoch k/N, images/s, ETA); the MLflow experiment's address is printed at launch.
+
+What is left of Ray's, Tune's and MLflow's own output reaches the console by
+ways no logger setting reaches: Ray's C++ core worker writes to file
+descriptor 2, the raylet's warnings are printed to the driver's stdout by
+Ray's error-listener thread, and libraries log in their own formats with
+their own handlers. ``quiet_console`` catches them where they all meet, file
+descriptors 1 and 2 of the launcher (a pipe each, read by a thread): a line
+of the shape of a Ray, Tune or MLflow line (``FOREIGN``), or another
+library's log record, goes to ``<results>/<study>/logs/console-*.log``
+instead of the console; everything else (vitsweep's lines, tracebacks) passes
+as it is. Lines known to be harmless are suppressed for these reasons
+(``EXPECTED``):
+
+- ``core_worker.cc ... E ... Actor with class name: 'MapWorker(MapBatches(Measurer))' ... has
+  constructor arguments in the object store and max_restarts > 0``: Ray Data keeps an actor
+  pool's constructor arguments in the object store and lets its actors restart; Ray warns that a
+  restart fails if those arguments were lost. They are the measuring actors' settings (paths,
+  sizes), owned by the launcher, which lives until the analysis ends, so they cannot be lost while
+  a restart could need them; nothing to do, and an error-level line would say otherwise.
+- ``(raylet) WARNING: N PYTHON worker processes have been started ... maximum expected startup
+  concurrency``: each Tune trial's driver asks for no CPU (``trainables.ray_start.DRIVER_RESOURCES``,
+  so drivers never hold the cores their own Train workers need), so more Python workers start
+  than the machine has CPUs; that is the design, not a leak.
+
+Any other error-level line of theirs prints one vitsweep line, once, naming the log that keeps it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -32,6 +63,160 @@ def configure_console(verbose: bool) -> None:
         # Tune's default output engine prints its experiment header even at verbose=0 (and ignores a
         # custom reporter); the classic engine at verbose=0 prints nothing.
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
+# The shapes of Ray's, Tune's and MLflow's console lines (after colour codes are stripped).
+FOREIGN = {
+    "ray core": re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ([DIWEF]) \d+ \d+\] \S+:\d+: "),
+    "ray process": re.compile(r"^\((raylet|autoscaler|gcs_server|monitor|pid=\d+[^)]*|[\w.:()-]+ pid=\d+[^)]*)\) "),
+    "ray": re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+:\d+ -- "),
+    "mlflow": re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) (mlflow|alembic)"),
+    # Another library's record in the launcher's own log format (fontTools subsetting a PDF's font, ...).
+    "library": re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?!vitsweep[.:])([\w.]+): "),
+    "warning": re.compile(r"^\S*(site-packages|dist-packages)/\S+\.py:\d+: \w*Warning: "),
+}
+# Harmless lines, suppressed (the reasons: the module docstring).
+EXPECTED = (
+    re.compile(r"has constructor arguments in the object store and max_restarts > 0"),
+    re.compile(r"PYTHON worker processes have been started on node"),
+)
+_ERROR = re.compile(r"^\[[^]]* [EF] \d+ \d+\]|\b(ERROR|CRITICAL)\b|\bE\d{4} ")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def classify_line(line: str) -> str | None:
+    """Which library's console line ``line`` is (a ``FOREIGN`` key), or None: a vitsweep line,
+    or anything else (a traceback), which stays on the console."""
+    plain = _ANSI.sub("", line)
+    for name, shape in FOREIGN.items():
+        if shape.search(plain):
+            return name
+    return None
+
+
+class _Pump:
+    """One file descriptor's lines, read from a pipe in a thread: foreign ones to the log, the rest
+    to where the descriptor pointed before."""
+
+    def __init__(self, guard: "QuietConsole", fd: int):
+        self.guard, self.fd = guard, fd
+        self.target = os.dup(fd)
+        read, write = os.pipe()
+        self.read = read
+        os.dup2(write, fd)
+        os.close(write)
+        self.thread = threading.Thread(target=self.run, name=f"vitsweep-console-{fd}", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        rest, continued = b"", False
+        while True:
+            try:
+                chunk = os.read(self.read, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if rest:
+                    self.guard.route(self, rest.decode(errors="replace"), False)
+                os.close(self.read)
+                return
+            *lines, rest = (rest + chunk).split(b"\n")
+            for raw in lines:
+                continued = self.guard.route(self, raw.decode(errors="replace") + "\n", continued)
+
+    def restore(self) -> None:
+        os.dup2(self.target, self.fd)
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        while data:
+            try:
+                data = data[os.write(self.target, data):]
+            except OSError:
+                return
+
+
+class QuietConsole:
+    """File descriptors 1 and 2 of this process filtered (see the module docstring): a context."""
+
+    def __init__(self, log_path: str | None):
+        self.log_path = log_path
+        self.log: TextIO | None = None
+        self.told = False
+        self.moved = 0
+        self.lock = threading.Lock()
+        self.pumps: list[_Pump] = []
+
+    def __enter__(self) -> "QuietConsole":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pumps = [_Pump(self, 1), _Pump(self, 2)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for pump in self.pumps:
+            pump.restore()  # the pipe's last write end here is closed: its pump reads to the end
+        for pump in self.pumps:
+            # A child process (a Ray daemon started meanwhile) may hold the pipe open: its pump goes on
+            # filtering in the background, and this does not wait for it.
+            pump.thread.join(timeout=2.0)
+        with self.lock:
+            if self.log is not None:
+                self.log.flush()
+
+    def route(self, pump: _Pump, line: str, continued: bool) -> bool:
+        """Forward or move one line; returns whether it was moved (an indented line after a moved
+        one, e.g. a warning's source line, goes with it)."""
+        kind = classify_line(line)
+        if kind is None and not (continued and line[:1] in (" ", "\t") and line.strip()):
+            pump.write(line)
+            return False
+        with self.lock:
+            self.moved += 1
+            if self.log is None and self.log_path:
+                try:
+                    os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+                    self.log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115
+                except OSError:
+                    self.log_path = None
+            if self.log is not None:
+                with contextlib.suppress(OSError):
+                    self.log.write(f"[fd {pump.fd}] {_ANSI.sub('', line)}")
+                    self.log.flush()
+            plain = _ANSI.sub("", line)
+            if kind and not self.told and _ERROR.search(plain) and not any(e.search(plain) for e in EXPECTED):
+                self.told = True
+                where = self.log_path or "the launch log"
+                pump.write(f"vitsweep: {kind.split()[0].capitalize()} reported an error; its lines are kept in "
+                           f"{where} (the sweep goes on; a trial that fails is named on its own line)\n")
+        return True
+
+
+def quiet_console(results: str, study: str, verbose: bool):
+    """``QuietConsole`` for a launch (its log beside the launch logs), or nothing with ``--verbose``."""
+    if verbose:
+        return contextlib.nullcontext()
+    import tempfile
+
+    name = f"console-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    folder = os.path.join(results, study, "logs") if "://" not in results else None
+    if folder is None or not _writable(folder):
+        folder = os.path.join(tempfile.gettempdir(), "vitsweep-logs")
+        name = f"{study}-{name}"
+    return QuietConsole(os.path.join(folder, name))
+
+
+def _writable(folder: str) -> bool:
+    """Whether ``folder`` could be created and written, without creating it: a launch refused on bad
+    input must leave no results folder behind (the log opens at its first line)."""
+    while not os.path.exists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return False
+        folder = parent
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
 
 
 def tune_verbosity(verbose: bool) -> int:
@@ -70,7 +255,9 @@ class TrialProgress:
     """Counts ended trials and prints their lines; ``Tune`` calls it through ``as_callback``."""
 
     def __init__(self, results: str, study: str, total: int, members: Mapping[str, Sequence[str]],
-                 stream: TextIO | None = None):
+                 stream: TextIO | None = None, configs: Sequence[Any] = (), clock=time.time):
+        from sweeps import live
+
         self.results, self.study, self.total = results, study, total
         self.members = {k: list(v) for k, v in members.items()}  # Tune trial name -> its trial ids
         self.stream = stream  # None: sys.stdout when printing (Tune pickles its callbacks; a terminal is no pickle)
@@ -78,6 +265,37 @@ class TrialProgress:
         self.done = 0
         self.counts: dict[str, int] = {}
         self._seen: set[str] = set()
+        # Live lines while trials train (sweeps.live), from the configs of the trials to run.
+        flats = {c.trial_id: c.to_flat() for c in configs}
+        plan = live.plan_units(self.members, flats) if flats else {}
+        self.clock = clock
+        poll_s = live.REMOTE_POLL_S if "://" in results else live.POLL_S
+        self.live = (live.LiveProgress(plan, live.RecordReader(results, study, self.members, plan), poll_s=poll_s)
+                     if plan else None)
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream or sys.stdout, flush=True)
+
+    def tick(self, running: Sequence[str]) -> None:
+        """Tune's loop stepped (``running``: the Tune trials running now): the live lines due now."""
+        if self.live is None:
+            return
+        for line in self.live.tick(running, self.clock()):
+            self._print(line.text)
+        self._report(self.live.eta_s)
+
+    def _eta(self, left: int) -> float | None:
+        """The sweep's ETA: the live one (measured rates, the slots), else the mean time per ended trial."""
+        if self.live is not None and self.live.eta_s is not None:
+            self.live.poll([], self.clock())  # this trial just ended: count it
+            return self.live.eta_s
+        return (time.monotonic() - self.start) / self.done * left if self.done else None
+
+    def _report(self, eta: float | None) -> None:
+        from records import manifest
+
+        manifest.report_progress(self.results, self.study, done=self.done, total=self.total, unit="trials ended",
+                                 eta_s=eta)
 
     def ended(self, name: str) -> None:
         """The Tune trial ``name`` ended (completed or errored): print one line per member."""
@@ -91,10 +309,11 @@ class TrialProgress:
             self.done += 1
             status = row["status"] if row else "unrecorded"
             self.counts[status] = self.counts.get(status, 0) + 1
-            elapsed = time.monotonic() - self.start
             left = self.total - self.done
-            eta = f"; ETA {format_duration(elapsed / self.done * left)}" if left else ""
-            print(trial_line(self.done, self.total, row, trial_id) + eta, file=self.stream or sys.stdout, flush=True)
+            seconds = self._eta(left) if left else None
+            eta = f"; ETA {format_duration(seconds)}" if seconds is not None else ""
+            self._print(trial_line(self.done, self.total, row, trial_id) + eta)
+            self._report(seconds if left else 0.0)
 
     def summary(self) -> str:
         """The launch's trials as the trials table has them now (the record of truth, not what this
@@ -132,7 +351,18 @@ class TrialProgress:
                 if watch is not None:
                     watch.add(f"cannot read the trials row of {trial}: {exc}")
 
+        def stepped(trials) -> None:
+            if watch is not None and watch.found:
+                return
+            try:
+                progress.tick([str(t) for t in trials if t.status == "RUNNING"])
+            except Exception:  # noqa: BLE001 - a live line must never stop the sweep (e.g. a file mid-write)
+                logging.getLogger("vitsweep.progress").debug("live progress skipped", exc_info=True)
+
         class _Callback(tune.Callback):
+            def on_step_end(self, iteration, trials, **info):
+                stepped(trials)
+
             def on_trial_complete(self, iteration, trials, trial, **info):
                 ended(trial)
 
@@ -160,14 +390,25 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = T
     if report:
         lines.append(f"  report:         {results}/{study}/report/index.html")
     lines.append(f"  status:         vitsweep status {study} --results {results}")
-    lines.append("  MLflow:         " + mlflow_view(mlflow_uri))
+    try:
+        from records import stores, tracking
+
+        missing = mlflow_uri.startswith("sqlite:") and not stores.sqlite_path(mlflow_uri).exists()
+        experiment_id = None if missing else tracking.experiment_id_of(mlflow_uri, study)
+    except Exception:  # noqa: BLE001 - the store is what failed: the closing lines still say where to look
+        experiment_id = None
+    lines.append("  MLflow:         " + mlflow_view(mlflow_uri, experiment_id))
     return "\n".join(lines)
 
 
-def mlflow_view(mlflow_uri: str) -> str:
-    """How to open the study's runs (MLflow 3 opens an experiment on its overview: the Runs tab is the
-    training view, with each trial's curves under its run's Model metrics)."""
+def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
+    """How to open the study's runs in MLflow's training layout (``?workflowType=machine_learning``:
+    MLflow 3 opens its GenAI layout otherwise): the experiment's runs table, with each trial's
+    curves under its run's Model metrics. A local store needs ``mlflow ui`` first."""
+    from records import tracking
+
+    where = (tracking.experiment_url(mlflow_uri, experiment_id) if experiment_id is not None
+             else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     if mlflow_uri.startswith(("http://", "https://")):
-        return f"{mlflow_uri.rstrip('/')}/#/experiments (open the study's experiment, then its Runs tab)"
-    return (f"mlflow ui --backend-store-uri {mlflow_uri} --workers 1, then http://127.0.0.1:5000/#/experiments "
-            "(the study's experiment, Runs tab)")
+        return where
+    return f"mlflow ui --backend-store-uri {mlflow_uri} --workers 1, then {where}"

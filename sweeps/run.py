@@ -135,7 +135,7 @@ def train_stage(args, configs, results, storage, mlflow_uri) -> int:
     start_ray(args, mlflow_uri)  # refuses here, before any trial starts
     members = plan_packs(launch, configs, todo)
     watch = faults.FaultWatch(mlflow_uri, client.RETRY_BUDGET_S)
-    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members)
+    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members, configs=todo)
     stopped: set[str] = set()  # trials a study's scheduler stopped early: recorded as stopped, not failed
     tuner = make_tuner(launch, configs, todo, members, watch, lines, stopped)
     try:
@@ -157,6 +157,7 @@ def open_launch(args, results: str, storage: str, mlflow_uri: str) -> Launch:
     from trainables.lifecycle import LaunchSettings, finished_trials
 
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
+    print(f"MLflow: {progress.mlflow_view(mlflow_uri, experiment_id)}", flush=True)  # at launch, not only at the end
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
     code_version = os.environ.get("VITSWEEP_CODE_VERSION") or provenance.code_version()
     settings = LaunchSettings(
@@ -409,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         results, storage = resolve_paths(args)
         from sweeps.lock import LaunchLock
 
-        with LaunchLock(results, args.study):
+        with LaunchLock(results, args.study), progress.quiet_console(results, args.study, args.verbose):
             configs = build_trials(args)
             build_packs(args, configs)
             mlflow_uri = resolve_tracking(args, results)
@@ -458,7 +459,10 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
     if args.stage in ("report", "all"):
         from analysis.report import build_report
 
-        path = build_report(results, args.study, mlflow_uri=mlflow_uri)
+        from records import manifest
+
+        with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
+            path = build_report(results, args.study, mlflow_uri=mlflow_uri)
         log.info("report: %s", path)
     # The summary comes last; it names the report only when there is one.
     report = args.stage in ("report", "all") or _report_exists(results, args.study)

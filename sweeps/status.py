@@ -73,11 +73,14 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
             lines.append(f"  launcher: running on {beat['host']} by its heartbeat, {age:.0f} s ago (its pid "
                          f"{beat['pid']} cannot be checked from here; stale after {manifest.STALE_AFTER_S:.0f} s)")
         elif beat.get("ended"):
-            lines.append(f"  launcher: ended {beat['time']}")
+            last = f" after its {beat['stage']} stage" if beat.get("stage") else ""
+            lines.append(f"  launcher: ended {beat['time']}{last}")
         else:
             why = manifest.process_alive(beat)[1] or f"last heartbeat {age:.0f} s ago"
             lines.append(f"  launcher: not alive ({why}); "
                          "`vitsweep sweep STUDY --resume` continues the unfinished trials")
+    if beat and status["alive"] and beat.get("stage"):
+        lines.append("  " + stage_line(beat))
     for s in ("stale", "failed", "running"):
         if status["ids"][s]:
             shown = ", ".join(status["ids"][s][:10]) + (" ..." if len(status["ids"][s]) > 10 else "")
@@ -86,6 +89,23 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
         lines.append(f"  {len(status['unplanned'])} trial(s) in the table are not in the latest plan "
                      "(from an earlier launch with other options)")
     return "\n".join(lines)
+
+
+STAGE_WORDS = {"train": "training", "analyze": "measuring checkpoints", "report": "writing the report"}
+
+
+def stage_line(beat: dict[str, Any]) -> str:
+    """``stage analyze (measuring checkpoints): 5 of 12 checkpoints, ETA 2 min``, from a live heartbeat."""
+    from sweeps.progress import format_duration
+
+    stage = beat["stage"]
+    line = f"stage {stage} ({STAGE_WORDS.get(stage, stage)})"
+    p = beat.get("progress")
+    if p:
+        line += f": {p['done']} of {p['total']} {p['unit']}"
+        if p.get("eta_s") is not None and p["done"] < p["total"]:
+            line += f", ETA {format_duration(p['eta_s'])}"
+    return line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

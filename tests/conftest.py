@@ -8,7 +8,6 @@ Parquet tables, MLflow runs or report reuse its output.
 from __future__ import annotations
 
 import contextlib
-import io
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,9 +41,58 @@ def ray_local():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def terminal(stdout: Path, stderr: Path):
+    """What a terminal shows, as a user's launch would write it: file descriptors 1 and 2 into
+    ``stdout`` and ``stderr`` (where Ray's C++ core writes), Python's streams and every logging
+    stream handler (Ray's, MLflow's, bound to pytest's capture at import) writing to those
+    descriptors, and the launcher's own INFO lines on stderr as its ``logging.basicConfig`` puts
+    them outside pytest."""
+    import logging
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    files = [open(stdout, "wb"), open(stderr, "wb")]  # noqa: SIM115
+    os.dup2(files[0].fileno(), 1)
+    os.dup2(files[1].fileno(), 2)
+    out, err = open(1, "w", closefd=False, buffering=1), open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+    handlers = [h for lg in [logging.getLogger(), *logging.root.manager.loggerDict.values()]
+                if isinstance(lg, logging.Logger) for h in lg.handlers
+                if type(h) is logging.StreamHandler or type(h).__name__ == "StreamHandler"]
+    streams = [h.stream for h in handlers]
+    for h in handlers:
+        h.setStream(err)
+    root = logging.getLogger()
+    console = logging.StreamHandler(err)
+    console.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    level = root.level
+    root.setLevel(logging.INFO)
+    root.addHandler(console)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        out.flush()
+        err.flush()
+        root.removeHandler(console)
+        root.setLevel(level)
+        for h, stream in zip(handlers, streams):
+            h.setStream(stream)
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        for f in files:
+            f.close()
+
+
 @pytest.fixture(scope="session")
 def demo_results(ray_local, tmp_path_factory):
-    """The demo study trained, analysed and reported once: returns the results folder.
+    """The demo study trained, analysed and reported once: returns the results folder, where
+    ``console.txt`` and ``console-err.txt`` keep what the launch showed on stdout and stderr.
 
     The demo's evaluation cap is lowered to ``FAST_EVAL_SIZE`` for this run only (the launcher reads
     it from the study module, ``sweeps.demo.EVAL_SIZE``, as it reads any study's)."""
@@ -55,11 +103,9 @@ def demo_results(ray_local, tmp_path_factory):
     parser = launcher.argparse.ArgumentParser()
     launcher.add_arguments(parser)
     args = parser.parse_args(["demo", "--stage", "all", "--results", str(results), *FAST_DEMO])
-    console = io.StringIO()  # what a user sees on stdout, kept for the console tests
-    with contextlib.redirect_stdout(console), pytest.MonkeyPatch.context() as patch:
+    with terminal(results / "console.txt", results / "console-err.txt"), pytest.MonkeyPatch.context() as patch:
         patch.setattr(demo, "EVAL_SIZE", FAST_EVAL_SIZE)
         status = launcher.run(args)
-    (results / "console.txt").write_text(console.getvalue())
-    print(console.getvalue())
+    print((results / "console.txt").read_text(), (results / "console-err.txt").read_text())
     assert status == 0
     return results

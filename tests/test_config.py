@@ -119,3 +119,12 @@ def test_the_training_loop_augments_with_the_configs_crop_padding(tmp_path, monk
     c = cfg(crop_padding=1, max_train_images=64, batch_size=32, epochs=1, warmup_epochs=0)
     loop.train(c, tmp_path, log=lambda *_: None)
     assert built and set(built) == {1}  # img_size // 8 would be 4 at 32 px
+
+
+def test_a_swept_field_enters_the_readable_id_and_nothing_else_changes():
+    plain = RunConfig(lr=5e-4)
+    swept = plain.with_overrides({"swept": "lr,protocol"})
+    assert swept.trial_id == plain.trial_id.replace("-baseline-", "-baseline-lr0.0005-")  # same digest
+    assert RunConfig.from_flat(swept.to_flat()).trial_id == swept.trial_id  # survives the trip to a worker
+    assert "swept" not in RunConfig().to_flat() and swept.to_flat()["swept"] == "lr,protocol"
+    assert "-optimizer_adam-" in RunConfig().with_overrides({"swept": "optimizer", "optimizer": "adam"}).trial_id

@@ -60,3 +60,153 @@ def test_the_summary_comes_from_the_trials_table_not_from_what_the_callback_coun
         tables.write_trial(results, "s", {}, {"trial_id": tid, "study": "s", "status": state})
     p = progress.TrialProgress(results, "s", total=3, members={"a": ["a"], "b": ["b"], "c": ["c"]}, stream=io.StringIO())
     assert p.summary().startswith("s: 2 of 3 trials ended") and "(1 failed, 1 finished, 1 not started)" in p.summary()
+
+
+# ------------------------------------------------------------------------------------ live progress
+
+def _demo_like_schedule(n=4, slots=2, startup=20.0, epochs=8, epoch_s=6.0, close=4.0, gap=1.0):
+    """Start, loop start and end of each of ``n`` trials on ``slots`` slots, as Tune runs them: the
+    demo's shape (4 trials, 2 at once), with per-trial jitter so no two are alike."""
+    free = [0.0] * slots
+    plan = {}
+    for i in range(n):
+        slot = min(range(slots), key=free.__getitem__)
+        start = free[slot] + gap
+        up = startup + 2.0 * (i % 2)  # some start slower
+        each = epoch_s * (1.0 + 0.05 * i)
+        loop = start + up
+        end = loop + epochs * each + close
+        plan[f"t{i}"] = (start, loop, each, end)
+        free[slot] = end
+    return plan, max(free)
+
+
+def _fake_reader(plan, epochs, clock):
+    from sweeps import live
+
+    def read(names, running=()):
+        now, out = clock[0], []
+        for name in names:
+            start, loop, each, end = plan[name]
+            if now < start:
+                out.append(live.Unit(name, 1, epochs, "shapes@32/tiny"))
+                continue
+            done = max(0, min(epochs, int((now - loop) // each))) if now >= loop else 0
+            fields = {"done": done, "last_at": loop + done * each, "loop_s": done * each, "epoch_s": each,
+                      "images_per_s": 1000.0} if done else {}
+            out.append(live.Unit(name, 1, epochs, "shapes@32/tiny", started=start,
+                                 ended=end if now >= end else None, **fields))
+        return out
+
+    return read
+
+
+def test_live_eta_is_within_30_percent_of_the_truth_by_the_second_line():
+    from sweeps import live
+
+    epochs = 8
+    plan, truth_end = _demo_like_schedule(epochs=epochs)
+    clock = [0.0]
+    units = {n: {"size": 1, "epochs": epochs, "shape": "shapes@32/tiny"} for n in plan}
+    lp = live.LiveProgress(units, _fake_reader(plan, epochs, clock), poll_s=10.0)
+    lines = []
+    while clock[0] < truth_end:
+        running = [n for n, (start, _, _, end) in plan.items() if start <= clock[0] < end]
+        lines += [(clock[0], line) for line in lp.tick(running, clock[0])]
+        clock[0] += 1.0
+    assert len(lines) >= 4, lines
+    now, second = lines[1]
+    truth = truth_end - now
+    assert abs(second.eta_s - truth) <= 0.3 * truth, (second.text, truth)
+    assert f"ETA {progress.format_duration(second.eta_s)}" in second.text
+    assert second.text.startswith("[train] t") and "epoch 1/8" in second.text and "1,000 images/s" in second.text
+    # Throttled: a unit's lines at least 30 s apart, and one at least every 5 minutes while it runs.
+    for name in plan:
+        times = [t for t, line in lines if line.unit == name]
+        assert times and all(b - a >= live.MIN_INTERVAL_S for a, b in zip(times, times[1:])), (name, times)
+        assert all(b - a <= live.MAX_INTERVAL_S + live.POLL_S for a, b in zip(times, times[1:]))
+
+
+def test_live_eta_accounts_for_the_slots():
+    from sweeps import live
+
+    one = live.Unit("a", 1, 10, "s", done=1, started=0.0, last_at=15.0, loop_s=10.0, epoch_s=10.0)
+    waiting = [live.Unit(n, 1, 10, "s") for n in "bcd"]
+    # a: 90 s left; each waiting trial costs 5 s start-up + 100 s. Two slots: b beside a, c after a, d after b.
+    assert live.sweep_eta([one, *waiting], slots=2, now=15.0) == 5 + 100 + 105
+    assert live.sweep_eta([one, *waiting], slots=4, now=15.0) == 105  # everything at once
+    assert live.sweep_eta([one, *waiting], slots=1, now=15.0) == 90 + 3 * 105
+    assert live.sweep_eta(waiting, slots=2, now=0.0) is None  # nothing measured yet: no ETA
+
+
+def test_a_unit_still_starting_says_so_after_five_quiet_minutes():
+    from sweeps import live
+
+    clock = [0.0]
+
+    def read(names, running=()):
+        return [live.Unit(n, 8, 100, "s", started=0.0) for n in names]
+
+    lp = live.LiveProgress({"p0": {"size": 8, "epochs": 100, "shape": "s"}}, read)
+    quiet = [line for t in range(0, 301, 10) for line in lp.tick(["p0"], float(t))]
+    assert len(quiet) == 1 and quiet[0].text.startswith("[train] pack p0 (8 trials): starting (5 min so far)")
+    assert "ETA after the first epoch" in quiet[0].text
+
+
+def test_epoch_fields_take_the_latest_training_loop():
+    from sweeps import live
+
+    rows = [{"epoch": 1, "wall_time_s": 10.0, "images_per_s": 5.0}, {"epoch": 2, "wall_time_s": 20.0},
+            {"epoch": 3, "wall_time_s": 4.0}, {"epoch": 4, "wall_time_s": 8.0, "images_per_s": 7.0}]  # resumed at 3
+    got = live.epoch_fields(rows, written_at=100.0)
+    assert got == {"done": 4, "last_at": 100.0, "loop_s": 8.0, "epoch_s": 4.0, "images_per_s": 7.0}
+
+
+def test_the_analysis_eta_leaves_out_the_pools_start_up_and_counts_its_actors():
+    from analysis.job import eta_s
+
+    # 60 s of start-up, then 12 checkpoints of 5 s each on 2 actors (two end every 5 s).
+    ended = [60 + 5 * (i // 2 + 1) for i in range(12)]
+    truth = [ended[-1] - t for t in ended]
+    for k in (2, 3, 4):  # from the second line on (two ending together: no rate yet, the seconds say it)
+        got = eta_s(ended[:k], [5.0] * k, 12, actors=2)
+        assert abs(got - truth[k - 1]) <= 0.3 * truth[k - 1] + 5, (k, got, truth[k - 1])
+    assert eta_s(ended[:1], [5.0], 12, actors=2) == 11 * 5 / 2
+    assert eta_s(ended, [5.0] * 12, 12, actors=2) == 0.0
+
+
+def test_the_console_keeps_vitsweeps_lines_and_moves_ray_tune_and_mlflow_ones(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    foreign = [
+        "[2026-12-02 01:18:53,448 E 5523 5523] core_worker.cc:2465: Actor with class name: 'MapWorker(MapBatches("
+        "Measurer))' and ID: '4b' has constructor arguments in the object store and max_restarts > 0. If ...",
+        "\x1b[33m(raylet)\x1b[0m WARNING: 8 PYTHON worker processes have been started on node: 27 with address: 1",
+        "2026-12-02 01:16:29,456\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled",
+        "2026/12/02 01:16:18 INFO mlflow.store.db.utils: Creating initial MLflow database tables...",
+        "2026-12-02 01:20:13,756 fontTools.subset: maxp pruned",
+    ]
+    ours = ["[1/4] shapes-none-cutmix-s0-b1cb20a4: test 0.103 in 6 s; ETA 3 min",
+            "2026-12-02 01:16:29,392 vitsweep: 4 trials, 0 already finished, 4 to run",
+            "[train] t0: epoch 1/8, 1,000 images/s, ETA 39 s; all 4 trials: ETA 2 min (2 running, 2 waiting)"]
+    assert [progress.classify_line(line) for line in foreign] == ["ray core", "ray process", "ray", "mlflow", "library"]
+    assert all(progress.classify_line(line) is None for line in ours)
+    # Through the file descriptors, as Ray's C++ core writes: a child process with the guard on.
+    log = tmp_path / "console.log"
+    code = (f"import os, sys; from sweeps import progress\n"
+            f"with progress.QuietConsole({str(log)!r}):\n"
+            f"    for line in {foreign + ours!r}: os.write(2, (line + '\\n').encode())\n"
+            f"    os.write(2, b'[2026-12-02 01:18:53,448 E 1 1] raylet.cc:1: something broke\\n')\n"
+            f"    print('stdout passes', flush=True)\n"
+            f"print('after', flush=True)\n")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    err = out.stderr.splitlines()
+    assert err[:3] == ours and out.stdout.splitlines() == ["stdout passes", "after"]
+    assert len(err) == 4 and err[3].startswith("vitsweep: Ray reported an error; its lines are kept in " + str(log))
+    kept = log.read_text()
+    assert all(progress._ANSI.sub("", line) in kept for line in foreign) and "something broke" in kept

@@ -1,5 +1,7 @@
 """The demo study on a real local Ray: Tune + Train, checkpoints, Parquet, MLflow, analysis, report."""
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_DEMO, FAST_EVAL_SIZE
@@ -48,12 +50,19 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, f"ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "mad_min/epoch_0002")] == [0, 1]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min/epoch_0002")] == [0, 1]
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"} <= figures
-    # The report and claims.csv sit on the study's own run, beside (not among) the trial runs.
-    (report,) = client.search_runs([run.info.experiment_id], "attributes.run_name = 'demo-report'")
+    # The report and claims.csv sit on the study's own run, in its own experiment (out of the trial
+    # runs' charts), linked from the study's.
+    reports = client.get_experiment_by_name("demo-reports").experiment_id
+    (report,) = client.search_runs([reports], "attributes.run_name = 'demo-report'")
+    assert client.get_experiment(run.info.experiment_id).tags["vitsweep.report_run"] == f"{reports}/{report.info.run_id}"
+    # Each run's input is its data set, with its split sizes; its device is a tag.
+    (given,) = run.inputs.dataset_inputs
+    assert given.dataset.name == "shapes" and json.loads(given.dataset.profile)["train_images"] == 1024
+    assert run.data.tags["vitsweep.device"] == "cpu"
     assert {"index.html", "claims.csv"} <= {a.path for a in client.list_artifacts(report.info.run_id)}
 
 
@@ -127,6 +136,23 @@ def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp
         assert out.stdout.strip(), code
 
 
+def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metrics(demo_results, tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Browsing MLflow", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    (tmp_path / "results").symlink_to(demo_results)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header, *rows = [line.split() for line in out.stdout.strip().splitlines()]
+    assert header[:3] == ["tags.mlflow.runName", "params.dataset", "params.pe"] and "metrics.mad_min" in header
+    assert len(rows) == 4 and all(r[0].startswith("shapes-") and r[1] == "shapes" for r in rows)  # trials only
+
+
 def test_status_and_experiment_description_after_the_sweep(demo_results):
     from sweeps import status
 
@@ -151,9 +177,31 @@ def test_console_is_one_line_per_trial_and_checkpoint_with_the_summary_last(demo
     checkpoints = [line for line in lines if re.match(r"^\[\d+/\d+\] checkpoints: shapes-", line)]
     assert checkpoints and "images/s" in checkpoints[0]
     assert lines[-1].strip().startswith("MLflow:") and any(line.strip().startswith("status:") for line in lines[-6:])
+    assert "?workflowType=machine_learning" in lines[-1]
     for chatter in ("Trial status", "Configuration for experiment", "Checkpoint successfully created",
                     "Reporting training result", "Total Progress"):
         assert chatter not in text, chatter
+
+
+def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(demo_results):
+    """No line from Ray, Tune or MLflow on stdout or stderr (file descriptors, Python streams and
+    every logger); live lines while the trials train; the MLflow address at launch."""
+    import re
+
+    out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
+    err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
+    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] shapes-|MLflow: |demo: \d+ of \d+ trials|"
+                      r"vitsweep demo: results in |  \S)")
+    assert [line for line in out if not ours.match(line)] == []
+    logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
+    assert err and [line for line in err if not logged.match(line)] == []
+    for line in out + err:  # nothing of theirs, whatever its shape
+        assert not re.search(r"\(raylet\)|core_worker|\bpid=|\bmlflow\.(?!db\b)|worker\.py|fontTools|\x1b\[", line), line
+    assert out[0].startswith("MLflow: mlflow ui --backend-store-uri ") and "?workflowType=machine_learning" in out[0]
+    live = [i for i, line in enumerate(out) if re.match(r"^\[train\] shapes-\S+: epoch [12]/2, [\d,]+ images/s, ETA ", line)]
+    last_trial = max(i for i, line in enumerate(out) if line.startswith("[4/4] "))
+    assert live and live[0] < last_trial, out
+    assert all("all 4 trials: ETA" in out[i] for i in live)
 
 
 def test_trials_join_mlflow_by_run_id_and_carry_their_times(demo_results):

@@ -84,3 +84,15 @@ def test_status_cli_json_and_unknown_study(partial, capsys):
     assert cli.main(["status", "nosuch", "--results", partial]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nosuch" in err and "['s']" in err
+
+
+def test_status_shows_the_stage_and_its_progress_while_it_runs_and_after(partial):
+    with manifest.heartbeat(partial, "s", stage="analyze"):
+        manifest.report_progress(partial, "s", done=3, total=12, unit="checkpoints", eta_s=130.0)
+        text = status.format_status(status.study_status(partial, "s"))
+        assert "launcher: running on this machine" in text
+        assert "stage analyze (measuring checkpoints): 3 of 12 checkpoints, ETA 2 min" in text
+    text = status.format_status(status.study_status(partial, "s"))
+    assert "after its analyze stage" in text and "stage analyze (" not in text
+    manifest.report_progress(partial, "s", done=4, total=12, unit="checkpoints")  # no live heartbeat: a no-op
+    assert manifest.read_heartbeat(partial, "s")["progress"]["done"] == 3

@@ -101,6 +101,10 @@ def test_set_with_commas_sweeps_the_field_across_the_study_grid():
     configs = dry("demo", "--set", "lr=1e-3,5e-4", "--set", "depth=1,2")
     assert len(configs) == 4 * 2 * 2 and len({c.trial_id for c in configs}) == 16
     assert {(c.lr, c.model.depth) for c in configs} == {(1e-3, 1), (1e-3, 2), (5e-4, 1), (5e-4, 2)}
+    # The swept values are in each id's readable part (and so in its MLflow run's name); a field set
+    # to one value is not.
+    assert all(f"-lr{c.lr:g}-depth{c.model.depth}-s0-" in c.trial_id for c in configs)
+    assert all("-lr" not in c.trial_id for c in dry("demo", "--set", "lr=5e-4"))
     with pytest.raises(ValueError, match="KEY=V1,V2"):
         dry("demo", "--set", "lr=1e-3,")
 
@@ -113,7 +117,7 @@ PINNED_IDS = {
     ("study_p",): (28, "0121481c58db"),
     ("factorial", "--datasets", "cifar100,tinyimagenet", "--seeds", "2"): (224, "61421ea2c1e0"),
     ("hparam",): (1, "98b771db311e"),
-    ("demo", "--set", "lr=1e-3,5e-4"): (8, "c6bc5babfb6f"),
+    ("demo", "--set", "lr=1e-3,5e-4"): (8, "6ced042bae18"),  # swept values in the readable part (v0.3)
     ("demo", "--gpus-per-trial", "1"): (4, "2358a13a07af"),
 }
 

@@ -581,3 +581,41 @@ def test_a_full_or_read_only_store_is_not_retried_but_a_lock_is():
     assert not client._is_transient(full) and client._is_transient(sqlite3.OperationalError("database is locked"))
     assert not client._is_transient(sqlite3.OperationalError("attempt to write a readonly database"))
     assert faults.classify(full) == "database or disk is full"  # ends the sweep as a storage fault
+
+
+def test_the_report_run_has_its_own_experiment_linked_from_the_studys(uri):
+    study = tracking.ensure_experiment(uri, "linked")
+    tracking.describe_experiment(uri, study, "**vitsweep study `linked`**")
+    trial = tracking.start_trial_run(uri, study, "t-1", params={"lr": 1e-3})
+    report = tracking.study_run(uri, study, "linked-report")
+    assert tracking.study_run(uri, study, "linked-report") == report  # found again, not a second run
+    c = MlflowClient(tracking_uri=uri)
+    reports = c.get_experiment_by_name("linked-reports")
+    assert c.get_run(report).info.experiment_id == reports.experiment_id != study
+    assert [r.info.run_id for r in c.search_runs([study])] == [trial]  # trial charts: trials only
+    assert c.get_experiment(study).tags[tracking.REPORT_RUN_TAG] == f"{reports.experiment_id}/{report}"
+    # A later launch rewrites the description and keeps the link to the report.
+    tracking.describe_experiment(uri, study, "**vitsweep study `linked`**, launched again")
+    note = c.get_experiment(study).tags["mlflow.note.content"]
+    assert "launched again" in note and note.count("**Report**") == 1
+    assert tracking.run_url(uri, reports.experiment_id, report) in note
+    assert reports.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_ui_addresses_open_the_training_layout():
+    assert tracking.experiment_url("http://u:secret@head:5000/", "7") == \
+        "http://u:***@head:5000/#/experiments/7/runs?workflowType=machine_learning"
+    assert tracking.run_url("sqlite:////r/mlflow.db", "7", "abc") == \
+        "http://127.0.0.1:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
+
+
+def test_a_trials_data_set_is_its_runs_input(uri):
+    exp = tracking.ensure_experiment(uri, "inputs")
+    run_id = tracking.start_trial_run(uri, exp, "t-in", params={})
+    record = {"name": "shapes", "digest": "41134077fb73", "source": "/data", "train_images": 9500, "eval_images": 2000}
+    tracking.log_dataset_input(uri, run_id, record)
+    tracking.log_dataset_input(uri, run_id, record)  # a retried trial: still one input
+    (got,) = MlflowClient(tracking_uri=uri).get_run(run_id).inputs.dataset_inputs
+    assert (got.dataset.name, got.dataset.digest) == ("shapes", "41134077fb73")
+    assert json.loads(got.dataset.profile) == {"train_images": 9500, "eval_images": 2000}
+    assert {t.key: t.value for t in got.tags} == {"mlflow.data.context": "training"}

@@ -116,22 +116,24 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    history = client.get_metric_history(run_id, "ssdc_rpi/epoch_0100")
+    history = client.get_metric_history(run_id, "layers/ssdc_rpi/epoch_0100")
     expected = {r["layer"]: r["value"] for r in rows if r["intervention"] == "rpi" and r["metric"] == "ssdc"}
     assert {m.step: m.value for m in history} == pytest.approx(expected)  # step = layer
-    assert [m.step for m in client.get_metric_history(run_id, "mad_min/epoch_0100")] == list(range(6))
+    assert [m.step for m in client.get_metric_history(run_id, "layers/mad_min/epoch_0100")] == list(range(6))
     assert client.get_run(run_id).data.metrics["n_images"] == 2000
     names = {a.path for a in client.list_artifacts(run_id, "figures")}
     assert names == {"figures/layers_epoch_0100.png", "figures/layers_epoch_0100.svg"}
-    # The report is logged on the study's own run, which is no trial run.
+    # The report is logged on the study's own run, in the study's reports experiment: no trial run.
     report_results = tmp_path / "r"
     write_study(str(report_results), "layers", seeds=1, protocols=["baseline"], models=[], checkpoints=(4,))
     build_report(str(report_results), "layers", mlflow_uri=uri)
-    report = client.search_runs([experiment_id], "attributes.run_name = 'layers-report'")
+    reports = client.get_experiment_by_name("layers-reports").experiment_id
+    assert not client.search_runs([experiment_id], "attributes.run_name = 'layers-report'")
+    report = client.search_runs([reports], "attributes.run_name = 'layers-report'")
     assert len(report) == 1 and {a.path for a in client.list_artifacts(report[0].info.run_id)} >= {
         "index.html", "claims.csv", "figures"}
     build_report(str(report_results), "layers", mlflow_uri=uri)  # again: the same run, not a second one
-    assert len(client.search_runs([experiment_id], "attributes.run_name = 'layers-report'")) == 1
+    assert len(client.search_runs([reports], "attributes.run_name = 'layers-report'")) == 1
     assert list(tracking.search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
 
 

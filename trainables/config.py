@@ -102,6 +102,10 @@ class RunConfig:
     amp: bool = True  # bf16 autocast, used on CUDA only (slower on CPU)
     num_workers: int = -1  # decode workers for folder-backed sets; -1: the CPUs the trial holds, less one
     compile: bool = False  # torch.compile the model (CUDA only; slower on CPU); execution only
+    # The fields a `--set KEY=V1,V2` sweep varies (comma-separated), named in the trial id's readable
+    # part; set by the launcher, not by --set. Left out of the flat form while empty, so an unswept
+    # trial's id, row and params are what they were.
+    swept: str = ""
 
     def __post_init__(self) -> None:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -150,18 +154,23 @@ class RunConfig:
         """Stable, readable id: the headline factors plus a hash of every field
         that changes what is computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
         defaults = _defaults()
+        whole = self.to_flat()
         flat = {
-            k: v for k, v in self.to_flat().items()
-            if k not in EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
+            k: v for k, v in whole.items()
+            if k not in EXECUTION_FIELDS and k != "swept" and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
         }
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
         order = "-rpt" if self.rpt else ""
-        return f"{self.dataset}-{self.pe}{order}-{self.protocol.name}-s{self.seed}-{digest}"
+        # A swept field's value, e.g. `-lr0.0005` (the digest is the same as without the label).
+        label = "".join(f"-{k}{_id_value(whole[k])}" for k in self.swept.split(",") if k in whole and k not in _NAMED)
+        return f"{self.dataset}-{self.pe}{order}-{self.protocol.name}{label}-s{self.seed}-{digest}"
 
     # -- flat form ---------------------------------------------------------
     def to_flat(self) -> dict[str, Any]:
         """One flat dict of scalars: run fields, ``protocol`` (derived) and model fields."""
         run = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        if not run["swept"]:
+            del run["swept"]
         run["protocol"] = self.protocol.name
         return {**run, **self.model.to_flat()}
 
@@ -194,6 +203,7 @@ class RunConfig:
             p = Protocol.from_name(str(overrides.pop("protocol")))
             flat.update(autoaugment=p.autoaugment, cutmix=p.cutmix, label_smoothing=p.label_smoothing)
         flat.pop("protocol")
+        flat.setdefault("swept", "")
         for key, value in overrides.items():
             if key not in flat:
                 raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(flat)}")
@@ -215,6 +225,18 @@ class RunConfig:
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
+
+
+# Fields the trial id names already (a sweep over them adds no label).
+_NAMED = frozenset(("dataset", "pe", "rpt", "protocol", "autoaugment", "cutmix", "label_smoothing", "seed", "swept"))
+
+
+def _id_value(value: Any) -> str:
+    """A field's value as a trial id's readable part writes it: `0.0005`, `6`, `_adam`, `_true`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        return "_" + "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
+    return f"{value:g}"
 
 
 def _defaults() -> dict[str, Any]:

@@ -43,11 +43,13 @@ once, naming the path, what was expected there and how to obtain it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -201,6 +203,25 @@ def load_dataset(
         classes=loaded.classes,
         holdout_indices=holdout_idx,
     )
+
+
+def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> dict[str, Any]:
+    """What a trial's MLflow run records as its input (``records.tracking.log_dataset_input``) and its
+    device: the data set's name, where it was read, the sizes of the splits it trained and was scored
+    on, and a digest of their labels and sizes (equal digests: the same images in the same order, for
+    every data set this project loads deterministically)."""
+    import hashlib
+
+    scored = data.test if cfg.eval_split == "test" else data.holdout
+    sizes = {"train_images": len(train), "eval_images": len(scored), "eval_split": cfg.eval_split,
+             "test_images": len(data.test), "holdout_images": len(data.holdout), "classes": data.num_classes,
+             "img_size": data.img_size}
+    digest = hashlib.sha1(json.dumps(sizes, sort_keys=True).encode())
+    for split in (train, scored):
+        digest.update(split.labels.to(torch.int64).numpy().tobytes())
+    device_name = torch.cuda.get_device_name(device) if getattr(device, "type", "") == "cuda" else "cpu"
+    return {"dataset": {"name": data.name, "digest": digest.hexdigest()[:12], "source": str(cfg.data_root), **sizes},
+            "device": f"{device} ({device_name})" if device_name != "cpu" else str(device)}
 
 
 def holdout_split(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -287,9 +287,13 @@ class PackWorker:
                 did_not_learn=final.get("did_not_learn"), started_at=self.started[trial_id],
                 **{k: final.get(k) for k in SUMMARY},
             )
+            inputs = final.get("inputs") or {}
+            if inputs.get("dataset"):  # the run's input: the data set it trained on (mlflow.log_input)
+                tracking.log_dataset_input(self.settings.mlflow_uri, run_id, inputs["dataset"])
             lifecycle.close_trial(self.settings, cfg.to_flat(), result, run_id, "FAILED" if error else "FINISHED",
                                   {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
-                                   "vitsweep.error": error or ""})
+                                   "vitsweep.error": error or "",
+                                   **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})})
         except Exception as exc:  # noqa: BLE001 - row and run closed per member; the first fault raised at the end
             self.faults.append(exc)
 

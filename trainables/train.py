@@ -60,7 +60,7 @@ from trainables import checkpoints
 from trainables.augment import augmentation
 from trainables.checkpoints import CorruptCheckpointError, load_model  # noqa: F401  (their old home)
 from trainables.config import RunConfig
-from trainables.datasets import capped_subset, load_dataset
+from trainables.datasets import capped_subset, input_record, load_dataset
 from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
 from trainables.packed import PackedViT, mixed_precision
@@ -263,6 +263,7 @@ def train_pack(
     eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
                              num_workers=cfg.num_workers)
     batch_size = max(1, cfg.batch_size // world)
+    inputs = input_record(data, train_split, cfg, device)  # the data set and device, for each member's run
 
     pack = PackedViT(cfgs, device)  # each member initialised from its own seed (init_member)
     optimizer = pack.optimizer(build_optimizer, cfg)
@@ -326,7 +327,7 @@ def train_pack(
                 f"training loss is {loss_sums[k] / max(count, 1)} at epoch {epoch}: diverged"), "failed_epoch": epoch}
             log(f"[{cfgs[i].trial_id}] {finals[i]['error']}; dropped from the pack")
             if dropped is not None:
-                dropped(cfgs[i].trial_id, _final(finals[i], histories[i], cfg, data.num_classes))
+                dropped(cfgs[i].trial_id, _final(finals[i], histories[i], cfg, data.num_classes, inputs))
         if len(diverged) == pack.k:
             members = []
             break
@@ -382,12 +383,13 @@ def train_pack(
         if report is not None:
             report(reports)
 
-    return [_final(finals[i], histories[i], cfg, data.num_classes) for i in range(len(cfgs))]
+    return [_final(finals[i], histories[i], cfg, data.num_classes, inputs) for i in range(len(cfgs))]
 
 
-def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfig, num_classes: int) -> dict[str, Any]:
-    """A member's final dict: its last epoch's metrics, `outcome` (error, failed_epoch), the summary."""
-    final = dict(history[-1]) if history else {}
+def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfig, num_classes: int,
+           inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A member's final dict: its last epoch's metrics, `outcome` (error, failed_epoch), the summary, `inputs`."""
+    final = {**(dict(history[-1]) if history else {}), "inputs": inputs}
     final.update(outcome)
     # Runs that tune on the holdout split never look at the test split.
     final["test_acc"] = final.get("eval_acc") if cfg.eval_split == "test" and final["error"] is None else None
