@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainables.config import RunConfig
-    from trainables.protocols import Protocol
+    from trainables.protocol_spec import Protocol
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,15 @@ NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
 
 def all_protocols() -> tuple[Protocol, ...]:
     """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
-    from trainables.protocols import Protocol
+    from trainables.protocol_spec import Protocol
 
     return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:
-    from trainables.datasets import dataset_info
+    from trainables.config import dataset_size
 
-    size = dataset_info(dataset, data_root if dataset == "folder" else None).img_size
+    size = dataset_size(dataset, data_root).img_size
     return NATIVE_PRESETS.get(size, "study_l")
 
 

@@ -31,9 +31,10 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from records import vocab
 from records.vocab import EXECUTION_FIELDS
-from trainables.protocols import Protocol
-from trainables.vit import ViTConfig
+from trainables.protocol_spec import Protocol
+from trainables.vit_config import ViTConfig
 
 OPTIMIZERS = ("adamw", "adam")  # adam = Adam with coupled L2 weight decay, as in Study P
 # Which parameters escape weight decay: "timm" exempts biases, norms, the CLS token and the
@@ -205,16 +206,31 @@ class RunConfig:
         """A run config whose model fits ``dataset``: preset architecture with the data
         set's image size, patch size (the study's 8x8 or 14x14 grid) and class count.
 
-        ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to the registry's)."""
-        from trainables.datasets import dataset_info
-
-        # `folder` reads its classes and image size from the root; the others need none.
-        info = info or dataset_info(dataset, overrides.get("data_root") if dataset == "folder" else None)
+        ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to ``dataset_size``'s numbers)."""
+        info = info or dataset_size(dataset, overrides.get("data_root"))
         model = ViTConfig.preset(
             preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
+
+
+def dataset_size(dataset: str, data_root: str | None = None) -> vocab.DatasetSize:
+    """A data set's image size, patch size and class count (and split sizes), without loading it.
+
+    The registry's sets come from the torch-free table ``records.vocab.DATASET_SIZES`` (which
+    ``trainables.datasets`` checks its registry against), so planning a sweep imports no torch;
+    ``folder`` reads its classes and image size from ``data_root`` (``trainables.datasets.dataset_info``).
+    An unknown name raises ValueError listing the names."""
+    if dataset not in vocab.DATASET_SIZES:
+        raise ValueError(f"unknown data set {dataset!r}; valid: {sorted(vocab.DATASETS)}")
+    if dataset != "folder":
+        return vocab.DATASET_SIZES[dataset]
+    from trainables.datasets import dataset_info
+
+    info = dataset_info(dataset, data_root)
+    return dataclasses.replace(vocab.DATASET_SIZES[dataset], img_size=info.img_size, patch_size=info.patch_size,
+                               num_classes=info.num_classes)
 
 
 def _defaults() -> dict[str, Any]:
