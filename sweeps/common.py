@@ -5,9 +5,10 @@ count, expected result), ``DEFAULTS`` (a ``StudyOptions``) and
 ``trials(options) -> list[RunConfig]``, plus optional hooks (``sweeps/study.py``
 lists them with their defaults). ``sweeps.STUDIES`` lists them.
 
-Importing a study imports no torch (``RunConfig`` and the protocols are imported
-when trials are built): ``vitsweep sweep --help`` shows every study's own flags,
-and a bad name is refused, in a moment.
+Importing a study imports nothing of ``trainables`` (``RunConfig`` and the protocols are imported
+when trials are built), and building trials imports no torch (``RunConfig``, ``ViTConfig``, ``Protocol``
+and the data-set sizes are torch-free): ``vitsweep sweep --help`` shows every study's own flags, a bad
+name is refused and ``--dry-run`` lists the trials, in a moment.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ flattens to scalar key/values and rebuilds from them:
     assert RunConfig.from_flat(flat) == cfg
 
 Model fields (``ViTConfig``) are flattened beside the run fields without a
-prefix; the two sets of names never clash (checked at import).
+prefix; the two sets of names never clash (checked at import). Nothing here
+imports torch (``ViTConfig`` is ``trainables/vit_config.py``, ``Protocol``
+``trainables/protocol_spec.py``, the data-set sizes ``dataset_size``), so
+building and listing a sweep's trials is quick.
 
 Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3,
 weight decay 0.05 with timm's exemptions (no decay on biases, norms, CLS and
@@ -33,6 +36,7 @@ from typing import Any
 
 from records import vocab
 from records.vocab import EXECUTION_FIELDS
+from trainables import data_roots
 from trainables.protocol_spec import Protocol
 from trainables.vit_config import ViTConfig
 
@@ -220,17 +224,15 @@ def dataset_size(dataset: str, data_root: str | None = None) -> vocab.DatasetSiz
 
     The registry's sets come from the torch-free table ``records.vocab.DATASET_SIZES`` (which
     ``trainables.datasets`` checks its registry against), so planning a sweep imports no torch;
-    ``folder`` reads its classes and image size from ``data_root`` (``trainables.datasets.dataset_info``).
-    An unknown name raises ValueError listing the names."""
+    ``folder`` reads its classes and image size from ``data_root`` (``trainables.data_roots.folder_size``,
+    torch-free too). An unknown name raises ValueError listing the names."""
     if dataset not in vocab.DATASET_SIZES:
         raise ValueError(f"unknown data set {dataset!r}; valid: {sorted(vocab.DATASETS)}")
     if dataset != "folder":
         return vocab.DATASET_SIZES[dataset]
-    from trainables.datasets import dataset_info
-
-    info = dataset_info(dataset, data_root)
-    return dataclasses.replace(vocab.DATASET_SIZES[dataset], img_size=info.img_size, patch_size=info.patch_size,
-                               num_classes=info.num_classes)
+    num_classes, img_size = data_roots.folder_size(data_root)
+    return dataclasses.replace(vocab.DATASET_SIZES[dataset], img_size=img_size,
+                               patch_size=data_roots.patch_size_for(img_size), num_classes=num_classes)
 
 
 def _defaults() -> dict[str, Any]:

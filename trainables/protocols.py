@@ -17,6 +17,9 @@ A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
 * `label_smoothing`: 0.1, applied by the loss:
   `F.cross_entropy(logits, soft_targets, label_smoothing=protocol.smoothing)`.
 
+The switches themselves (`Protocol`, `LABEL_SMOOTHING`) are torch-free, in
+trainables/protocol_spec.py, and re-exported here.
+
 Data path (uint8 until the model; B batch, C classes, S image side):
 
     split -> uint8 (N, 3, S, S) on the device (in-memory sets)      trainables/inputs.py
