@@ -9,22 +9,8 @@ runs the same code path. Analysis asks for per-layer tokens and attention maps i
 Shapes: B batch, C classes, G = img_size / patch_size grid side, N = G*G patches, T = 1 + N tokens (CLS
 first), D = dim, H = heads, hd = D / H, L = depth.
 
-Presets (`ViTConfig.preset(name, **overrides)`, defined with `ViTConfig` in the torch-free
-`trainables/vit_config.py` and re-exported here; overrides may change any field; params with pe="ape"):
-
-| preset  | img / patch (G) | dim | depth | heads | mlp | drop / attn / proj | drop_path | ape_init     | C   | params |
-| ------- | --------------- | --- | ----- | ----- | --- | ------------------ | --------- | ------------ | --- | ------ |
-| study_l | 32 / 4 (8)      | 192 | 8     | 8     | 2   | 0 / 0 / 0          | 0         | trunc_normal | 10  | 2.40M  |
-| study_p | 224 / 16 (14)   | 384 | 12    | 8     | 4   | .15 / .15 / .15    | 0.2       | normal       | 100 | 21.70M |
-| vit_s   | 224 / 16 (14)   | 384 | 12    | 6     | 4   | .15 / .15 / .15    | 0.2       | normal       | 100 | 21.70M |
-| tiny    | 32 / 4 (8)      | 64  | 2     | 4     | 2   | 0 / 0 / 0          | 0         | trunc_normal | 10  | 0.08M  |
-
-Every preset leaves pe="ape", in_chans=3 and rope_base=10000 at their defaults.
-
-study_l: Study L's model (depth 8, D 192, 8 heads, MLP 2, "~2.4M parameters"); use img_size=64,
-patch_size=8 for Tiny-ImageNet (still an 8x8 grid; 2.43M parameters). study_p: Study P's model (ViT-S
-width with 8 heads, dropout 0.15, drop path 0.2, APE N(0, 1), ImageNet-100). vit_s: the standard 6-head
-ViT-S at Study P's recipe. tiny: tests and demos. Heads do not change the parameter count.
+`ViTConfig` and the presets (`ViTConfig.preset(name, **overrides)`, with their table of sizes and
+parameter counts) are the torch-free `trainables/vit_config.py`, re-exported here.
 """
 
 from __future__ import annotations
