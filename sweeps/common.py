@@ -5,9 +5,10 @@ count, expected result), ``DEFAULTS`` (a ``StudyOptions``) and
 ``trials(options) -> list[RunConfig]``, plus optional hooks (``sweeps/study.py``
 lists them with their defaults). ``sweeps.STUDIES`` lists them.
 
-Importing a study imports no torch (``RunConfig`` and the protocols are imported
-when trials are built): ``vitsweep sweep --help`` shows every study's own flags,
-and a bad name is refused, in a moment.
+Importing a study imports nothing of ``trainables`` (``RunConfig`` and the protocols are imported
+when trials are built), and building trials imports no torch (``RunConfig``, ``ViTConfig``, ``Protocol``
+and the data-set sizes are torch-free): ``vitsweep sweep --help`` shows every study's own flags, a bad
+name is refused and ``--dry-run`` lists the trials, in a moment.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainables.config import RunConfig
-    from trainables.protocols import Protocol
+    from trainables.protocol_spec import Protocol
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,15 @@ NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
 
 def all_protocols() -> tuple[Protocol, ...]:
     """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
-    from trainables.protocols import Protocol
+    from trainables.protocol_spec import Protocol
 
     return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:
-    from trainables.datasets import dataset_info
+    from trainables.config import dataset_size
 
-    size = dataset_info(dataset, data_root if dataset == "folder" else None).img_size
+    size = dataset_size(dataset, data_root).img_size
     return NATIVE_PRESETS.get(size, "study_l")
 
 

@@ -3,7 +3,7 @@
     vitsweep sweep study_l --seeds 5 --pack 8 --dry-run     # 60 trials in 9 packs
     vitsweep sweep study_l --seeds 5 --dry-run --json       # every trial with its `pack` id
 
-Trials pack together when their pack keys are equal (`trainables.packed.pack_key`: every run-config
+Trials pack together when their pack keys are equal (`trainables.pack_keys.pack_key`: every run-config
 field but seed, the protocol switches, cutmix_prob and RPT) and they resume from the same epoch (the
 epoch each one's stored checkpoint holds, `resume_epochs`). Packs
 fill greedily in the study's trial order, so `study_l --seeds 5 --pack 8` is CIFAR-10 8 + 2,
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from sweeps.study import unpacked_reason
 
-if TYPE_CHECKING:  # trainables.packed imports torch: only when trials are packed, not to import this module
+if TYPE_CHECKING:
     from trainables.config import RunConfig
 
 DEFAULT_PACK_GPU = 8  # a study_l model at batch 128 leaves an H200 mostly idle; 8 share one launch stream
@@ -58,7 +58,7 @@ def pack_size(requested: int | None, gpus_per_trial: float) -> int:
 
 def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
     """Why `cfg` trains alone whatever --pack says, or None."""
-    from trainables.packed import pack_blocker
+    from trainables.pack_keys import pack_blocker
 
     if reason := unpacked_reason(cfg.study):
         return reason
@@ -87,7 +87,7 @@ def form_packs(
 
     resume_epochs: trial id -> the epoch its checkpoint holds (absent: 0, a fresh start); trials
     resuming from different epochs never share a pack (one schedule, one optimiser step count)."""
-    from trainables.packed import pack_key
+    from trainables.pack_keys import pack_key
 
     if k < 1:
         raise ValueError(f"pack size must be >= 1, got {k}")

@@ -43,9 +43,14 @@ log = logging.getLogger("vitsweep")
 def check_data(configs) -> None:
     """Fail before Ray starts when a data set's root is missing or malformed, or a
     download it needs (CIFAR) fails: once here, not in every Train worker."""
+    from trainables.data_roots import check_root
+
+    roots = sorted({(c.dataset, c.data_root) for c in configs})
+    for dataset, root in roots:
+        check_root(dataset, root)  # torch-free: a bad root is refused before torch is imported
     from trainables.datasets import prepare_root
 
-    for dataset, root in sorted({(c.dataset, c.data_root) for c in configs}):
+    for dataset, root in roots:
         prepare_root(dataset, root)
 
 

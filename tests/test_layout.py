@@ -206,9 +206,11 @@ GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "fact
 # Literals that are a registry or the registry's own per-entry contents, keyed by the name they are assigned to.
 OWNED = {
     ("trainables/pos_embed.py", "POS_EMBEDS"), ("trainables/datasets.py", "DATASETS"),
-    ("trainables/vit.py", "PRESETS"),
+    ("trainables/vit_config.py", "PRESETS"),
+    ("trainables/vit_config.py", "PE_CHECKS"),  # each PE's geometry rule, torch-free (POS_EMBEDS' validate)
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
-    ("trainables/formats.py", "_CIFAR"), ("trainables/formats.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
+    ("trainables/formats.py", "_CIFAR"), ("trainables/data_roots.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
+    ("trainables/data_roots.py", "CHECKS"),  # each set's root check, torch-free
     ("sweeps/__init__.py", "STUDIES"),  # study names: two of them are also preset names
     # The colour map, keyed by vocabulary names, with a colour for names it has not seen.
     ("analysis/plotting.py", "PE_COLOURS"), ("analysis/plotting.py", "PROTOCOL_COLOURS"),
@@ -340,7 +342,7 @@ def test_the_vocabulary_is_defined_once():
 def _is_registry(rel: str, name: str) -> bool:
     """The registries share their vocabulary's name (`PROTOCOLS`, `DATASETS`, `PRESETS`): the real table."""
     return (rel, name) in {("trainables/protocols.py", "PROTOCOLS"), ("trainables/datasets.py", "DATASETS"),
-                           ("trainables/vit.py", "PRESETS")}
+                           ("trainables/vit_config.py", "PRESETS")}
 
 
 def _path_rules(path: Path) -> list[int]:

@@ -4,10 +4,17 @@ study's own hooks (sweeps/study.py) reach the launch."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sweeps import STUDIES, options, study
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -51,3 +58,51 @@ def test_a_studys_own_flags_and_checks_come_from_its_hooks():
     with pytest.raises(ValueError, match="the hparam study searches one condition"):
         options.check(_args("hparam", "--set", "lr=1e-3,5e-4"))
     assert options.check(_args("demo", "--set", "lr=1e-3,5e-4")) == {"lr": ["1e-3", "5e-4"]}
+
+
+# Planning a sweep (trial ids, packs, the estimate) is data: a dry run, in a fresh interpreter as a user
+# runs it, must not wait for torch (whose import pulls torch._dynamo through torchvision.ops).
+_PLAN_PROBE = """
+import contextlib, io, json, sys
+from sweeps import cli
+runs = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    runs.append({"rc": rc, "out": out.getvalue(), "err": err.getvalue()})
+heavy = sorted(m for m in ("torch", "torchvision", "timm") if m in sys.modules)
+print(json.dumps({"runs": runs, "heavy": heavy}))
+"""
+
+
+def test_a_dry_run_plans_every_study_and_a_bad_root_is_refused_without_torch(tmp_path):
+    from PIL import Image
+
+    # `pilot` trains on a `folder` set: its classes and image size come from the root (two 16 px classes).
+    folder = tmp_path / "folder"
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            (folder / split / label).mkdir(parents=True)
+            Image.new("RGB", (16, 16)).save(folder / split / label / "0.png")
+    argvs = [["sweep", "study_l", "--dry-run", "--json"], ["sweep", "study_l", "--dry-run", "--pack", "8"],
+             ["sweep", "pilot", "--dry-run", "--json", "--data-root", str(folder)]]
+    argvs += [["sweep", name, "--dry-run", "--data-root", str(folder)] for name in STUDIES]
+    # A real launch whose data root lacks Tiny-ImageNet is refused by the torch-free root checks.
+    argvs += [["sweep", "study_l", "--data-root", str(tmp_path / "none"), "--results", str(tmp_path / "results")]]
+    done = subprocess.run([sys.executable, "-c", _PLAN_PROBE, json.dumps(argvs)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["heavy"] == [], f"planning a sweep imported {got['heavy']}"
+    *plans, launch = got["runs"]
+    assert all(run["rc"] == 0 for run in plans), plans
+    assert launch["rc"] == 2 and "tinyimagenet: no Tiny-ImageNet under" in launch["err"], launch
+    rows = json.loads(got["runs"][0]["out"])
+    assert len(rows) == 60 and len({row["trial_id"] for row in rows}) == 60  # 12 conditions x 5 seeds
+    assert {row["dataset"] for row in rows} == {"cifar10", "cifar100", "tinyimagenet"}
+    assert len({row["protocol"] for row in rows}) == 8 and {row["dim"] for row in rows} == {192}
+    assert all(row["pack"] for row in rows)
+    assert "60 trials" in got["runs"][1]["out"]
+    folder_rows = json.loads(got["runs"][2]["out"])
+    assert {(row["num_classes"], row["img_size"], row["patch_size"]) for row in folder_rows} == {(2, 16, 2)}

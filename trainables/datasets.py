@@ -53,10 +53,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import find_classes
 
 from records import vocab
-from trainables import formats, shapes
+from trainables import data_roots, formats, shapes
 from trainables.formats import IMAGENET100_WNIDS, Loaded, link_imagenet100  # noqa: F401  (public here)
 from trainables.images import (  # noqa: F401  (re-exported: the data set API in one place)
     IMAGENET_MEAN,
@@ -72,7 +71,7 @@ from trainables.images import (  # noqa: F401  (re-exported: the data set API in
     resize_center_crop,
 )
 
-DEFAULT_DATA_ROOT = os.environ.get("VITSWEEP_DATA_ROOT", "data")
+DEFAULT_DATA_ROOT = data_roots.DEFAULT_DATA_ROOT
 SPLIT_NAMES = ("train", "holdout", "test")
 
 
@@ -136,12 +135,9 @@ def dataset_info(name: str, root: str | os.PathLike | None = None, *, img_size: 
     """The registry entry of `name`, with `img_size` applied; for `folder`, read from `root`."""
     info = _info(name)
     if name == "folder":
-        if root is None:
-            raise ValueError("data set 'folder' needs a root to read its classes and image size from")
-        path = info.check(Path(root))
-        classes, _ = find_classes(path / "train")
-        size = img_size or first_image_size(path / "train")
-        return replace(info, num_classes=len(classes), img_size=size, in_memory=formats.folder_in_memory(size))
+        num_classes, first_size = data_roots.folder_size(root)
+        size = img_size or first_size
+        return replace(info, num_classes=num_classes, img_size=size, in_memory=formats.folder_in_memory(size))
     if img_size is not None:
         patch_size_for(img_size)  # raises on a size without the studies' grid
         info = replace(info, img_size=img_size)

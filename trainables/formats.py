@@ -1,5 +1,6 @@
 """The data set formats: for each, a root check and a loader into `trainables.images` containers.
 
+The root checks and the `OBTAIN` texts are torch-free, in `trainables.data_roots` (re-exported here).
 Each loader returns a `Loaded` (classes, train and test splits, size, channel
 statistics); `trainables.datasets.DATASETS` wires them into the registry with
 the `OBTAIN` text quoted in every root error.
@@ -18,22 +19,29 @@ import numpy as np
 import torch
 import torchvision
 import torchvision.transforms.v2.functional as TF
-from torchvision.datasets.folder import find_classes
 
 from trainables import shapes
+from trainables.data_roots import (  # noqa: F401  (the root checks and OBTAIN: public here, as before)
+    OBTAIN,
+    DataRootError,
+    check_cifar,
+    check_folder,
+    check_imagenet100,
+    check_tinyimagenet,
+    find_classes,
+    first_image_size,
+    folder_in_memory,
+    folder_test_dir,
+    patch_size_for,
+)
 from trainables.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    IN_MEMORY_MAX_IMAGES,
-    IN_MEMORY_MAX_SIZE,
-    DataRootError,
     ImageFiles,
     TensorImages,
     channel_stats,
     decode_all,
-    first_image_size,
     list_images,
-    patch_size_for,
 )
 
 # ImageNet-100 as in CMC (Tian, Krishnan & Isola 2019, "Contrastive Multiview
@@ -94,7 +102,6 @@ _CIFAR = {
         meta="batches.meta",
         label_key="labels",
         names_key="label_names",
-        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
     ),
     "cifar100": dict(
         torchvision_class=torchvision.datasets.CIFAR100,
@@ -104,24 +111,9 @@ _CIFAR = {
         meta="meta",
         label_key="fine_labels",
         names_key="fine_label_names",
-        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
     ),
 }
 CIFAR_NAMES = tuple(_CIFAR)
-
-# How to obtain each set's files: quoted in every root error (and in the registry).
-OBTAIN = {
-    "shapes": "Nothing to obtain: generated in memory.",
-    "cifar10": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
-    f"{_CIFAR['cifar10']['url']} elsewhere and unpack it into the root (tar xzf).",
-    "cifar100": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
-    f"{_CIFAR['cifar100']['url']} elsewhere and unpack it into the root (tar xzf).",
-    "tinyimagenet": "Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
-    "(the root may be tiny-imagenet-200/ itself or its parent).",
-    "imagenet100": "Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
-    "then build the root with trainables.datasets.link_imagenet100(IMAGENET_ROOT, ROOT).",
-    "folder": "Put one folder per class of image files under train/ and test/ (or val/) in the root.",
-}
 
 # Published per-channel statistics on the [0, 1] scale: (mean, std).
 STATS = {
@@ -135,15 +127,6 @@ STATS = {
 def _cifar_files(name: str) -> list[str]:
     spec = _CIFAR[name]
     return [spec["meta"], *spec["train"], *spec["test"]]
-
-
-def check_cifar(name: str) -> Callable[[Path], Path]:
-    def check(root: Path) -> Path:
-        if root.exists() and not root.is_dir():
-            raise DataRootError(f"{name} root {root} is a file; expected a folder. {OBTAIN[name]}")
-        return root
-
-    return check
 
 
 def load_cifar(name: str) -> Callable[..., Loaded]:
@@ -221,19 +204,6 @@ def _read_cifar(folder: Path, files: list[str], label_key: str, num_classes: int
 # -- Tiny-ImageNet ---------------------------------------------------------------------------
 
 
-def check_tinyimagenet(root: Path) -> Path:
-    folder = root / "tiny-imagenet-200" if (root / "tiny-imagenet-200").is_dir() else root
-    expected = [folder / "train", folder / "val" / "images", folder / "val" / "val_annotations.txt"]
-    missing = [str(p) for p in expected if not p.exists()]
-    if missing:
-        raise DataRootError(
-            f"tinyimagenet: no Tiny-ImageNet under {root} (looked in {folder}); missing {missing}. Expected the "
-            f"official layout tiny-imagenet-200/{{train/<wnid>/images/*.JPEG, val/images/*.JPEG, "
-            f"val/val_annotations.txt}}. {OBTAIN['tinyimagenet']}"
-        )
-    return folder
-
-
 def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["tinyimagenet"]
     classes, class_to_idx = find_classes(folder / "train")  # sorted wnids
@@ -285,21 +255,6 @@ def link_imagenet100(imagenet_root: str | os.PathLike, out_root: str | os.PathLi
     return out
 
 
-def check_imagenet100(root: Path) -> Path:
-    obtain = OBTAIN["imagenet100"]
-    for split in ("train", "val"):
-        if not (root / split).is_dir():
-            raise DataRootError(f"imagenet100: no folder {root / split}; expected train/<wnid>/ and val/<wnid>/ "
-                                f"under {root}. {obtain}")
-    train_classes, _ = find_classes(root / "train")
-    val_classes, _ = find_classes(root / "val")
-    if train_classes != val_classes:
-        raise DataRootError(f"imagenet100: class folders differ between {root / 'train'} and {root / 'val'} "
-                            f"(only in train: {sorted(set(train_classes) - set(val_classes))[:5]}, only in val: "
-                            f"{sorted(set(val_classes) - set(train_classes))[:5]})")
-    return root
-
-
 def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["imagenet100"]
     classes, class_to_idx = find_classes(root / "train")
@@ -315,33 +270,11 @@ def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> Loa
 # -- any ImageFolder -------------------------------------------------------------------------
 
 
-def _folder_test_dir(root: Path) -> Path | None:
-    # A real test/ wins over val/: with both present, val/ is usually a tuning split.
-    return next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
-
-
-def check_folder(root: Path) -> Path:
-    obtain = OBTAIN["folder"]
-    if not (root / "train").is_dir() or _folder_test_dir(root) is None:
-        raise DataRootError(f"folder: expected {root / 'train'} and {root / 'test'} (or {root / 'val'}) with one "
-                            f"sub-folder of images per class. {obtain}")
-    train_classes, _ = find_classes(root / "train")
-    test_classes, _ = find_classes(_folder_test_dir(root))
-    if train_classes != test_classes:
-        raise DataRootError(f"folder: class folders differ between {root / 'train'} and {_folder_test_dir(root)}: "
-                            f"{train_classes[:5]}... vs {test_classes[:5]}...")
-    return root
-
-
-def folder_in_memory(img_size: int, count: int | None = None) -> bool:
-    return img_size <= IN_MEMORY_MAX_SIZE and (count is None or count <= IN_MEMORY_MAX_IMAGES)
-
-
 def load_folder(root: Path, *, img_size: int | None, download: bool) -> Loaded:
     obtain = OBTAIN["folder"]
     classes, class_to_idx = find_classes(root / "train")
     train = list_images(root / "train", class_to_idx, obtain)
-    test = list_images(_folder_test_dir(root), class_to_idx, obtain)
+    test = list_images(folder_test_dir(root), class_to_idx, obtain)
     size = img_size or first_image_size(root / "train")
     patch_size_for(size)  # raises early for a size without the studies' grid
     if folder_in_memory(size, len(train) + len(test)):

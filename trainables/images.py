@@ -17,41 +17,34 @@ from pathlib import Path
 import torch
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS as _TORCHVISION_EXTENSIONS
+from torchvision.datasets.folder import make_dataset
 from torchvision.io import ImageReadMode, decode_image, read_file
+
+from trainables.data_roots import (  # noqa: F401  (public here too: the torch-free root rules)
+    DEFAULT_DATA_ROOT,
+    IMG_EXTENSIONS,
+    IN_MEMORY_MAX_IMAGES,
+    IN_MEMORY_MAX_SIZE,
+    LARGE_IMAGE_SIZE,
+    DataRootError,
+    find_classes,
+    first_image_size,
+    patch_size_for,
+)
+
+if tuple(_TORCHVISION_EXTENSIONS) != IMG_EXTENSIONS:  # the torch-free copy lists what make_dataset accepts
+    raise ValueError(f"trainables.data_roots.IMG_EXTENSIONS {IMG_EXTENSIONS} differ from torchvision's "
+                     f"{_TORCHVISION_EXTENSIONS}")
 
 # torchvision 0.29 deprecates torchvision.io's image codecs for TorchCodec's (not a dependency
 # yet); the warning would fire once per decoded file under `-W default`.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
-DEFAULT_DATA_ROOT = os.environ.get("VITSWEEP_DATA_ROOT", "data")
-LARGE_IMAGE_SIZE = 128  # from this size on: random resized crops from the full image (ImageNet practice)
-IN_MEMORY_MAX_SIZE = 64  # `folder` sets up to this size ...
-IN_MEMORY_MAX_IMAGES = 200_000  # ... and this many images are decoded into memory (<= 2.5 GB)
-
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class DataRootError(FileNotFoundError, ValueError):
-    """A data root is missing or malformed. The message names the path, what was
-    expected there and how to obtain it. Both a `FileNotFoundError` (it is about
-    files) and a `ValueError` (a bad configuration value, caught as such by
-    config validation)."""
-
-
-
 # -- geometry --------------------------------------------------------------------------------
-
-
-def patch_size_for(img_size: int) -> int:
-    """The studies' patch size: an 8x8 grid up to 64 px (Study L), patch 16 from 128 px (Study P)."""
-    if img_size >= LARGE_IMAGE_SIZE:
-        if img_size % 16:
-            raise ValueError(f"img_size={img_size} must be a multiple of 16 (patch 16, Study P); e.g. 224")
-        return 16
-    if img_size % 8 or img_size < 8:
-        raise ValueError(f"img_size={img_size} must be a multiple of 8 (an 8x8 patch grid, Study L); e.g. 32 or 64")
-    return img_size // 8
 
 
 def eval_resize_size(img_size: int) -> int:
@@ -196,17 +189,6 @@ def decode_all(paths: Sequence[str], img_size: int) -> torch.Tensor:
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         list(pool.map(work, range(0, len(paths), 512)))
     return out
-
-
-def first_image_size(folder: Path) -> int:
-    classes, class_to_idx = find_classes(folder)
-    first = Path(folder) / classes[0]
-    for dirpath, _, files in sorted(os.walk(first)):
-        for name in sorted(files):
-            if name.lower().endswith(IMG_EXTENSIONS):
-                h, w = decode(os.path.join(dirpath, name)).shape[-2:]
-                return min(h, w)
-    raise DataRootError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {first}")
 
 
 def list_images(folder: Path, class_to_idx: dict[str, int], obtain: str) -> list[tuple[str, int]]:

@@ -35,6 +35,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from records import vocab
+from trainables.vit_config import APE_INIT_NAMES, check_rope, check_sincos2d
 
 if TYPE_CHECKING:
     from trainables.vit import ViTConfig
@@ -155,24 +156,10 @@ class SinCos2d(PositionalEncoding):
 
     @classmethod
     def validate(cls, config: ViTConfig) -> None:
-        if config.dim % 4:
-            raise ValueError(
-                f"pe='sincos2d' needs dim divisible by 4 (sin/cos x column/row), got dim={config.dim}; "
-                f"nearest valid dims: {config.dim - config.dim % 4}, {config.dim - config.dim % 4 + 4}"
-            )
+        check_sincos2d(config)
 
     def additive(self, pe_scale: float = 1.0) -> torch.Tensor:
         return self.table if pe_scale == 1.0 else self.table * pe_scale
-
-
-def _validate_rope(name: str, config: ViTConfig) -> None:
-    if config.head_dim % 4:
-        valid = [h for h in range(1, config.dim + 1) if config.dim % h == 0 and (config.dim // h) % 4 == 0]
-        raise ValueError(
-            f"pe='{name}' needs head_dim = dim / heads divisible by 4 (pairs x column/row), got "
-            f"head_dim={config.head_dim} (dim={config.dim}, heads={config.heads}); valid heads for "
-            f"dim={config.dim}: {valid}"
-        )
 
 
 class Rope2d(PositionalEncoding):
@@ -203,7 +190,7 @@ class Rope2d(PositionalEncoding):
 
     @classmethod
     def validate(cls, config: ViTConfig) -> None:
-        _validate_rope("rope2d", config)
+        check_rope("rope2d", config)
 
     def rotations(self, pe_scale: float = 1.0) -> list[Rotation]:
         rotation = (self.cos, self.sin) if pe_scale == 1.0 else pair_tables(self.angles * pe_scale)
@@ -238,7 +225,7 @@ class RopeMixed(PositionalEncoding):
 
     @classmethod
     def validate(cls, config: ViTConfig) -> None:
-        _validate_rope("rope2d_mixed", config)
+        check_rope("rope2d_mixed", config)
 
     def rotations(self, pe_scale: float = 1.0) -> list[Rotation]:
         f_x, f_y = self.freqs.float()[:, :, :, None, :]  # (L, H, 1, hd/2) each
@@ -263,6 +250,7 @@ POS_EMBEDS: dict[str, type[PositionalEncoding]] = {
     "rope2d_mixed": RopeMixed,
 }
 vocab.check_registry("trainables.pos_embed.POS_EMBEDS", POS_EMBEDS, vocab.PES, "PES")
+vocab.check_registry("trainables.pos_embed.APE_INITS", APE_INITS, APE_INIT_NAMES, "trainables.vit_config.APE_INIT_NAMES")
 
 
 def build_pos_embed(config: ViTConfig) -> PositionalEncoding:

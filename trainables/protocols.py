@@ -17,6 +17,9 @@ A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
 * `label_smoothing`: 0.1, applied by the loss:
   `F.cross_entropy(logits, soft_targets, label_smoothing=protocol.smoothing)`.
 
+The switches themselves (`Protocol`, `LABEL_SMOOTHING`) are torch-free, in
+trainables/protocol_spec.py, and re-exported here.
+
 Data path (uint8 until the model; B batch, C classes, S image side):
 
     split -> uint8 (N, 3, S, S) on the device (in-memory sets)      trainables/inputs.py
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,34 +47,11 @@ import torch.nn.functional as F
 
 from records import vocab
 from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
+from trainables.protocol_spec import LABEL_SMOOTHING, Protocol  # noqa: F401  (public here)
 
-LABEL_SMOOTHING = 0.1
 CUTMIX_BETA = 1.0
 COLOR_JITTER = 0.4  # brightness, contrast and saturation: Study L's AutoAugment stand-in on Tiny-ImageNet
 COLOR_JITTER_DATASETS = ("tinyimagenet",)
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """Study L's three switches. `name`: "baseline", or the enabled ones joined by "+"."""
-
-    autoaugment: bool = False
-    cutmix: bool = False
-    label_smoothing: bool = False
-
-    @property
-    def name(self) -> str:
-        return vocab.protocol_name(self.autoaugment, self.cutmix, self.label_smoothing)
-
-    @property
-    def smoothing(self) -> float:
-        """The `label_smoothing` argument of the loss: 0.1 when on, else 0."""
-        return LABEL_SMOOTHING if self.label_smoothing else 0.0
-
-    @classmethod
-    def from_name(cls, name: str) -> Protocol:
-        """The protocol a name (or the alias ``modern``) means; an unknown name raises ValueError."""
-        return cls(**vocab.protocol_switches(name))
 
 
 # Every combination of the switches, and the aliases: the vocabulary's names, checked at import.
