@@ -83,7 +83,7 @@ def trials_html(data: StudyData, links: dict[str, str]) -> str:
             row["holdout acc (tuning score)"] = _fmt(t.get("eval_acc")) if tuning else "—"
         run_id = t.get("mlflow_run_id")
         if links and isinstance(run_id, str) and run_id:
-            row["MLflow run"] = f"<a href='{_e(links['base'] + run_id)}'>{_e(run_id[:8])}</a>"
+            row["MLflow run"] = f"<a href='{_e(links['base'] + run_id + links.get('suffix', ''))}'>{_e(run_id[:8])}</a>"
         rows.append(row)
     table = pd.DataFrame(rows)
     caption = ("<h3>Trials</h3><p class='caption'>Every trial in the trials table. <i>test acc</i>: top-1 on the "

@@ -95,10 +95,14 @@ def _experiment(uri: str | None, study: str) -> str | None:
 
 
 def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
-    """{run_id: URL} base for a tracking server (http/https): the UI's run page; {} otherwise."""
+    """How a trial's run links to the UI of a tracking server (http/https), {} otherwise: ``base`` +
+    run id + ``suffix`` is ``records.tracking.run_url``, the run's page in the training layout."""
     if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
         return {}
-    return {"base": f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/"}
+    from records import tracking
+
+    base, suffix = tracking.run_url(uri, experiment_id, "RUN").split("RUN", 1)
+    return {"base": base, "suffix": suffix}
 
 
 def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: Path) -> None:

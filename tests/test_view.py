@@ -147,7 +147,9 @@ def test_trials_table_links_each_run_on_a_tracking_server():
     data = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame())
     links = report._run_links("http://mlflow:5000/", "7")
     html = trials_html(data, links)
-    assert "<a href='http://mlflow:5000/#/experiments/7/runs/0123456789abcdef'>01234567</a>" in html
+    # the run's page in the training layout, as the launcher prints it (not MLflow's GenAI layout)
+    url = "http://mlflow:5000/#/experiments/7/runs/0123456789abcdef?workflowType=machine_learning"
+    assert f"<a href='{url}'>01234567</a>" in html
     assert "failed" in html and html.count("<a href") == 1
     assert report._run_links("sqlite:////tmp/m.db", "7") == {}  # a file store has no page to link
     assert "<a href" not in trials_html(data, {})
