@@ -5,9 +5,9 @@ The paper's table says Adam, lr 1e-3, weight decay 5e-2. Read literally in PyTor
 parameter, the N(0, 1) APE table included. Arms, all from the same initial weights, the same
 images in the same order, the same warm-up and cosine schedule:
 
-    a  adam, decay_exempt=none   the literal recipe (study_p's default until this pilot has run on a GPU)
+    a  adam, decay_exempt=none   the literal recipe (study_p's default until this pilot's CPU run)
     b  adam, decay_exempt=timm   the former mix: coupled L2, APE / CLS / norms / biases exempt
-    c  adamw 0.05, timm          AdamW with the timm exemptions (Study L's recipe)
+    c  adamw 0.05, timm          AdamW with the timm exemptions: study_p's default since the CPU run
 
 Model: the ``study_p`` preset (ViT-S width, 8 heads, 224 px, patch 16, dropout 0.15, drop path 0.2,
 APE N(0, 1)) with 200 classes. Data: the Tiny-ImageNet subset of ``../shared/data`` (50 train
@@ -24,10 +24,14 @@ alpha scaling measures.
 
     DATA=$(mktemp -d); tar xzf ../shared/data/tiny-imagenet-200-subset.tar.gz -C "$DATA"
     .venv/bin/python bench/recipe_pilot.py --data-root "$DATA"                   # CPU smoke test, ~3 min
-    .venv/bin/python bench/recipe_pilot.py --data-root "$DATA" --budget gpu      # the decision run
+    .venv/bin/python bench/recipe_pilot.py --data-root "$DATA" --budget cpu      # the CPU decision run, ~30 min
+    .venv/bin/python bench/recipe_pilot.py --data-root "$DATA" --budget gpu      # the same arms at 224 px on a GPU
 
 Budgets: ``smoke`` (the default without CUDA) runs 4 steps of 8 images per arm and scores 64
-holdout images: it proves the script, it decides nothing. ``gpu`` runs 20 epochs of the 9,500
+holdout images: it proves the script, it decides nothing. ``cpu`` (the run that decided Study P's
+default: README, "Protocol choices") trains Study P's model at Tiny-ImageNet's native 64 px with
+16 px patches, 3 epochs of 8,000 images (batch 64, 375 steps), a fifth of the subset held out
+(2,000 images): ~27 min for the three arms on 2 idle cores (~44 img/s). ``gpu`` runs 20 epochs of the 9,500
 training images per arm (batch 128, 74 steps an epoch, 1,480 steps, 2 warm-up epochs, bf16
 autocast), about 190,000 images per arm: estimated (not yet measured) at ~3,000 img/s for ViT-S
 on one H200, about 4 minutes for the three arms.

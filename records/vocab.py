@@ -95,7 +95,7 @@ EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint
 
 # -- collapsed runs -------------------------------------------------------------------------------
 # A final accuracy at most this far above chance (1 / classes) means the model did not learn: it is
-# flagged (trials column `did_not_learn`) and left out of the claims, never measured as a result.
+# flagged (trials column `did_not_learn`), counted per condition and shown with and without in every claim.
 CHANCE_MARGIN = 0.02
 
 
