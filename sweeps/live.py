@@ -138,6 +138,15 @@ def sweep_eta(units: Sequence[Unit], slots: int, now: float) -> float | None:
     return max(free) if free else 0.0
 
 
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``1.5 h``: the console's durations (live lines, trial lines, status)."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def format_rate(unit: Unit) -> str:
     if unit.images_per_s is None:
         return ""
@@ -206,7 +215,6 @@ class LiveProgress:
         return lines
 
     def line(self, unit: Unit, est: Estimate, now: float) -> str:
-        from sweeps.progress import format_duration
 
         head = f"[train] {unit.name}" if unit.size == 1 else f"[train] pack {unit.name} ({unit.size} trials)"
         if unit.measured:

@@ -51,6 +51,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from sweeps.live import format_duration
+
 
 def configure_console(verbose: bool) -> None:
     """Set the environment for Ray's output; call before Ray is imported (it reads these once)."""
@@ -222,14 +224,6 @@ def _writable(folder: str) -> bool:
 def tune_verbosity(verbose: bool) -> int:
     """Tune's ``RunConfig(verbose=...)``: its status tables only with --verbose."""
     return 1 if verbose else 0
-
-
-def format_duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def trial_line(k: int, total: int, row: Mapping[str, Any] | None, trial_id: str) -> str:

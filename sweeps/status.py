@@ -96,7 +96,7 @@ STAGE_WORDS = {"train": "training", "analyze": "measuring checkpoints", "report"
 
 def stage_line(beat: dict[str, Any]) -> str:
     """``stage analyze (measuring checkpoints): 5 of 12 checkpoints, ETA 2 min``, from a live heartbeat."""
-    from sweeps.progress import format_duration
+    from sweeps.live import format_duration
 
     stage = beat["stage"]
     line = f"stage {stage} ({STAGE_WORDS.get(stage, stage)})"

@@ -38,7 +38,7 @@ from records import vocab
 from trainables.vit_config import APE_INIT_NAMES, check_rope, check_sincos2d
 
 if TYPE_CHECKING:
-    from trainables.vit import ViTConfig
+    from trainables.vit_config import ViTConfig
 
 # Heo et al.'s RoPE-Mixed initial frequency base (`rope_theta=10.0` for their mixed models); config.rope_base
 # (Study P's 10000, Heo et al.'s axial 100) only concerns the fixed axial `rope2d`.
