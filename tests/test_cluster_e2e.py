@@ -311,9 +311,11 @@ def test_the_ray_cli_reports_the_job_succeeded(job):
     assert done.returncode == 0 and f"Job '{submission_id}' succeeded" in done.stdout + done.stderr, (
         f"`ray job status` with the cluster's token: {done.stdout}\n{done.stderr}")
     logs = _job_logs(cluster, submission_id, lines=10_000)
-    # The launcher joined the running cluster instead of starting a Ray of its own.
-    assert re.search(r"Connecting to existing Ray cluster at address: [\d.]+:\d+", logs), logs[-3000:]
     assert f"train stage: {TRIALS} Tune trials" in logs and ", 0 failed" in logs, logs[-3000:]
+    # The launcher joined the running cluster instead of starting a Ray of its own: Ray says so, in
+    # the lines the launcher keeps off the console (<results>/<study>/logs/console-*.log).
+    kept = "\n".join(p.read_text() for p in (cluster.results / STUDY / "logs").glob("console-*.log"))
+    assert re.search(r"Connecting to existing Ray cluster at address: [\d.]+:\d+", logs + kept), kept[-3000:]
 
 
 def test_the_token_is_required(job):
@@ -333,7 +335,11 @@ def test_every_trial_is_a_finished_run_on_the_mlflow_server(job):
     runs = _get_json(f"{api}/runs/search", body={"experiment_ids": [experiment["experiment_id"]],
                                                  "max_results": 100})["runs"]
     names = sorted(r["info"]["run_name"] for r in runs)
-    assert f"{STUDY}-report" in names, names  # the study's own run: its report and claims
+    # The study's own run (its report and claims) lives in <study>-reports, out of the trials' charts.
+    reports = _get_json(f"{api}/experiments/get-by-name?experiment_name={STUDY}-reports")["experiment"]
+    report_runs = _get_json(f"{api}/runs/search", body={"experiment_ids": [reports["experiment_id"]]})["runs"]
+    assert [r["info"]["run_name"] for r in report_runs] == [f"{STUDY}-report"], report_runs
+    assert f"{STUDY}-report" not in names, names
     runs = [r for r in runs if any(t["key"] == "vitsweep.trial_id" for t in r["data"].get("tags", []))]
     assert len(runs) == TRIALS, names
     trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
@@ -403,7 +409,7 @@ def test_analysis_and_report_stages_ran_on_the_cluster(job):
     runs = _get_json(f"{api}/runs/search", body={"experiment_ids": [experiment["experiment_id"]],
                                                  "max_results": 100})["runs"]
     trial_runs = [r for r in runs if "vitsweep.study_run" not in {t["key"] for t in r["data"].get("tags", [])}]
-    assert len(trial_runs) == len(runs) - 1  # and the study's own run holds the report
+    assert len(trial_runs) == len(runs) == TRIALS  # the study's own run (the report) is in <study>-reports
     for run in trial_runs:
         keys = {m["key"] for m in run["data"].get("metrics", [])}
         assert {"acc_clean", "mad_min", "dssdc_rpi"} <= keys, sorted(keys)
