@@ -259,6 +259,9 @@ class RecordReader:
         self.plan = {k: dict(v) for k, v in plan.items()}
         self.rows: dict[str, dict] = {}  # member rows once read "running" (its start does not change)
         self.ended: dict[str, Unit] = {}
+        # epochs file -> (its mtime, its fields): a file is parsed again only when a trial rewrote it, not
+        # at every poll (every 2 s, on the cores the trials train on)
+        self.epochs_seen: dict[str, tuple[float | None, dict[str, Any]]] = {}
 
     def __call__(self, names: Sequence[str], running: set[str] = frozenset()) -> list[Unit]:
         return [self.unit(n, n in running) for n in names if n in self.members]
@@ -297,8 +300,14 @@ class RecordReader:
         info = fs.get_file_info(path)
         fields = {}
         if info.size is not None:
-            epochs = sorted(pq.read_table(path, filesystem=fs).to_pylist(), key=lambda r: r["epoch"])
-            fields = epoch_fields(epochs, info.mtime.timestamp() if info.mtime else None)
+            mtime = info.mtime.timestamp() if info.mtime else None
+            seen = self.epochs_seen.get(path)
+            if seen is not None and mtime is not None and seen[0] == mtime:
+                fields = seen[1]
+            else:
+                epochs = sorted(pq.read_table(path, filesystem=fs).to_pylist(), key=lambda r: r["epoch"])
+                fields = epoch_fields(epochs, mtime)
+                self.epochs_seen[path] = (mtime, fields)
         unit = Unit(name, len(ids), base.epochs, base.shape, started=started, ended=ended, **fields)
         if ended is not None:
             self.ended[name] = unit
