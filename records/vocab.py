@@ -88,9 +88,10 @@ def protocol_switches(name: str) -> dict[str, bool]:
 
 
 # -- run-config fields by role --------------------------------------------------------------------
-# Fields that say where or how a run executes, not what it computes: they stay out of the trial id
-# (trainables.config) and never split a condition (analysis.conditions).
-EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s")
+# Fields that say where or how a run executes, or what it is called, not what it computes: they stay
+# out of the trial id's hash (trainables.config) and never split a condition (analysis.conditions).
+# `swept` names the fields a --set sweep varies (the id's readable part shows their values).
+EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s", "swept")
 
 
 # -- collapsed runs -------------------------------------------------------------------------------

@@ -162,7 +162,7 @@ class RunConfig:
         whole = self.to_flat()
         flat = {
             k: v for k, v in whole.items()
-            if k not in EXECUTION_FIELDS and k != "swept" and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
+            if k not in EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
         }
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
         order = "-rpt" if self.rpt else ""
