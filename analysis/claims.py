@@ -1,18 +1,19 @@
 """The two papers' claims, tested on a study's seeds.
 
-A claim compares two groups of trials, paired by seed where seeds pair
-(``seedstats.compare``). A claim of *no* effect is "consistent with no effect"
-only when the 95% CI of the effect lies inside the margin stored with the claim,
-else "inconclusive". Trials flagged ``did_not_learn`` (final accuracy within 2
-points of chance) are counted per group, and every claim is computed twice: on
-the trials that learned (the verdict) and with the non-learners kept, their
-measurements as they are (``verdict (all trials)``); a row whose two verdicts
-differ is flagged.
+A claim compares two groups of trials on one per-trial metric (paired by seed where seeds pair), or
+tests a within-trial difference across seeds (``Claim.b`` None); the statistics of one claim are
+``analysis.claim_tests``, the tests themselves ``analysis.seedstats``. The p values of one report are
+Holm-adjusted per paper and data set (one family each) and every verdict reads the adjusted p.
+Trials flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group,
+and every claim is computed twice: on the trials that learned (the verdict) and with the
+non-learners kept, their measurements as they are (``verdict (all trials)``); a row whose two
+verdicts differ is flagged. A claim whose precondition is not met at this scale (``PRECONDITIONS``)
+is "untestable at this scale", whatever its test says.
 
-It knows no plotting and no storage; it reads a ``StudyData`` (``analysis.study_data``)
-through its ``per_trial`` table and its ``pin`` method. Labels come from ``analysis.labels``,
-the statistics from ``analysis.seedstats``, the papers' numbers from ``analysis.paper_numbers``;
-the ablation and conditions tables are ``analysis.condition_tables``.
+It knows no plotting and no storage; it reads a ``StudyData`` (``analysis.study_data``) through its
+``per_trial`` table and its ``pin`` method. Labels come from ``analysis.labels``, the papers'
+numbers from ``analysis.paper_numbers``; the ablation and conditions tables are
+``analysis.condition_tables``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.labels import METRIC_LABELS, MODERN, SWITCHES, canonical_protocol, group_label, model_label
-from analysis.paper_numbers import PAPER_L_MIN_MAD, PAPER_P_APE_SCALING, PAPER_P_MODELS
-from analysis.seedstats import ALPHA, Comparison, compare
+from analysis.claim_tests import (
+    CONSISTENT,
+    DIFFERS,
+    INCONCLUSIVE,
+    UNTESTABLE,
+    claim_stats,
+    decides,
+    paper_numbers,
+    power_mark,
+    precondition,
+    verdict,
+)
+from analysis.labels import METRIC_LABELS, MODERN, SWITCHES, group_label
+from analysis.seedstats import holm
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData
@@ -36,11 +48,13 @@ if TYPE_CHECKING:
 class Claim:
     """A claim as a comparison of two groups of trials on one per-trial metric.
 
-    a, b: factor filters (``{"protocol": "cutmix"}``, ``{"pe": "ape", "rpt": True}``, ``{"cutmix": True}``).
+    a, b: factor filters (``{"protocol": "cutmix"}``, ``{"pe": "ape", "rpt": True}``, ``{"cutmix": True}``);
+    b None: ``metric`` is a within-trial difference (one value per trial of A), tested against 0.
     alternative: scipy's: "less" claims A < B, "greater" A > B, "two-sided" claims A = B (a null claim).
     margin: the largest |A - B| that counts as no effect, in the metric's units: a null claim is
-    "consistent with no effect" only when the effect's 95% CI lies inside [-margin, margin].
-    separation: the claim is that *every* trial of A lies below every trial of B (no p-value).
+    "consistent with no effect" only when the effect's 95% t interval lies inside [-margin, margin].
+    separation: the claim is that *every* trial of A lies below every trial of B, and the means differ.
+    needs: the key of the claim's precondition in ``PRECONDITIONS`` (None: it has none).
     Factors named in neither filter are pinned to ``labels.REFERENCE`` where they vary; each dataset is its own row.
     """
 
@@ -48,83 +62,72 @@ class Claim:
     text: str
     metric: str
     a: dict = field(default_factory=dict)
-    b: dict = field(default_factory=dict)
+    b: dict | None = field(default_factory=dict)
     alternative: str = "less"
     separation: bool = False
     margin: float = math.nan
+    needs: str | None = None
 
 
 # No-effect margins per metric: 1 accuracy point; 0.02 of normalised MAD (Study L's CutMix runs sit
 # <= 0.024, the others >= 0.210); 0.05 of dSSDC (the paper's APE scaling steps are >= 0.05); 0.02 of FS
 # (the paper's seed spread, and one binomial SE at 1,000 images).
 MARGINS = {"test_acc": 0.01, "min_mad": 0.02, "dssdc": 0.05, "fs_jpeg": 0.02, "fs_blur": 0.02}
+# "ape + RPT is as fragile as none": a quarter of the paper's none - ape gap in FS JPEG (0.646 - 0.435),
+# three times the paper's own ape + RPT - none gap (0.016).
+RPT_AS_NONE_MARGIN = 0.05
+APE, APE_RPT = {"pe": "ape", "rpt": False}, {"pe": "ape", "rpt": True}
 
 
-def _claim(paper: str, text: str, metric: str, a: dict, b: dict, alternative: str = "less", **kw) -> Claim:
-    return Claim(paper, text, metric, a, b, alternative, margin=MARGINS[metric], **kw)
+def _claim(paper: str, text: str, metric: str, a: dict, b: dict | None, alternative: str = "less", **kw) -> Claim:
+    return Claim(paper, text, metric, a, b, alternative, margin=kw.pop("margin", MARGINS.get(metric)), **kw)
 
 
 CLAIMS = (
-    _claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"}),
+    _claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"},
+           needs="local heads"),
     _claim("Study L", "modern lowers minimum MAD (0.316 -> 0.008)", "min_mad", {"protocol": MODERN},
-           {"protocol": "baseline"}),
+           {"protocol": "baseline"}, needs="local heads"),
     _claim("Study L", "every CutMix run has lower minimum MAD than every run without", "min_mad",
-           {"cutmix": True}, {"cutmix": False}, separation=True),
+           {"cutmix": True}, {"cutmix": False}, separation=True, needs="local heads"),
     _claim("Study L", "AutoAugment alone leaves minimum MAD at baseline", "min_mad", {"protocol": "autoaugment"},
-           {"protocol": "baseline"}, "two-sided"),
+           {"protocol": "baseline"}, "two-sided", needs="local heads"),
     _claim("Study L", "label smoothing alone leaves minimum MAD at baseline", "min_mad",
-           {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided"),
+           {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided", needs="local heads"),
     _claim("Study L", "CutMix adds accuracy", "test_acc", {"protocol": "cutmix"}, {"protocol": "baseline"}, "greater"),
     _claim("Study L", "AutoAugment adds accuracy", "test_acc", {"protocol": "autoaugment"}, {"protocol": "baseline"},
            "greater"),
-    _claim("Study P", "APE recovers SSDC under RPI more than none (dSSDC)", "dssdc", {"pe": "ape", "rpt": False},
-           {"pe": "none", "rpt": False}, "greater"),
-    _claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", {"pe": "ape", "rpt": True},
-           {"pe": "ape", "rpt": False}),
-    _claim("Study P", "rope2d is less fragile to JPEG than ape", "fs_jpeg", {"pe": "rope2d", "rpt": False},
-           {"pe": "ape", "rpt": False}),
+    # The two gains over baseline differ by acc(AutoAugment) - acc(CutMix): the baseline cancels within a seed.
+    _claim("Study L", "AutoAugment and CutMix add comparable accuracy (~6-7 points each)", "test_acc",
+           {"protocol": "autoaugment"}, {"protocol": "cutmix"}, "two-sided"),
+    _claim("Study P", "APE recovers SSDC under RPI more than none (dSSDC)", "dssdc", APE,
+           {"pe": "none", "rpt": False}, "greater", needs="APE frame"),
+    _claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", APE_RPT, APE, needs="APE frame"),
+    _claim("Study P", "rope2d is less fragile to JPEG than ape", "fs_jpeg", {"pe": "rope2d", "rpt": False}, APE),
     _claim("Study P", "rope2d is less fragile to JPEG than sincos2d", "fs_jpeg", {"pe": "rope2d", "rpt": False},
            {"pe": "sincos2d", "rpt": False}),
-    _claim("Study P", "rope2d is less fragile to blur than ape", "fs_blur", {"pe": "rope2d", "rpt": False},
-           {"pe": "ape", "rpt": False}),
-    _claim("Study P", "none is more fragile to JPEG than ape", "fs_jpeg", {"pe": "none", "rpt": False},
-           {"pe": "ape", "rpt": False}, "greater"),
+    _claim("Study P", "rope2d is less fragile to blur than ape", "fs_blur", {"pe": "rope2d", "rpt": False}, APE),
+    _claim("Study P", "none is more fragile to JPEG than ape", "fs_jpeg", {"pe": "none", "rpt": False}, APE,
+           "greater"),
+    _claim("Study P", "ape + RPT is more fragile to JPEG than ape", "fs_jpeg", APE_RPT, APE, "greater",
+           needs="APE frame"),
+    _claim("Study P", "ape + RPT is more fragile to blur than ape", "fs_blur", APE_RPT, APE, "greater",
+           needs="APE frame"),
+    _claim("Study P", "ape + RPT is as fragile to JPEG as none", "fs_jpeg", APE_RPT, {"pe": "none", "rpt": False},
+           "two-sided", margin=RPT_AS_NONE_MARGIN, needs="APE frame"),
+    _claim("Study P", "scaling the APE to 0.4 raises FS JPEG (FS at 0.4 - FS at 1.0 > 0)", "fs_jpeg_pe_scale_rise",
+           APE, None, "greater", margin=MARGINS["fs_jpeg"], needs="APE frame"),
+    _claim("Study P", "scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)", "dssdc_pe_scale_drop",
+           APE, None, "greater", margin=MARGINS["dssdc"], needs="APE frame"),
 )
 
-CONSISTENT, INCONCLUSIVE = "consistent with no effect (CI inside the margin)", "inconclusive (CI exceeds the margin)"
-VERDICTS = ("supported", "not supported", CONSISTENT, INCONCLUSIVE, "differs (contradicts the claim)",
-            "not enough seeds", "no data")
-
-
-def verdict(claim: Claim, a: np.ndarray, b: np.ndarray, c: Comparison) -> str:
-    """The verdict words of one claim row (see ``VERDICTS``) from its groups and their comparison."""
-    if a.size == 0 or b.size == 0:
-        return "no data"
-    if claim.separation:
-        return "supported" if a.max() < b.min() else "not supported"
-    if claim.alternative == "two-sided":
-        # A null claim is never "supported" by a test that failed to reject: the CI must lie inside the margin.
-        if c.p < ALPHA:
-            return "differs (contradicts the claim)"
-        if not np.isfinite(c.low):
-            return "not enough seeds"
-        return CONSISTENT if -claim.margin <= c.low and c.high <= claim.margin else INCONCLUSIVE
-    if c.min_p >= ALPHA:
-        return "not enough seeds"
-    return "supported" if c.p < ALPHA else "not supported"
-
-
-def paper_value(claim: Claim, group: dict, dataset: str, matches_p: bool) -> float | None:
-    """The paper's number for one group of a claim where this data set's setting matches the
-    paper's (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100), else None."""
-    if claim.paper == "Study P" and matches_p and "pe" in group:
-        label = model_label(group["pe"], group.get("rpt", False))
-        if claim.metric == "dssdc":
-            return PAPER_P_APE_SCALING[1.0][0] if label == "ape" else None
-        return PAPER_P_MODELS.get(label, {}).get(claim.metric)
-    if claim.paper == "Study L" and dataset == "cifar100" and claim.metric == "min_mad":
-        return PAPER_L_MIN_MAD.get(canonical_protocol(group.get("protocol", "")))
-    return None
+VERDICTS = ("supported", "not supported", CONSISTENT, INCONCLUSIVE, DIFFERS, UNTESTABLE, "not enough seeds",
+            "no data")
+FS_GRID = {"fs_jpeg": "fs_jpeg_grid", "fs_blur": "fs_blur_grid"}  # the per-trial mean over the severity grid
+HEADLINE_MARK, GRID_MARK = "paper's severity, 224 px", "mean FS over the measured severity grid"
+GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_grid": "FS blur, mean over the sigma grid"}
+SCALING_LABELS = {"fs_jpeg_pe_scale_rise": "FS JPEG q5 at PE scale 0.4 - at 1.0",
+                  "dssdc_pe_scale_drop": "dSSDC under RPI at PE scale 1.0 - at 0.4"}
 
 
 def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
@@ -134,8 +137,26 @@ def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
     return mask
 
 
+def _kept(claim: Claim) -> set[str]:
+    """The factors a claim shows (the rest are pinned); a switch filter shows the protocol."""
+    keep = set(claim.a) | set(claim.b or {})
+    return keep | {"protocol"} if keep & set(SWITCHES) else keep
+
+
+def _variants(claim: Claim, data: StudyData, dataset: str) -> list[tuple[str, str]]:
+    """(per-trial metric, setting mark) rows of a claim on one data set: an FS claim is tested at the
+    paper's headline severity and, away from 224 px, on the mean over the measured severity grid."""
+    if claim.metric not in FS_GRID:
+        return [(claim.metric, "")]
+    rows = [(claim.metric, HEADLINE_MARK)]
+    if not data.matches_paper_p(dataset):
+        rows.append((FS_GRID[claim.metric], GRID_MARK))
+    return rows
+
+
 def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
-    """One row per claim and dataset that has both groups; a single "no data" row for a claim that has none.
+    """One row per claim, data set and metric variant that has its groups; a single "no data" row for
+    a claim that has none. Columns: see ``docs/studies.md`` (claims); ``dataset`` keys the Holm family.
 
     The verdict is computed on the trials that learned; ``did not learn A`` / ``B`` count the flagged
     trials of each group, and the ``(all trials)`` columns repeat the claim with them kept, so a
@@ -143,69 +164,84 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
     per_trial = data.per_trial
     rows = []
     for claim in claims:
-        keep = set(claim.a) | set(claim.b)
-        if keep & set(SWITCHES):
-            keep.add("protocol")
-        evaluated = False
-        if claim.metric in per_trial and not per_trial.empty:
-            pinned, setting = data.pin(per_trial[per_trial[claim.metric].notna()], keep)
-            for dataset, g in pinned.groupby("dataset", sort=True):
-                in_a, in_b = _matches(g, claim.a), _matches(g, claim.b)
+        keep, evaluated = _kept(claim), False
+        datasets = sorted(per_trial["dataset"].unique(), key=str) if "dataset" in per_trial else []
+        for dataset in datasets:
+            for metric, mark in _variants(claim, data, str(dataset)):
+                if metric not in per_trial:
+                    continue
+                measured = per_trial[(per_trial["dataset"] == dataset) & per_trial[metric].notna()]
+                g, setting = data.pin(measured, keep)
+                in_a = _matches(g, claim.a)
+                in_b = _matches(g, claim.b) if claim.b is not None else in_a
                 if not (in_a.any() and in_b.any()):
                     continue
-                row = _claim_row(claim, g, in_a, in_b, ", ".join(filter(None, [str(dataset), setting])))
-                papers = [paper_value(claim, grp, str(dataset), data.matches_paper_p(str(dataset)))
-                          for grp in (claim.a, claim.b)]
-                row["paper A / B"] = ("—" if all(v is None for v in papers) else
-                                      " / ".join("—" if v is None else f"{v:.3f}" for v in papers))
-                rows.append(row)
+                row = claim_stats(claim, metric, g, in_a, in_b)
+                met, said = precondition(claim.needs, data, str(dataset))
+                text, effect = paper_numbers(claim, metric, str(dataset), data.matches_paper_p(str(dataset)))
+                rows.append({**_describe(claim, metric), "dataset": str(dataset),
+                             "setting": ", ".join(filter(None, [str(dataset), setting, mark])),
+                             "precondition": said, "_met": met, **row,
+                             "paper A / B": text, "paper effect (A - B)": effect})
                 evaluated = True
         if not evaluated:
             empty = pd.DataFrame({claim.metric: [], "seed": []})
             none = pd.Series([], dtype=bool)
-            rows.append({**_claim_row(claim, empty, none, none, "—"), "paper A / B": "—"})
-    return pd.DataFrame(rows)
+            rows.append({**_describe(claim, claim.metric), "dataset": None, "setting": None, "precondition": None,
+                         "_met": None, **claim_stats(claim, claim.metric, empty, none, none),
+                         "paper A / B": "—", "paper effect (A - B)": math.nan})
+    return _decide(pd.DataFrame(rows), claims)
 
 
-def _ci(c: Comparison) -> str:
-    return "—" if math.isnan(c.low) else f"[{c.low:.3f}, {c.high:.3f}]"
+def _describe(claim: Claim, metric: str) -> dict:
+    label = GRID_LABELS.get(metric) or SCALING_LABELS.get(metric) or METRIC_LABELS.get(metric, metric)
+    return {"paper": claim.paper, "claim": claim.text, "metric": label, "A": group_label(claim.a),
+            "B": "the same trials (within-trial difference)" if claim.b is None else group_label(claim.b),
+            "margin": claim.margin}
 
 
-def _claim_row(claim: Claim, g: pd.DataFrame, in_a: pd.Series, in_b: pd.Series, setting: str) -> dict:
-    flagged = g["did_not_learn"].astype(bool) if "did_not_learn" in g else pd.Series(False, index=g.index)
-    groups = {}
-    for population, mask in (("learned", ~flagged), ("all", pd.Series(True, index=g.index))):
-        a, b = g[in_a & mask], g[in_b & mask]
-        va, vb = a[claim.metric].to_numpy(float), b[claim.metric].to_numpy(float)
-        c = compare(va, a["seed"].to_numpy(), vb, b["seed"].to_numpy(), claim.alternative)
-        groups[population] = (va, vb, c, verdict(claim, va, vb, c))
-    a, b, c, said = groups["learned"]
-    *_, every, said_all = groups["all"]
-    test = "separation: max(A) < min(B) over runs; " + c.test if claim.separation else c.test
-    return {
-        "paper": claim.paper,
-        "claim": claim.text,
-        "metric": METRIC_LABELS.get(claim.metric, claim.metric),
-        "setting": setting,
-        "A": group_label(claim.a),
-        "B": group_label(claim.b),
-        "margin": claim.margin,
-        "test": test,
-        "n A": int(a.size),
-        "n B": int(b.size),
-        "n pairs": c.n_pairs,
-        "did not learn A": int((in_a & flagged).sum()),
-        "did not learn B": int((in_b & flagged).sum()),
-        "mean A": float(a.mean()) if a.size else math.nan,
-        "mean B": float(b.mean()) if b.size else math.nan,
-        "effect (A - B)": c.effect,
-        "95% CI of effect": _ci(c),
-        "CI": c.interval,
-        "p": c.p,
-        "verdict": said,
-        "effect (all trials)": every.effect,
-        "95% CI (all trials)": _ci(every),
-        "p (all trials)": every.p,
-        "verdict (all trials)": said_all,
-        "survivors vs all": "agree" if said == said_all else "DISAGREE",
-    }
+def _decide(table: pd.DataFrame, claims: tuple[Claim, ...]) -> pd.DataFrame:
+    """Holm-adjust the raw p values per paper and data set (the learned trials and all trials
+    separately), then read each row's verdict, power mark and agreement from them."""
+    by_text = {c.text: c for c in claims}
+    for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
+        table[adjusted] = np.nan
+        for _, family in table.groupby(["paper", "dataset"], dropna=True):
+            table.loc[family.index, adjusted] = holm(family[raw].to_numpy(float))
+    said, said_all, marks = [], [], []
+    for row in table.to_dict("records"):
+        claim = by_text[row["claim"]]
+        said.append(verdict(claim, row["_c"], row["p (Holm)"], row["_separated"], row["_met"]))
+        said_all.append(verdict(claim, row["_c all"], row["p (Holm, all trials)"], row["_separated all"],
+                                row["_met"]))
+        marks.append(power_mark(claim, said[-1], row["MDE (80% power, unadjusted alpha)"],
+                                row["paper effect (A - B)"]))
+    table["verdict"], table["verdict (all trials)"], table["power"] = said, said_all, marks
+    table["survivors vs all"] = np.where(table["verdict"] == table["verdict (all trials)"], "agree", "DISAGREE")
+    return table[COLUMNS]
+
+
+COLUMNS = ["paper", "claim", "metric", "dataset", "setting", "A", "B", "margin", "precondition", "test", "n A",
+           "n B", "n pairs", "did not learn A", "did not learn B", "mean A", "mean B", "effect (A - B)",
+           "95% CI of effect", "CI", "p (raw)", "p (Holm)", "p (sign-flip)", "MDE (80% power, unadjusted alpha)",
+           "power", "paper A / B", "paper effect (A - B)", "verdict", "effect (all trials)", "95% CI (all trials)",
+           "p (Holm, all trials)", "verdict (all trials)", "survivors vs all"]
+
+
+def undecided(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> list[str]:
+    """The claims that read "not enough seeds" on every data set of ``data`` whatever the values (a
+    plan's trials will do: only the group sizes and seeds matter; ``claim_tests.decides``)."""
+    per_trial, rng = data.per_trial, np.random.default_rng(0)
+    out = []
+    for claim in claims:
+        can = []
+        for _, trials in per_trial.groupby("dataset"):
+            g, _ = data.pin(trials, _kept(claim))
+            in_a = _matches(g, claim.a)
+            in_b = _matches(g, claim.b) if claim.b is not None else in_a
+            if in_a.any() and in_b.any():
+                noise = g.assign(**{claim.metric: rng.normal(size=len(g))})
+                can.append(decides(claim, claim_stats(claim, claim.metric, noise, in_a, in_b)["_c"]))
+        if can and not any(can):
+            out.append(claim.text)
+    return out

@@ -23,7 +23,7 @@ from analysis.labels import (
     protocol_switches,
 )
 from analysis.paper_numbers import PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN, condition_numbers
-from analysis.seedstats import mean_ci, mean_std
+from analysis.seedstats import INTERVAL, mean_ci, mean_std
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData
@@ -33,7 +33,7 @@ def ablation_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
     """Study L's protocol ablation per dataset: (dataset, table, separation note).
 
     Rows: protocols (all present, in ablation order); minimum MAD (smallest per-head MAD in the network)
-    and test accuracy as mean ± std over seeds, with n. The note marks the paper's binary CutMix
+    as mean ± std and test accuracy as mean [95% t interval] over seeds, with n. The note marks the paper's binary CutMix
     separation: the largest condition-mean minimum MAD among CutMix conditions against the smallest
     among the others."""
     pt = data.per_trial
@@ -51,7 +51,7 @@ def ablation_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
             sw = protocol_switches(proto)
             rows.append({"protocol": protocol_label(proto),
                          **{SWITCH_LABELS[s]: "✓" if sw[s] else "" for s in SWITCHES},
-                         "min MAD": mean_std(t["min_mad"]), "test acc [95% CI]": mean_ci(t["test_acc"]),
+                         "min MAD": mean_std(t["min_mad"]), f"test acc [{INTERVAL}]": mean_ci(t["test_acc"]),
                          "n": len(t), "_mean": t["min_mad"].mean(), "_cutmix": sw["cutmix"]})
         table = pd.DataFrame(rows)
         note = _separation_note(table, g) + (f" Other factors: {setting}." if setting else "")
@@ -78,7 +78,7 @@ SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "f
 
 def conditions_table(data: StudyData) -> pd.DataFrame:
     """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
-    and each metric as mean ± std, test accuracy also with its 95% bootstrap CI over seeds.
+    and each metric as mean ± std, test accuracy also with its 95% t interval over seeds (``INTERVAL``).
 
     Beside accuracy and fragility: their standard error from ``n images`` (binomial for accuracy, the
     delta method over the paired counts for FS; mean over the condition's trials), the test-set
@@ -99,7 +99,7 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
         for m in metrics:
             row[METRIC_LABELS[m]] = mean_std(g[m])
             if m == "test_acc":
-                row["test accuracy [95% CI]"] = mean_ci(g[m])
+                row[f"test accuracy [{INTERVAL}]"] = mean_ci(g[m])
             se = SAMPLING_SE.get(m)
             if se in g and g[se].notna().any():
                 kind = "binomial" if m == "test_acc" else "delta-method"  # FS: from its paired counts

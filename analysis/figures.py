@@ -2,9 +2,9 @@
 ``analysis.figures_p``, Study L's and the training-time ones in ``analysis.figures_l``; this module is
 their registry (``FIGURES``, in page order) and the report's entry point.
 
-Every figure draws the mean over seeds, a 95% bootstrap CI (band or bar) where a condition has two or
-more seeds, and names the number of seeds behind each line or point (``n=5``; ``n=3-5`` where it
-varies along the line); its caption is written from what was drawn (``plotting.Drawn``). A figure
+Every figure draws the mean over seeds, its 95% t interval (``seedstats.INTERVAL``; band or bar)
+where a condition has two or more seeds, and names the number of seeds behind each line or point
+(``n=5``; ``n=3-5`` where it varies along the line); its caption is written from what was drawn (``plotting.Drawn``). A figure
 whose data is absent raises ``NoData``; the report shows the reason in its place. Rows of a figure
 are data sets (the factorial's facets); factors a figure does not show are held at one value by
 ``StudyData.pin``, named in the panel titles and the caption, so nothing is pooled silently. A

@@ -116,14 +116,19 @@ def render(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, 
         "and with the factors the claim does not name held at one value (shown in <i>setting</i>). Units are "
         "trials (seeds). Trials of one seed share initialisation, data order, crops, CutMix boxes and RPT "
         "permutations, so where every seed appears once in each group the comparison is <i>paired by seed</i>: "
-        "the effect is the mean per-seed difference A - B over <i>n pairs</i>, with a 95% t interval (n - 1 df) "
-        "and an exact sign-flip test of that mean; only where seeds do not pair (a group pooling several "
-        "conditions) a Mann-Whitney U test and a percentile-bootstrap CI of the difference of means (<i>test</i>, "
-        f"<i>CI</i> say which). alpha = {ALPHA}, no correction for the number of claims. 'not enough "
-        f"seeds': with these sizes even the most extreme outcome cannot reach p &lt; {ALPHA}. A claim of "
-        "<i>no</i> effect is never 'supported' by a test that fails to reject: it is 'consistent with no effect' "
-        "only when the 95% CI of the effect lies inside ± <i>margin</i> (stored with each claim, in the metric's "
-        "units: 0.01 accuracy, 0.02 minimum MAD or FS, 0.05 dSSDC), else 'inconclusive'. <i>did not learn A / "
+        "a paired t test of the mean per-seed difference A - B over <i>n pairs</i> decides, its p and its 95% "
+        "interval from the same test (one-sided for a one-sided claim), with the exact sign-flip p beside it as a "
+        "distribution-free check; a PE-scaling claim pairs within each trial, then across seeds; where seeds do "
+        "not pair (a group pooling several conditions) Welch's t test (<i>test</i>, <i>CI</i> say which). "
+        "<i>p (Holm)</i>: the raw p values Holm-adjusted across the claims of one paper on one data set; every verdict "
+        f"reads the adjusted p at alpha = {ALPHA}. <i>MDE</i>: the effect the test used detects with 80% power at "
+        "unadjusted alpha, from the observed sd; 'underpowered' marks a row that did not find the effect where the "
+        "MDE exceeds the paper's effect (for a claim of no effect, its margin). 'not enough seeds': a directional "
+        "claim whose exact sign-flip check cannot reach alpha at these sizes (fewer than 5 pairs), or a claim of no "
+        "effect without an interval. A claim of <i>no</i> effect is 'consistent with no effect' when its 95% "
+        "interval lies inside ± <i>margin</i>, else 'differs' when the interval lies outside the margin or "
+        "excludes 0 with adjusted p &lt; alpha, else 'inconclusive'. 'untestable at this scale': the claim's "
+        "<i>precondition</i> is not met. <i>did not learn A / "
         "B</i>: trials of each group within 2 points of chance accuracy; the verdict is on the trials that "
         "learned, the <i>(all trials)</i> columns repeat the claim with them kept (their measurements as they "
         "are), and <i>survivors vs all</i> flags a claim whose two verdicts disagree. <i>paper A / B</i>: the "
@@ -170,9 +175,10 @@ def _claims_html(claims: pd.DataFrame) -> str:
 
 def _verdict_table(claims: pd.DataFrame) -> str:
     fmt = claims.copy()
-    for col in ("mean A", "mean B", "effect (A - B)", "effect (all trials)", "margin"):
+    for col in ("mean A", "mean B", "effect (A - B)", "effect (all trials)", "margin", "paper effect (A - B)",
+                "MDE (80% power, unadjusted alpha)"):
         fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
-    for col in ("p", "p (all trials)"):
+    for col in ("p (raw)", "p (Holm)", "p (sign-flip)", "p (Holm, all trials)"):
         fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
     table = _table(fmt)
     # Colour the verdict cells: mark each <td> holding a verdict with a class.

@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
 from analysis.labels import MODERN, canonical_protocol, model_key, model_label, protocol_label
-from analysis.seedstats import seed_summary
+from analysis.seedstats import INTERVAL, seed_summary
 
 FONT = 10  # axis labels and panel titles
 SMALL = 9  # legends and tick labels: the floor for a printed figure
@@ -98,7 +98,7 @@ class Drawn:
     n: dict[str, int] = field(default_factory=dict)  # condition -> seeds behind its marks (the most)
     lines: bool = False  # mean lines
     points: bool = False  # single-seed dots beside a mean marker
-    ci: set[str] = field(default_factory=set)  # "bands", "bars": 95% bootstrap CIs drawn (need n >= 2)
+    ci: set[str] = field(default_factory=set)  # "bands", "bars": seedstats.INTERVAL drawn (need n >= 2)
     se: bool = False  # a sampling SE bar (binomial for accuracy, delta method for FS)
 
     def count(self, name: str, n: int) -> None:
@@ -124,7 +124,7 @@ def spread(fig: Figure) -> str:
     if d.points:
         parts.append("small dots: single seeds; large dots: their mean" if several else "dots: one seed each")
     if d.ci:
-        parts.append(f"{' and '.join(sorted(d.ci))}: 95% bootstrap CI of the mean over seeds"
+        parts.append(f"{' and '.join(sorted(d.ci))}: {INTERVAL} of the mean over seeds"
                      + (" (none where n = 1)" if min(d.n.values()) == 1 else ""))
     elif not several:
         parts.append("no interval over seeds")
@@ -291,7 +291,7 @@ def ci_bar(s) -> list | None:
 
 
 def points(ax, x: float, values, colour, name: str, label: str | None = None, se: float = float("nan")) -> None:
-    """Every seed as a dot beside the mean (± 95% CI bar where n >= 2); ``se``, when known, as a grey ±
+    """Every seed as a dot beside the mean (± its 95% t interval where n >= 2); ``se``, when known, as a grey ±
     bar beside it. ``name``: the condition the caption counts."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
@@ -312,7 +312,7 @@ def points(ax, x: float, values, colour, name: str, label: str | None = None, se
 
 
 def mean_point(ax, xs, ys, name: str, **style) -> None:
-    """The mean over seeds of (x, y), with 95% CIs on both axes where n >= 2."""
+    """The mean over seeds of (x, y), with 95% t intervals on both axes where n >= 2."""
     sx, sy = seed_summary(xs), seed_summary(ys)
     if sx.n == 0 or sy.n == 0:
         return

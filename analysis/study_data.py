@@ -32,6 +32,8 @@ from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_c
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from records.tables import filesystem, list_studies, read_table, table_path
 
+PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
+
 
 @dataclass
 class StudyData:
@@ -123,7 +125,10 @@ class StudyData:
         on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
         unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
         method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
-        measurements stored without them); NaN where no n is known."""
+        measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean
+        FS over every measured severity of the grid. fs_jpeg_pe_scale_rise = FS JPEG at PE scale
+        ``PE_SCALE_COLLAPSE`` - FS JPEG at 1.0, dssdc_pe_scale_drop = dSSDC at 1.0 - dSSDC at
+        ``PE_SCALE_COLLAPSE``: Study P's PE scaling within one trial (``pe_scale`` rows: additive PEs)."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
         out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
@@ -158,6 +163,12 @@ class StudyData:
                 counts.append(per(self.select(kind, count, level=level)).reindex(out.index)
                               .combine_first(at_alpha.reindex(out.index)))
             paired[name] = counts
+        for name, kind in (("fs_jpeg_grid", "jpeg"), ("fs_blur_grid", "blur")):  # every measured severity
+            out[name] = per(self.select(kind, "fs")).reindex(out.index)
+        at = {(metric, alpha): per(self.select("pe_scale", metric, level=alpha)).reindex(out.index)
+              for metric in ("fs_jpeg", "dssdc") for alpha in (PE_SCALE_COLLAPSE, 1.0)}
+        out["fs_jpeg_pe_scale_rise"] = at["fs_jpeg", PE_SCALE_COLLAPSE] - at["fs_jpeg", 1.0]
+        out["dssdc_pe_scale_drop"] = at["dssdc", 1.0] - at["dssdc", PE_SCALE_COLLAPSE]
         clean = self.select("clean", "acc")
         if "n_images" in clean and not clean.empty:
             out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)

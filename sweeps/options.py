@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import sys
 from collections.abc import Mapping
 
 from records import vocab
@@ -121,7 +122,26 @@ def build_trials(args: argparse.Namespace):
     ids = [c.trial_id for c in configs]
     if len(set(ids)) != len(ids):
         raise ValueError("the study produced duplicate trials; check --set overrides")
+    if args.seeds is not None and (notice := seeds_notice(args.seeds, configs)):
+        print(notice, file=sys.stderr)
     return configs
+
+
+def seeds_notice(seeds: int, configs) -> str | None:
+    """With ``--seeds N``: one line naming the claims that read "not enough seeds" at N seeds whatever
+    the results (``analysis.claims.undecided`` on the planned trials); None when every claim can decide."""
+    import pandas as pd
+
+    from analysis.claims import undecided
+    from analysis.study_data import StudyData
+
+    trials = pd.DataFrame([{"trial_id": c.trial_id, "status": "finished", "dataset": c.dataset, "pe": c.pe,
+                            "rpt": c.rpt, "protocol": c.protocol.name, "seed": c.seed} for c in configs])
+    names = undecided(StudyData.from_frames("plan", trials, pd.DataFrame(), pd.DataFrame()))
+    if not names:
+        return None
+    return (f"--seeds {seeds}: {len(names)} claim(s) cannot reach a verdict at {seeds} seed(s) (\"not enough seeds\"): "
+            + "; ".join(names))
 
 
 def swept_label(swept) -> dict:

@@ -110,7 +110,7 @@ def test_captions_say_what_is_drawn(one_seed, two_seeds):
         assert not re.search(r"\bCI\b", single.caption) and "n = 1 seed per condition" in single.caption, single.caption
         assert not any(isinstance(c, PolyCollection) for ax in single.figure.axes for c in ax.collections)
         (double,) = draw(two_seeds)
-        assert "95% bootstrap CI" in double.caption and "n = 2 seeds per condition" in double.caption, double.caption
+        assert "95% t interval of the mean" in double.caption and "n = 2 seeds per condition" in double.caption, double.caption
     (accuracy,) = figures.accuracy_fragility(one_seed)
     assert "sampling SE" in accuracy.caption  # the grey SE bars are drawn from n images even for one seed
 

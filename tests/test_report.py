@@ -177,7 +177,9 @@ def test_report_has_every_figure_as_png(full_report):
 
 def test_claims_find_planted_effects_and_not_the_null(full_report):
     results, index = full_report
-    table = pd.read_csv(index.parent / "claims.csv").set_index("claim")
+    every = pd.read_csv(index.parent / "claims.csv")
+    grid = every["setting"].str.endswith(claims.GRID_MARK)
+    table = every[~grid].set_index("claim")  # at 32 px an FS claim has a headline row and a severity-grid row
     verdict = table["verdict"]
     assert verdict["CutMix alone lowers minimum MAD"] == "supported"
     assert verdict["every CutMix run has lower minimum MAD than every run without"] == "supported"
@@ -188,18 +190,35 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert verdict["RPT collapses APE's SSDC recovery under RPI (dSSDC)"] == "supported"
     assert verdict["rope2d is less fragile to JPEG than ape"] == "supported"
     assert verdict["none is more fragile to JPEG than ape"] == "supported"
+    assert verdict["ape + RPT is more fragile to JPEG than ape"] == "supported"
+    assert verdict["ape + RPT is as fragile to JPEG as none"] == claims.CONSISTENT
+    assert verdict["scaling the APE to 0.4 raises FS JPEG (FS at 0.4 - FS at 1.0 > 0)"] == "supported"
+    assert verdict["scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)"] == "supported"
+    # Away from 224 px, each FS claim is also tested on the mean over the severity grid; the headline row says
+    # its severity is the paper's.
+    assert set(every.loc[grid, "claim"]) == {c.text for c in claims.CLAIMS if c.metric in claims.FS_GRID}
+    assert (every.loc[grid, "verdict"] != "no data").all()
+    assert table.loc["rope2d is less fragile to JPEG than ape", "setting"].endswith(claims.HEADLINE_MARK)
     row = table.loc["CutMix alone lowers minimum MAD"]
     assert (row["n A"], row["n B"], row["n pairs"]) == (5, 5, 5) and row["effect (A - B)"] < -0.2
-    # Paired by seed: 5 pairs all one way give the exact sign-flip test's smallest p, 1 / 2^5.
-    assert row["p"] == pytest.approx(1 / 32) and "paired by seed (5 pairs)" in row["test"]
-    assert row["CI"] == "paired t, n - 1 df" and row["margin"] == 0.02
+    # Paired by seed: the paired t test decides; 5 pairs all one way give the exact sign flip's smallest p, 1 / 2^5.
+    assert row["p (sign-flip)"] == pytest.approx(1 / 32) and "paired t test" in row["test"]
+    assert "paired by seed (5 pairs)" in row["test"] and row["p (raw)"] < 1e-4
+    assert row["p (raw)"] <= row["p (Holm)"] <= 1
+    assert row["CI"] == "paired t, one-sided 95%" and row["margin"] == 0.02
+    assert row["95% CI of effect"].startswith("(-∞, ")
+    # Numbers stay numbers in the CSV: an absent value is empty, not a dash.
+    for column in ("effect (A - B)", "p (raw)", "p (Holm)", "p (sign-flip)", "MDE (80% power, unadjusted alpha)",
+                   "paper effect (A - B)", "mean B", "margin", "p (Holm, all trials)"):
+        assert pd.api.types.is_float_dtype(every[column]), column
+    assert every["MDE (80% power, unadjusted alpha)"].notna().all() and every["p (Holm)"].notna().all()
     # The collapsed baseline seed is left out of every claim it would be in, and counted.
     assert (row["did not learn A"], row["did not learn B"]) == (0, 1)
     assert table.loc["rope2d is less fragile to JPEG than ape", "did not learn B"] == 1
     assert table.loc["AutoAugment adds accuracy", "n B"] == 5
     # With it kept, its degenerate minimum MAD (0.001) breaks the CutMix separation: the row is flagged.
     separation = table.loc["every CutMix run has lower minimum MAD than every run without"]
-    assert "unpaired (seeds do not pair)" in separation["test"]  # each group pools several protocols
+    assert "Welch t test" in separation["test"] and "unpaired (seeds do not pair)" in separation["test"]
     assert (separation["verdict"], separation["verdict (all trials)"]) == ("supported", "not supported")
     assert separation["survivors vs all"] == "DISAGREE" and row["survivors vs all"] == "agree"
     assert "<td class='v-differs'>DISAGREE</td>" in index.read_text()
@@ -212,7 +231,8 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
 
 
 def test_three_seeds_are_not_enough_and_cli_writes_report(tmp_path):
-    """3 vs 3 seeds: even complete separation gives p = 0.05. At 224 px the paper's numbers are drawn."""
+    """3 paired seeds: the exact sign-flip check cannot reach 0.05 (1/8), so no directional verdict. At 224 px
+    the paper's numbers are drawn."""
     results = str(tmp_path / "results")
     write_study(results, "small", seeds=3, protocols=["baseline", "cutmix"], models=[("ape", True)],
                 checkpoints=(4,), dataset="imagenet100", img_size=224)
@@ -296,19 +316,27 @@ def test_paired_comparison_uses_each_seed_once_and_states_its_interval():
     a, b = np.array([0.51, 0.62, 0.55, 0.58]), np.array([0.50, 0.60, 0.52, 0.57])  # seeds 0-3, shared offsets
     c = seedstats.compare(a, [0, 1, 2, 3], b, [3, 2, 1, 0][::-1], "greater")
     d = a - b
-    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     assert c.paired and c.n_pairs == 4 and c.effect == pytest.approx(d.mean())
-    assert (c.low, c.high) == pytest.approx((d.mean() - half, d.mean() + half))
-    assert c.p == pytest.approx(1 / 16) and c.min_p == pytest.approx(1 / 16)  # 4 pairs: never below 0.05
+    two = seedstats.compare(a, [0, 1, 2, 3], b, [0, 1, 2, 3], "two-sided")
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert (two.low, two.high) == pytest.approx((d.mean() - half, d.mean() + half)) and two.interval == "paired t, 95%"
+    # The paired t test decides, its p and interval from one t statistic; the exact sign flip stands beside it.
+    assert c.p == pytest.approx(stats.ttest_rel(a, b, alternative="greater").pvalue)
+    assert c.sign_flip_p == pytest.approx(1 / 16) and c.min_p == pytest.approx(1 / 16)  # 4 pairs: never below 0.05
+    one_sided = seedstats.compare(a, [0, 1, 2, 3], b, [0, 1, 2, 3], "greater")
+    assert one_sided.low == pytest.approx(d.mean() - stats.t.ppf(0.95, 3) * d.std(ddof=1) / 2)
+    assert one_sided.high == math.inf and one_sided.interval == "paired t, one-sided 95%"
     # The unpaired test on the same numbers throws the pairing away: the seed offsets swamp the effect.
-    assert stats.mannwhitneyu(a, b, alternative="greater").pvalue > 0.3
+    assert stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue > 0.3
     # Exact sign flip against scipy's permutation test on the differences (all 2^n sign patterns).
     d5 = np.array([0.3, -0.1, 0.2, 0.25, 0.05])
     ref = stats.permutation_test((d5,), np.mean, permutation_type="samples", alternative="greater").pvalue
     assert seedstats.sign_flip_p(d5, "greater") == pytest.approx(ref)
-    # A group with a seed twice (two pooled conditions) does not pair.
+    # A group with a seed twice (two pooled conditions) does not pair: Welch's t test, as scipy's.
     unpaired = seedstats.compare(a, [0, 0, 1, 1], b, [0, 1, 2, 3], "greater")
-    assert not unpaired.paired and "Mann-Whitney" in unpaired.test
+    assert not unpaired.paired and "Welch" in unpaired.test and unpaired.interval == "Welch t, one-sided 95%"
+    assert unpaired.p == pytest.approx(stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
+    assert math.isnan(unpaired.sign_flip_p)
 
 
 def test_a_null_claim_is_consistent_only_inside_its_margin(tmp_path):
@@ -322,7 +350,7 @@ def test_a_null_claim_is_consistent_only_inside_its_margin(tmp_path):
     table = claims.evaluate_claims(data, (wide, loose)).set_index("claim")
     assert table["verdict"].tolist() == [claims.INCONCLUSIVE, claims.CONSISTENT]
     assert table["margin"].tolist() == [1e-4, 0.05]
-    assert {c.margin for c in claims.CLAIMS} <= set(claims.MARGINS.values())
+    assert {c.margin for c in claims.CLAIMS} <= {*claims.MARGINS.values(), claims.RPT_AS_NONE_MARGIN}
     assert not any(math.isnan(c.margin) for c in claims.CLAIMS)
 
 
@@ -358,7 +386,8 @@ def test_seed_summary_against_numpy():
         v = rng.normal(size=n)
         s = seedstats.seed_summary(np.append(v, np.nan))
         assert s.n == n and np.isclose(s.mean, v.mean()) and np.isclose(s.std, v.std(ddof=1))
-        assert v.min() <= s.low <= s.mean <= s.high <= v.max()
+        half = stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / math.sqrt(n)
+        assert (s.low, s.high) == pytest.approx((v.mean() - half, v.mean() + half))
     assert seedstats.seed_summary([0.3]).n == 1 and np.isnan(seedstats.seed_summary([0.3]).std)
     assert seedstats.seed_summary([]).n == 0
 

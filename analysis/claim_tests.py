@@ -1,0 +1,226 @@
+"""The statistics of one claim: its test on the trials that learned and on all trials, its verdict
+from a Holm-adjusted p, its power mark, its precondition and the paper's numbers beside it.
+
+``analysis.claims`` defines the claims and assembles the table; the tests are ``analysis.seedstats``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from analysis.labels import canonical_protocol, model_label
+from analysis.paper_numbers import (
+    PAPER_L_ACC_GAIN,
+    PAPER_L_CUTMIX_MAX,
+    PAPER_L_MIN_MAD,
+    PAPER_L_NO_CUTMIX_MIN,
+    PAPER_P_APE_SCALING,
+    PAPER_P_MODELS,
+)
+from analysis.seedstats import ALPHA, Comparison, compare, one_sample
+from records.vocab import DATASET_SIZES
+
+if TYPE_CHECKING:
+    from analysis.claims import Claim
+    from analysis.study_data import StudyData
+
+CONSISTENT, INCONCLUSIVE = "consistent with no effect (CI inside the margin)", "inconclusive (CI exceeds the margin)"
+DIFFERS, UNTESTABLE = "differs (contradicts the claim)", "untestable at this scale (precondition not met)"
+MDE = "MDE (80% power, unadjusted alpha)"
+
+# Preconditions: what must hold at this scale before a claim can be tested at all.
+APE_FRAME_MIN_DSSDC = 0.10  # "APE frame": the trained APE's mean dSSDC under RPI (paper: 0.473; 0.098 at alpha 0.6)
+MAD_BELOW_UNIFORM = 0.05  # "local heads": baseline's minimum MAD this far below uniform attention's MAD
+PRECONDITIONS = {
+    "APE frame": f"the trained APE (fixed order, reference protocol) has mean dSSDC under RPI >= {APE_FRAME_MIN_DSSDC}",
+    "local heads": f"the baseline's mean minimum MAD is at least {MAD_BELOW_UNIFORM} below uniform attention's MAD",
+}
+
+
+# -- the test of one claim ---------------------------------------------------------------------
+def claim_stats(claim: Claim, metric: str, g: pd.DataFrame, in_a: pd.Series, in_b: pd.Series) -> dict:
+    """The test of one claim row on the trials that learned and on all trials: the table's statistics
+    columns, and (keys starting ``_``) what the verdict needs once the family's p values are adjusted."""
+    flagged = g["did_not_learn"].astype(bool) if "did_not_learn" in g else pd.Series(False, index=g.index)
+    tested = {}
+    for population, mask in (("learned", ~flagged), ("all", pd.Series(True, index=g.index))):
+        a, b = g[in_a & mask], g[in_b & mask]
+        va, vb = a[metric].to_numpy(float), b[metric].to_numpy(float)
+        if claim.b is None:
+            c = one_sample(va, claim.alternative)
+        else:
+            c = compare(va, a["seed"].to_numpy(), vb, b["seed"].to_numpy(), claim.alternative)
+        tested[population] = (va, vb, c, bool(va.size and vb.size and va.max() < vb.min()))
+    a, b, c, separated = tested["learned"]
+    *_, every, separated_all = tested["all"]
+    return {
+        "test": "separation: max(A) < min(B) over runs, and " + c.test if claim.separation else c.test,
+        "n A": c.n_a,
+        "n B": c.n_b,
+        "n pairs": c.n_pairs,
+        "did not learn A": int((in_a & flagged).sum()),
+        "did not learn B": int((in_b & flagged).sum()),
+        "mean A": float(a.mean()) if a.size else math.nan,
+        "mean B": float(b.mean()) if b.size and claim.b is not None else math.nan,
+        "effect (A - B)": c.effect,
+        "95% CI of effect": interval_text(c),
+        "CI": c.interval,
+        "p (raw)": c.p,
+        "p (sign-flip)": c.sign_flip_p,
+        MDE: c.mde,
+        "effect (all trials)": every.effect,
+        "95% CI (all trials)": interval_text(every),
+        "_p all": every.p, "_c": c, "_c all": every, "_separated": separated, "_separated all": separated_all,
+    }
+
+
+def interval_text(c: Comparison) -> str | None:
+    """``[0.012, 0.034]``, or a one-sided ``(-∞, -0.190]`` / ``[0.190, ∞)``; None without one."""
+    if math.isnan(c.low) and math.isnan(c.high):
+        return None
+    low = "(-∞" if c.low == -math.inf else f"[{c.low:.3f}"
+    high = "∞)" if c.high == math.inf else f"{c.high:.3f}]"
+    return f"{low}, {high}"
+
+
+def decides(claim: Claim, c: Comparison) -> bool:
+    """Whether the claim can reach a verdict at these sizes: a claim of no effect needs its interval (2
+    pairs, or 2 trials per group); a directional claim also needs sizes at which its distribution-free
+    companion (the exact sign flip, or the exact rank test unpaired) can reach p < ALPHA, so that no
+    verdict rests on the t test's normality alone: 5 pairs one-sided."""
+    if claim.alternative == "two-sided" and not claim.separation:
+        return math.isfinite(c.low)
+    return math.isfinite(c.p) and c.min_p < ALPHA
+
+
+def verdict(claim: Claim, c: Comparison, p_holm: float, separated: bool, met: bool | None) -> str:
+    """The verdict words of one claim row (``claims.VERDICTS``) from its comparison and Holm-adjusted p.
+
+    A claim of no effect, in this order: consistent with no effect when the 95% interval lies inside
+    ±margin (even if it excludes 0); differs when it lies wholly outside, or excludes 0 with adjusted
+    p < ALPHA; else inconclusive."""
+    if c.n_a == 0 or c.n_b == 0:
+        return "no data"
+    if met is False:
+        return UNTESTABLE
+    if not decides(claim, c):
+        return "not enough seeds"
+    if claim.alternative == "two-sided" and not claim.separation:
+        m = claim.margin
+        if -m <= c.low and c.high <= m:
+            return CONSISTENT
+        if c.low > m or c.high < -m or ((c.low > 0 or c.high < 0) and p_holm < ALPHA):
+            return DIFFERS
+        return INCONCLUSIVE
+    held = separated if claim.separation else True
+    return "supported" if held and p_holm < ALPHA else "not supported"
+
+
+def power_mark(claim: Claim, said: str, mde: float, paper_effect: float) -> str:
+    """"underpowered" where a row that did not find the effect could not have: its MDE exceeds the
+    effect to detect, the paper's |A - B| (for a claim of no effect, its margin); "" otherwise, and
+    where the paper gives no number."""
+    null = claim.alternative == "two-sided" and not claim.separation
+    target = claim.margin if null else abs(paper_effect)
+    return "underpowered" if said in ("not supported", INCONCLUSIVE) and mde > target else ""
+
+
+# -- preconditions ------------------------------------------------------------------------------
+def precondition(needs: str | None, data: StudyData, dataset: str) -> tuple[bool | None, str | None]:
+    """(met, what was measured) of a claim's precondition (``PRECONDITIONS``) on one data set, from the
+    trials that learned, other factors pinned to the reference; met None where it was not measured."""
+    if needs is None:
+        return None, None
+    t = data.per_trial
+    t = t[(t["dataset"] == dataset) & ~t["did_not_learn"].astype(bool)]
+    if needs == "APE frame":
+        rows, _ = data.pin(t[(t["pe"] == "ape") & ~t["rpt"].astype(bool) & t["dssdc"].notna()], set())
+        if rows.empty:
+            return None, "APE frame: the APE's dSSDC under RPI is not measured"
+        v, level, word = float(rows["dssdc"].mean()), APE_FRAME_MIN_DSSDC, "trained APE's dSSDC under RPI"
+        met = v >= level
+        return met, f"APE frame: {word} {v:.3f} {'>=' if met else '<'} {level:.2f}: {'met' if met else 'not met'}"
+    rows, _ = data.pin(t[(t["protocol"] == "baseline") & t["min_mad"].notna()], set())
+    grid = grid_size(data, dataset)
+    if rows.empty or grid is None:
+        return None, "local heads: the baseline's minimum MAD or the patch grid is not known"
+    v, uniform = float(rows["min_mad"].mean()), uniform_mad(grid)
+    met = v <= uniform - MAD_BELOW_UNIFORM
+    return met, (f"local heads: baseline's minimum MAD {v:.3f}, uniform attention {uniform:.3f} on {grid} x {grid}: "
+                 f"{'at least' if met else 'less than'} {MAD_BELOW_UNIFORM} below: {'met' if met else 'not met'}")
+
+
+def uniform_mad(grid: int) -> float:
+    """``mad`` of uniform attention over the G x G patch keys (the query's own patch included): the mean
+    Euclidean grid distance over all ordered pairs over sqrt(2) (G - 1): 0.418 on 8 x 8, 0.396 on 14 x 14."""
+    row, col = np.divmod(np.arange(grid * grid), grid)
+    distance = np.hypot(row[:, None] - row[None], col[:, None] - col[None])
+    return float(distance.mean() / (math.sqrt(2.0) * (grid - 1)))
+
+
+def grid_size(data: StudyData, dataset: str) -> int | None:
+    """G of the data set's trials: img_size // patch_size from the trials table where it has them, else
+    the data set's own sizes (``records.vocab.DATASET_SIZES``); None where neither says."""
+    t, size = data.trials[data.trials["dataset"] == dataset], DATASET_SIZES.get(dataset)
+
+    def first(column: str):
+        stored = t[column].dropna() if column in t else pd.Series(dtype=float)
+        return int(stored.iloc[0]) if len(stored) else getattr(size, column, None)
+
+    img, patch = first("img_size"), first("patch_size")
+    return img // patch if img and patch else None
+
+
+# -- the paper's numbers ------------------------------------------------------------------------
+def paper_numbers(claim: Claim, metric: str, dataset: str, matches_p: bool) -> tuple[str, float]:
+    """(``paper A / B`` text, the paper's effect A - B) where this data set's setting matches the
+    paper's (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100); ("—", NaN) elsewhere, and for the
+    severity-grid rows (the paper measured its headline severity only)."""
+    if claim.paper == "Study P" and matches_p:
+        scaled = {"fs_jpeg_pe_scale_rise": (1, 0.4, 1.0, "FS JPEG"), "dssdc_pe_scale_drop": (0, 1.0, 0.4, "dSSDC")}
+        if metric in scaled:
+            column, first, second, name = scaled[metric]
+            a, b = PAPER_P_APE_SCALING[first][column], PAPER_P_APE_SCALING[second][column]
+            return f"{name} {a:.3f} at {first} / {b:.3f} at {second}", a - b
+        pairs = [_paper_p(claim.metric, group) for group in (claim.a, claim.b)]
+    elif claim.paper == "Study L" and dataset == "cifar100" and metric == claim.metric:
+        if claim.separation:
+            return f"<= {PAPER_L_CUTMIX_MAX} / >= {PAPER_L_NO_CUTMIX_MIN}", math.nan
+        pairs = [_paper_l(claim.metric, group) for group in (claim.a, claim.b)]
+    else:
+        return "—", math.nan
+    if all(text is None for text, _ in pairs):
+        return "—", math.nan
+    (_, a), (_, b) = pairs
+    return " / ".join(text or "—" for text, _ in pairs), (a - b) if a is not None and b is not None else math.nan
+
+
+def _number(v: float | None) -> tuple[str | None, float | None]:
+    return (None, None) if v is None else (f"{v:.3f}", v)
+
+
+def _paper_p(metric: str, group: dict | None) -> tuple[str | None, float | None]:
+    if not group or "pe" not in group:
+        return None, None
+    label = model_label(group["pe"], group.get("rpt", False))
+    if metric == "dssdc":
+        return _number(PAPER_P_APE_SCALING[1.0][0] if label == "ape" else None)
+    return _number(PAPER_P_MODELS.get(label, {}).get(metric))
+
+
+def _paper_l(metric: str, group: dict | None) -> tuple[str | None, float | None]:
+    """Minimum MAD per protocol; accuracy as the gain over baseline (the paper gives no level): 0 for
+    baseline, the low end of "about 6-7 points" for CutMix and AutoAugment."""
+    protocol = canonical_protocol(group.get("protocol", "")) if group else ""
+    if metric == "min_mad":
+        return _number(PAPER_L_MIN_MAD.get(protocol))
+    if metric == "test_acc" and protocol == "baseline":
+        return "baseline", 0.0
+    if metric == "test_acc" and protocol in PAPER_L_ACC_GAIN:
+        low, high = PAPER_L_ACC_GAIN[protocol]
+        return f"gain {low:.2f}-{high:.2f}", low
+    return None, None
