@@ -7,8 +7,8 @@ Holm-adjusted per paper and data set (one family each) and every verdict reads t
 Trials flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group,
 and every claim is computed twice: on the trials that learned (the verdict) and with the
 non-learners kept, their measurements as they are (``verdict (all trials)``); a row whose two
-verdicts differ is flagged. A claim whose precondition is not met at this scale (``PRECONDITIONS``)
-is "untestable at this scale", whatever its test says.
+verdicts differ is flagged. A claim whose precondition is not met at this scale
+is "untestable at this scale", whatever its test says (``claim_tests.PRECONDITIONS``).
 
 It knows no plotting and no storage; it reads a ``StudyData`` (``analysis.study_data``) through its
 ``per_trial`` table and its ``pin`` method. Labels come from ``analysis.labels``, the papers'
@@ -145,11 +145,13 @@ def _kept(claim: Claim) -> set[str]:
 
 def _variants(claim: Claim, data: StudyData, dataset: str) -> list[tuple[str, str]]:
     """(per-trial metric, setting mark) rows of a claim on one data set: an FS claim is tested at the
-    paper's headline severity and, away from 224 px, on the mean over the measured severity grid."""
+    paper's headline severity and, away from 224 px where a grid of severities was measured, on the
+    mean over that grid."""
     if claim.metric not in FS_GRID:
         return [(claim.metric, "")]
     rows = [(claim.metric, HEADLINE_MARK)]
-    if not data.matches_paper_p(dataset):
+    shifted = data.select(claim.metric.removeprefix("fs_"), "fs")  # fs_jpeg: the jpeg rows
+    if not data.matches_paper_p(dataset) and shifted.loc[shifted["dataset"] == dataset, "level"].nunique() > 1:
         rows.append((FS_GRID[claim.metric], GRID_MARK))
     return rows
 

@@ -320,3 +320,10 @@ def test_seeds_flag_names_the_claims_that_cannot_decide(capsys):
     for argv in (["study_p", "--dry-run"], ["study_p", "--dry-run", "--seeds", "5"]):
         assert launcher.main(argv) == 0
         assert "--seeds" not in capsys.readouterr().err
+
+
+def test_no_grid_row_where_only_the_headline_severity_was_measured():
+    rows = [{"pe": pe, "seed": seed, "fs_jpeg": 0.5 + 0.01 * seed - 0.1 * (pe == "rope2d")}
+            for seed in range(PAIRS) for pe in ("rope2d", "ape")]
+    table = evaluate(study(rows), "rope2d is less fragile to JPEG than ape")
+    assert table["setting"].tolist() == ["cifar100, " + claims.HEADLINE_MARK]

@@ -45,7 +45,7 @@ def test_study_l_packs_of_eight():
         (["study_l", "--seeds", "5"], 60),  # no GPU per trial: default K = 1
         (["study_l", "--seeds", "5", "--gpus-per-trial", "0.5"], 9),  # GPUs: default K = 8
         (["study_l", "--seeds", "5", "--pack", "8", "--workers-per-trial", "2"], 60),  # DDP trains alone
-        (["study_p", "--pack", "8"], 28),  # dropout and drop path
+        (["study_p", "--pack", "8"], 35),  # dropout and drop path
         (["study_l", "--seeds", "5", "--preset", "vit_s", "--pack", "8"], 60),
         (["hparam", "--pack", "8"], 1),
         (["factorial", "--datasets", "cifar100", "--seeds", "1", "--pack", "8"], 7),  # one per PE x order
