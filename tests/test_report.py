@@ -99,7 +99,7 @@ def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS
         trial_id = f"{dataset}-{pe}{'-rpt' if rpt else ''}-{protocol}-s{seed}"
         acc = 0.50 + 0.06 * sw["cutmix"] + 0.06 * sw["autoaugment"] + 0.01 * rng.standard_normal()
         config = {"dataset": dataset, "pe": pe, "rpt": rpt, **sw, "protocol": protocol, "seed": seed,
-                  "img_size": img_size, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": checkpoints[-1],
+                  "img_size": img_size, "patch_size": img_size // 8, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": checkpoints[-1],
                   "code_version": "abc1234"}
         if "trials" in tables:
             write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
