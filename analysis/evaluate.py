@@ -27,6 +27,7 @@ from analysis import metrics
 from analysis.interventions import (
     ALPHAS,
     BLUR_KERNEL,
+    PAPER_RPI_BATCH,
     BLUR_LEVELS,
     JPEG_LEVELS,
     Clean,
@@ -99,7 +100,7 @@ class _Pass:
     image: Intervention  # Clean, Jpeg or GaussianBlur: acts on uint8 images
     model: tuple[Intervention, ...]  # PEScale and/or RandomPermutation: act on the model call
     tokens: bool = False  # SSDC at token indices (clean, or RPI scored against index coordinates)
-    per_batch: bool = False  # SSDC of each batch alone, averaged over batches (the paper's RPI estimator)
+    group: int = 0  # > 0: SSDC of each group of this many images, averaged over groups (the paper's RPI estimator)
     content: bool = False  # SSDC un-permuted to the patches' positions (RPI, content coordinates)
     attention: bool = False  # MAD, entropy, CLS mass
     correct: torch.Tensor | int = 0  # a device tensor while running: no host sync per forward
@@ -107,7 +108,7 @@ class _Pass:
     hits: list[torch.Tensor] = field(default_factory=list)  # per batch, bool (B,): image right? (paired counts)
     ssdc_index: list[metrics.SSDCAccumulator] = field(default_factory=list)  # per layer
     ssdc_content: list[metrics.SSDCAccumulator] = field(default_factory=list)
-    ssdc_batch: list[metrics.BatchSSDC] = field(default_factory=list)
+    ssdc_group: list[metrics.GroupSSDC] = field(default_factory=list)
     attention_stats: list[metrics.AttentionAccumulator] = field(default_factory=list)
 
     @property
@@ -156,7 +157,7 @@ class _Plan:
         table = learned_ape(model)
         self.ape_ratio = APENormRatio(table) if table is not None else None
         self.rpi = RandomPermutation(seed)  # one permutation per image: the RPI rows' estimand
-        self.rpi_per_batch = RandomPermutation(seed, per_image=False)  # the paper's: one per batch
+        self.rpi_paper = RandomPermutation(seed, group=PAPER_RPI_BATCH)  # the paper's: one per 1,000 images
         self.passes: dict[tuple, _Pass] = {}
 
     def need(self, image: Intervention, *, alpha: float = 1.0, scale: type[PEScale] = PEScale,
@@ -191,7 +192,7 @@ def _run_passes(
 ) -> None:
     num_patches = grid * grid
     groups = plan.by_image()
-    for batch_index, start in enumerate(range(0, len(images), batch_size)):
+    for start in range(0, len(images), batch_size):
         batch = images[start : start + batch_size].to(device)
         target = labels[start : start + batch_size].to(device)
         positions = range(start, start + len(batch))
@@ -200,18 +201,15 @@ def _run_passes(
             if image_intervention == Clean() and plan.ape_ratio is not None:
                 plan.ape_ratio.update(model.patch_embed(x))
             for run in runs:
-                _, kwargs = apply_condition(
-                    run.model, x, batch_index=batch_index, positions=positions, num_patches=num_patches,
-                    device=device,
-                )
-                wants_tokens = run.tokens or run.content or run.per_batch
+                _, kwargs = apply_condition(run.model, x, positions=positions, num_patches=num_patches, device=device)
+                wants_tokens = run.tokens or run.content or run.group > 0
                 out = model(x, return_tokens=wants_tokens, return_attention=run.attention, **kwargs)
                 hit = out.logits.argmax(-1) == target
                 run.correct = run.correct + hit.sum()
                 run.hits.append(hit)
                 run.total += len(target)
                 if wants_tokens:
-                    _update_ssdc(run, out.tokens, kwargs.get("perm"), grid)
+                    _update_ssdc(run, out.tokens, kwargs.get("perm"), grid, positions)
                 if run.attention:
                     if not run.attention_stats:
                         run.attention_stats = [metrics.AttentionAccumulator(grid) for _ in out.attention]
@@ -219,7 +217,8 @@ def _run_passes(
                         accumulator.update(attn)
 
 
-def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | None, grid: int) -> None:
+def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | None, grid: int,
+                 positions: range) -> None:
     """Feed each layer's patch tokens (B, N, D) (CLS dropped) to the pass's SSDC accumulators."""
     if run.tokens and not run.ssdc_index:
         run.ssdc_index = [metrics.SSDCAccumulator(grid) for _ in tokens]
@@ -227,12 +226,12 @@ def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | No
         if perm is None:
             raise ValueError("content-coordinate SSDC needs a permuted pass (RPI)")
         run.ssdc_content = [metrics.SSDCAccumulator(grid) for _ in tokens]
-    if run.per_batch and not run.ssdc_batch:
-        run.ssdc_batch = [metrics.BatchSSDC(grid) for _ in tokens]
+    if run.group and not run.ssdc_group:
+        run.ssdc_group = [metrics.GroupSSDC(grid) for _ in tokens]
     for layer, layer_tokens in enumerate(tokens):
         patches = layer_tokens[:, 1:]
-        if run.per_batch:
-            run.ssdc_batch[layer].update(patches)
+        if run.group:
+            run.ssdc_group[layer].update(patches, [p // run.group for p in positions])
         if run.tokens:
             run.ssdc_index[layer].update(patches)  # scored where the tokens sit: index coordinates
         if run.content:
@@ -288,7 +287,8 @@ def evaluate_checkpoint(
     images_uint8: (n, 3, H, W) uint8, labels: (n,) int; mean, std: the data set's
     normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per image, a function of
     seed and the image's position, so the same for every model, batch size and evaluation size; the
-    ``*_per_batch`` rows: one per batch, of seed and batch index). jpeg_levels: qualities; blur_levels: sigmas at kernel
+    ``*_per_batch`` rows: one per ``PAPER_RPI_BATCH`` images, of seed and group index). jpeg_levels:
+    qualities; blur_levels: sigmas at kernel
     ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``):
     ``pe_scale`` rows for additive PEs, ``rope_scale`` rows (position interpolation) for rotary ones.
 
@@ -327,7 +327,7 @@ def evaluate_checkpoint(
     plan = _Plan(seed, model)
     clean_pass = plan.need(clean, tokens=True, attention=True)
     rpi_pass = plan.need(clean, rpi=plan.rpi, tokens=True, content=True)
-    rpi_batch_pass = plan.need(clean, rpi=plan.rpi_per_batch, per_batch=True)
+    rpi_paper_pass = plan.need(clean, rpi=plan.rpi_paper, group=plan.rpi_paper.group)
     jpeg_passes = {q: plan.need(j) for q, j in jpegs.items()}
     blur_passes = {s: plan.need(b) for s, b in blurs.items()}
     alpha_passes = {
@@ -381,7 +381,7 @@ def evaluate_checkpoint(
     rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_content", v)
                 for layer, v in enumerate(rpi_pass.ssdc(content=True)))
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(rpi_index)))
-    rpi_batches = [a.ssdc() for a in rpi_batch_pass.ssdc_batch]
+    rpi_batches = [a.ssdc() for a in rpi_paper_pass.ssdc_group]
     rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_per_batch", v) for layer, v in enumerate(rpi_batches))
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc_per_batch", _delta_ssdc(rpi_batches)))
 

@@ -38,11 +38,8 @@ def grid_coords(grid: int, device: torch.device | str | None = None) -> torch.Te
 
 
 def pairwise_distance(coords: torch.Tensor, distance: str = "manhattan") -> torch.Tensor:
-    """Distance matrix between token positions.
-
-    coords: (N, 2) positions. Returns (N, N) float64. ``manhattan`` is
-    ``|r_i - r_j| + |c_i - c_j|`` (STUDIES.md SSDC); ``euclidean`` the straight line.
-    """
+    """Distance matrix (N, N) float64 between token positions coords (N, 2): ``manhattan``
+    ``|r_i - r_j| + |c_i - c_j|`` (STUDIES.md SSDC) or ``euclidean`` the straight line."""
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; choose one of {DISTANCES}")
     diff = coords.to(torch.float64)[:, None, :] - coords.to(torch.float64)[None, :, :]  # (N, N, 2)
@@ -175,22 +172,24 @@ class SSDCAccumulator:
         return spearman(similarity[i, j], -distance[i, j])
 
 
-class BatchSSDC:
-    """The paper's estimator under RPI: SSDC of each batch alone (one permutation per batch), averaged
-    over batches unweighted. It depends on the batch size; the default RPI rows are per image."""
+class GroupSSDC:
+    """The paper's estimator under RPI: SSDC of each group of images that shared a permutation (its
+    evaluation batch), averaged over groups unweighted. It depends on the group size."""
 
     def __init__(self, grid: int):
         self.grid = grid
-        self.values: list[float] = []
+        self.groups: dict[int, SSDCAccumulator] = {}
 
-    def update(self, tokens: torch.Tensor) -> None:
-        """Add one batch of patch tokens (B, N, D), CLS excluded, scored at their indices."""
-        self.values.append(ssdc(tokens, self.grid))
+    def update(self, tokens: torch.Tensor, groups: Sequence[int]) -> None:
+        """Add patch tokens (B, N, D), CLS excluded, at their indices; groups: each image's group (B,)."""
+        for group in dict.fromkeys(groups):
+            rows = torch.tensor([b for b, g in enumerate(groups) if g == group], device=tokens.device)
+            self.groups.setdefault(group, SSDCAccumulator(self.grid)).update(tokens[rows])
 
     def ssdc(self) -> float:
-        if not self.values:
-            raise ValueError("BatchSSDC has seen no batch; call update() first")
-        return math.fsum(self.values) / len(self.values)
+        if not self.groups:
+            raise ValueError("GroupSSDC has seen no tokens; call update() first")
+        return math.fsum(a.ssdc() for a in self.groups.values()) / len(self.groups)
 
 
 def ssdc(

@@ -198,14 +198,16 @@ def test_uniform_attention_has_entropy_1_and_known_mad():
     torch.testing.assert_close(metrics.mean_attention_distance(attn, GRID, normalize=False), mean_distance)
 
 
-def test_batch_ssdc_is_the_unweighted_mean_of_each_batchs_ssdc():
-    batches = [torch.randn(n, N, 6, generator=torch.Generator().manual_seed(n)) for n in (5, 3)]
-    per_batch = metrics.BatchSSDC(GRID)
-    for tokens in batches:
-        per_batch.update(tokens)
-    assert per_batch.ssdc() == pytest.approx(sum(metrics.ssdc(t, GRID) for t in batches) / 2, abs=1e-12)
-    with pytest.raises(ValueError, match="no batch"):
-        metrics.BatchSSDC(GRID).ssdc()
+def test_group_ssdc_is_the_unweighted_mean_of_each_groups_ssdc():
+    tokens = torch.randn(8, N, 6, generator=torch.Generator().manual_seed(3))
+    groups = [0, 0, 0, 1, 1, 0, 2, 2]  # in any order, across updates
+    grouped = metrics.GroupSSDC(GRID)
+    grouped.update(tokens[:4], groups[:4])
+    grouped.update(tokens[4:], groups[4:])
+    expected = [metrics.ssdc(tokens[[b for b, g in enumerate(groups) if g == k]], GRID) for k in (0, 1, 2)]
+    assert grouped.ssdc() == pytest.approx(sum(expected) / 3, abs=1e-12)
+    with pytest.raises(ValueError, match="no tokens"):
+        metrics.GroupSSDC(GRID).ssdc()
 
 
 @pytest.mark.parametrize("grid, renormalised", [(8, 0.418), (14, 0.396)])
