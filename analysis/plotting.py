@@ -59,11 +59,14 @@ def uniform_mad(grid: int) -> float:
 
 
 def grids(trials: pd.DataFrame, dataset: str | None = None) -> list[int]:
-    """The patch grids G of ``trials`` (of one data set), from their img_size / patch_size columns."""
+    """The patch grids G of ``trials`` (of one data set), from their img_size / patch_size columns
+    (a trial that lacks either, ``unset`` once the tables are cleaned, adds none)."""
     t = trials if dataset is None else trials[trials["dataset"] == dataset]
     if t.empty or not {"img_size", "patch_size"} <= set(t):
         return []
-    return sorted({int(i) // int(p) for i, p in zip(t["img_size"], t["patch_size"])})
+    size, patch = (pd.to_numeric(t[c], errors="coerce") for c in ("img_size", "patch_size"))
+    known = size.notna() & patch.notna() & (patch > 0)
+    return sorted({int(i) // int(p) for i, p in zip(size[known], patch[known])})
 
 
 def uniform_level(ax, grid_sides, axis: str = "y") -> None:
