@@ -27,9 +27,9 @@ from analysis import metrics
 from analysis.interventions import (
     ALPHAS,
     BLUR_KERNEL,
-    PAPER_RPI_BATCH,
     BLUR_LEVELS,
     JPEG_LEVELS,
+    PAPER_RPI_BATCH,
     Clean,
     GaussianBlur,
     Intervention,

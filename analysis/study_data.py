@@ -125,9 +125,9 @@ class StudyData:
         a holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number
         from the test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the
         network over heads that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out;
-        ``mad_early`` the mean MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the PE-scaling rows
-        at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the headline
-        level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
+        ``mad_early`` the mean MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5)
+        and fs_blur (sigma 2.5): the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_*
+        when the severity grid lacks the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
         standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
         on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
         unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
