@@ -1,19 +1,16 @@
 """Every measurement of both studies for one checkpoint, as long-format rows (STUDIES.md, records/schema.py).
 
-``evaluate_checkpoint`` runs a model over a fixed evaluation set (by default the
-whole test split) under every condition and returns rows ``{intervention, level,
-layer, head_index, metric, value, n_images}`` in the measurements vocabulary; the
-caller adds ``trial_id``, ``study`` and ``checkpoint_epoch`` and hands them to
-``records.tables``.
+``evaluate_checkpoint`` runs a model over a fixed evaluation set (by default the whole test split)
+under every condition and returns rows ``{intervention, level, layer, head_index, metric, value,
+n_images}`` in the measurements vocabulary; the caller adds ``trial_id``, ``study`` and
+``checkpoint_epoch`` and hands them to ``records.tables``.
 
-How the work is organised: a *pass* is one model forward per batch under one
-(image intervention, PE scale, RPI on/off) condition, asking the model only for
-what that pass feeds (tokens for SSDC, attention maps only for the clean pass).
-The loop is batch-major: each batch is transformed once per image intervention
-(JPEG, blur) and then pushed through every pass that uses it, so no transformed
-copy of the evaluation set is held. Passes that coincide (alpha = 1 is the
-trained model) run once. Accumulators keep SSDC and attention statistics over
-the whole subset: one per (pass, layer, coordinate frame).
+A *pass* is one model forward per batch under one (image intervention, PE scale, RPI) condition,
+asking the model only for what that pass feeds (tokens for SSDC, attention maps only for the clean
+pass). The loop is batch-major: each batch is transformed once per image intervention (JPEG, blur)
+and pushed through every pass that uses it, so no transformed copy of the evaluation set is held.
+Passes that coincide (alpha = 1 is the trained model) run once. Accumulators keep SSDC and attention
+statistics over the whole subset: one per (pass, layer, coordinate frame).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from analysis.interventions import (
     BLUR_KERNEL,
     BLUR_LEVELS,
     JPEG_LEVELS,
+    PAPER_RPI_BATCH,
     Clean,
     GaussianBlur,
     Intervention,
@@ -102,6 +100,7 @@ class _Pass:
     image: Intervention  # Clean, Jpeg or GaussianBlur: acts on uint8 images
     model: tuple[Intervention, ...]  # PEScale and/or RandomPermutation: act on the model call
     tokens: bool = False  # SSDC at token indices (clean, or RPI scored against index coordinates)
+    group: int = 0  # > 0: SSDC of each group of this many images, averaged over groups (the paper's RPI estimator)
     content: bool = False  # SSDC un-permuted to the patches' positions (RPI, content coordinates)
     attention: bool = False  # MAD, entropy, CLS mass
     correct: torch.Tensor | int = 0  # a device tensor while running: no host sync per forward
@@ -109,6 +108,7 @@ class _Pass:
     hits: list[torch.Tensor] = field(default_factory=list)  # per batch, bool (B,): image right? (paired counts)
     ssdc_index: list[metrics.SSDCAccumulator] = field(default_factory=list)  # per layer
     ssdc_content: list[metrics.SSDCAccumulator] = field(default_factory=list)
+    ssdc_group: list[metrics.GroupSSDC] = field(default_factory=list)
     attention_stats: list[metrics.AttentionAccumulator] = field(default_factory=list)
 
     @property
@@ -124,16 +124,45 @@ class _Pass:
         return [a.ssdc() for a in (self.ssdc_content if content else self.ssdc_index)]
 
 
+class APENormRatio:
+    """How loud a learned APE is beside the image content: the mean row norm of the APE table (CLS
+    slot excluded) over the mean norm of the images' patch embeddings (before the PE). PE scaling
+    multiplies the table, so a PE-scaling curve is read beside this ratio; weight decay on the table
+    (or on the patch embedding) moves it."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table_norm = float(table.detach()[0, 1:].float().norm(dim=-1).mean())  # table: (1, T, D)
+        self.patch_norm_sum: torch.Tensor | float = 0.0
+        self.count = 0
+
+    def update(self, patches: torch.Tensor) -> None:
+        """Add the patch embeddings (B, N, D) of a batch (``model.patch_embed(x)``)."""
+        self.patch_norm_sum = self.patch_norm_sum + patches.detach().float().norm(dim=-1).sum()
+        self.count += patches.shape[0] * patches.shape[1]
+
+    def ratio(self) -> float:
+        return self.table_norm / (float(self.patch_norm_sum) / self.count)
+
+
+def learned_ape(model: nn.Module) -> torch.Tensor | None:
+    """The learned additive table (1, T, D) of ``model`` (``ape``), or None (a fixed table is a buffer)."""
+    table = getattr(getattr(model, "pe", None), "table", None)
+    return table if isinstance(table, nn.Parameter) else None
+
+
 class _Plan:
     """The passes an evaluation needs, deduplicated by condition."""
 
-    def __init__(self, seed: int):
-        self.rpi = RandomPermutation(seed)
+    def __init__(self, seed: int, model: nn.Module):
+        table = learned_ape(model)
+        self.ape_ratio = APENormRatio(table) if table is not None else None
+        self.rpi = RandomPermutation(seed)  # one permutation per image: the RPI rows' estimand
+        self.rpi_paper = RandomPermutation(seed, group=PAPER_RPI_BATCH)  # the paper's: one per 1,000 images
         self.passes: dict[tuple, _Pass] = {}
 
-    def need(self, image: Intervention, *, alpha: float = 1.0, scale: type[PEScale] = PEScale, rpi: bool = False,
-             **wants: bool) -> _Pass:
-        model = ((scale(alpha),) if alpha != 1.0 else ()) + ((self.rpi,) if rpi else ())
+    def need(self, image: Intervention, *, alpha: float = 1.0, scale: type[PEScale] = PEScale,
+             rpi: RandomPermutation | None = None, **wants: bool) -> _Pass:
+        model = ((scale(alpha),) if alpha != 1.0 else ()) + ((rpi,) if rpi else ())
         key = (image, model)
         if key not in self.passes:
             self.passes[key] = _Pass(image, model)
@@ -163,22 +192,24 @@ def _run_passes(
 ) -> None:
     num_patches = grid * grid
     groups = plan.by_image()
-    for batch_index, start in enumerate(range(0, len(images), batch_size)):
+    for start in range(0, len(images), batch_size):
         batch = images[start : start + batch_size].to(device)
         target = labels[start : start + batch_size].to(device)
+        positions = range(start, start + len(batch))
         for image_intervention, runs in groups.items():
             x = normalize(image_intervention.images(batch), mean, std)
+            if image_intervention == Clean() and plan.ape_ratio is not None:
+                plan.ape_ratio.update(model.patch_embed(x))
             for run in runs:
-                _, kwargs = apply_condition(
-                    run.model, x, batch_index=batch_index, num_patches=num_patches, device=device
-                )
-                out = model(x, return_tokens=run.tokens or run.content, return_attention=run.attention, **kwargs)
+                _, kwargs = apply_condition(run.model, x, positions=positions, num_patches=num_patches, device=device)
+                wants_tokens = run.tokens or run.content or run.group > 0
+                out = model(x, return_tokens=wants_tokens, return_attention=run.attention, **kwargs)
                 hit = out.logits.argmax(-1) == target
                 run.correct = run.correct + hit.sum()
                 run.hits.append(hit)
                 run.total += len(target)
-                if run.tokens or run.content:
-                    _update_ssdc(run, out.tokens, kwargs.get("perm"), grid)
+                if wants_tokens:
+                    _update_ssdc(run, out.tokens, kwargs.get("perm"), grid, positions)
                 if run.attention:
                     if not run.attention_stats:
                         run.attention_stats = [metrics.AttentionAccumulator(grid) for _ in out.attention]
@@ -186,7 +217,8 @@ def _run_passes(
                         accumulator.update(attn)
 
 
-def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | None, grid: int) -> None:
+def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | None, grid: int,
+                 positions: range) -> None:
     """Feed each layer's patch tokens (B, N, D) (CLS dropped) to the pass's SSDC accumulators."""
     if run.tokens and not run.ssdc_index:
         run.ssdc_index = [metrics.SSDCAccumulator(grid) for _ in tokens]
@@ -194,8 +226,12 @@ def _update_ssdc(run: _Pass, tokens: list[torch.Tensor], perm: torch.Tensor | No
         if perm is None:
             raise ValueError("content-coordinate SSDC needs a permuted pass (RPI)")
         run.ssdc_content = [metrics.SSDCAccumulator(grid) for _ in tokens]
+    if run.group and not run.ssdc_group:
+        run.ssdc_group = [metrics.GroupSSDC(grid) for _ in tokens]
     for layer, layer_tokens in enumerate(tokens):
         patches = layer_tokens[:, 1:]
+        if run.group:
+            run.ssdc_group[layer].update(patches, [p // run.group for p in positions])
         if run.tokens:
             run.ssdc_index[layer].update(patches)  # scored where the tokens sit: index coordinates
         if run.content:
@@ -249,19 +285,22 @@ def evaluate_checkpoint(
     model: a ``trainables.vit.ViT`` (forward with perm / pe_scale / return_tokens /
     return_attention; ``model.config.pe`` decides whether alphas apply).
     images_uint8: (n, 3, H, W) uint8, labels: (n,) int; mean, std: the data set's
-    normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per
-    batch, a function of seed and batch index, so identical for every model at
-    the same batch size). jpeg_levels: qualities; blur_levels: sigmas at kernel
+    normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per image, a function of
+    seed and the image's position, so the same for every model, batch size and evaluation size; the
+    ``*_per_batch`` rows: one per ``PAPER_RPI_BATCH`` images, of seed and group index). jpeg_levels:
+    qualities; blur_levels: sigmas at kernel
     ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``):
     ``pe_scale`` rows for additive PEs, ``rope_scale`` rows (position interpolation) for rotary ones.
 
     Returns rows {intervention, level, layer, head_index, metric, value, n_images} (layer None =
     whole model, head_index None = not per head; n_images = len(labels), the images behind every row):
-      clean/None:    acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
+      clean/None:    acc; ssdc per layer; mad, mad_raw, mad_no_renorm, entropy, cls_mass per layer x head;
+                     ape_norm_ratio (``APENormRatio``) for a learned APE
       jpeg/quality:  acc, fs          blur/sigma: acc, fs
                      and per shift the paired counts right_both, right_clean_only, right_shift_only
                      (``metrics.paired_counts``: FS's sampling error, ``seedstats.fragility_se``)
-      rpi/None:      acc; ssdc (index coordinates), ssdc_content per layer; dssdc
+      rpi/None:      acc; ssdc (index coordinates), ssdc_content, ssdc_per_batch per layer; dssdc,
+                     dssdc_per_batch
       pe_scale/alpha: acc; fs_jpeg (q JPEG_HEADLINE); fs_blur (BLUR_HEADLINE); ssdc per layer under
                       RPI (index coordinates); dssdc; fs_jpeg_right_both, ... (their paired counts)
       rope_scale/alpha: the same metrics as pe_scale, for rope2d / rope2d_mixed
@@ -285,9 +324,10 @@ def evaluate_checkpoint(
     blurs = {s: GaussianBlur(s, BLUR_KERNEL) for s in blur_levels}
     jpeg_headline, blur_headline = Jpeg(JPEG_HEADLINE), GaussianBlur(BLUR_HEADLINE[1], BLUR_HEADLINE[0])
 
-    plan = _Plan(seed)
+    plan = _Plan(seed, model)
     clean_pass = plan.need(clean, tokens=True, attention=True)
-    rpi_pass = plan.need(clean, rpi=True, tokens=True, content=True)
+    rpi_pass = plan.need(clean, rpi=plan.rpi, tokens=True, content=True)
+    rpi_paper_pass = plan.need(clean, rpi=plan.rpi_paper, group=plan.rpi_paper.group)
     jpeg_passes = {q: plan.need(j) for q, j in jpegs.items()}
     blur_passes = {s: plan.need(b) for s, b in blurs.items()}
     alpha_passes = {
@@ -295,7 +335,7 @@ def evaluate_checkpoint(
             plan.need(clean, alpha=a, scale=scale),
             plan.need(jpeg_headline, alpha=a, scale=scale),
             plan.need(blur_headline, alpha=a, scale=scale),
-            plan.need(clean, alpha=a, scale=scale, rpi=True, tokens=True),
+            plan.need(clean, alpha=a, scale=scale, rpi=plan.rpi, tokens=True),
         )
         for a in scaled_alphas
     }
@@ -316,10 +356,13 @@ def evaluate_checkpoint(
     rows.append(_row("clean", None, _WHOLE, _WHOLE, "acc", acc_clean))
     for layer, value in enumerate(clean_pass.ssdc()):
         rows.append(_row("clean", None, layer, _WHOLE, "ssdc", value))
+    if plan.ape_ratio is not None:
+        rows.append(_row("clean", None, _WHOLE, _WHOLE, "ape_norm_ratio", plan.ape_ratio.ratio()))
     for layer, stats in enumerate(clean_pass.attention_stats):
         per_head = {
             "mad": stats.mean_attention_distance(normalize=True),
             "mad_raw": stats.mean_attention_distance(normalize=False),
+            "mad_no_renorm": stats.mean_attention_distance(normalize=True, renormalize=False),
             "entropy": stats.entropy(),
             "cls_mass": stats.cls_mass(),
         }
@@ -338,6 +381,9 @@ def evaluate_checkpoint(
     rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_content", v)
                 for layer, v in enumerate(rpi_pass.ssdc(content=True)))
     rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc", _delta_ssdc(rpi_index)))
+    rpi_batches = [a.ssdc() for a in rpi_paper_pass.ssdc_group]
+    rows.extend(_row("rpi", None, layer, _WHOLE, "ssdc_per_batch", v) for layer, v in enumerate(rpi_batches))
+    rows.append(_row("rpi", None, _WHOLE, _WHOLE, "dssdc_per_batch", _delta_ssdc(rpi_batches)))
 
     name = scale.name
     for alpha, (plain, jpeg, blur, rpi) in alpha_passes.items():

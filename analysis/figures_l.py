@@ -46,6 +46,8 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
                 s = summarise(per_layer, ["layer"])
                 pl.line(ax, s["layer"], s, f"{how} over heads ({pl.n_label(s['n'])})", name=protocol_label(proto),
                         color=pl.colour(pe, False, proto), ls=ls, marker="o" if how == "mean" else "v")
+            if metric == "mad":
+                pl.uniform_level(ax, pl.grids(data.trials, ds))
             ax.set_title(pl.panel_title(p, f"n={p['trial_id'].nunique()}"))
             ax.set_xlabel("layer")
             ax.set_ylabel(ylabel)
@@ -56,7 +58,8 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
         plots.append(pl.plot(f"{title} ({ds})", fig,
                              "Grey dots: every head of every seed (head index is arbitrary across seeds, so heads are "
                              "not averaged by index); solid: mean over heads per layer; dashed: the layer's most "
-                             "local head; colour: the protocol's, as in every figure.", pinned))
+                             "local head; colour: the protocol's, as in every figure."
+                             + (f" {pl.UNIFORM_TEXT}" if metric == "mad" else ""), pinned))
     return plots
 
 
@@ -94,6 +97,7 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
             proto = protocols[i]
             p = both[(both["dataset"] == ds) & (both["protocol"] == proto)]
             ax.scatter(p["value_mad"], p["value_ent"], c=p["layer"], cmap=cmap, norm=norm, s=7, alpha=0.35, lw=0)
+            pl.uniform_level(ax, pl.grids(data.trials, ds), axis="x")
             # Per layer: mean over heads within a seed, then the mean over seeds on both axes.
             per = p.groupby(["trial_id", "layer"])[["value_mad", "value_ent"]].mean().reset_index()
             for layer, g in per.groupby("layer"):
@@ -103,14 +107,14 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
                    ylabel="normalised entropy")
             pl.style(ax, min_span=None)
     # Shared axes fitted to every point of every panel: nothing pinned to an edge, nothing cut off.
-    axes.flat[0].set_xlim(*pl.fitted(both["value_mad"]))
+    axes.flat[0].set_xlim(*pl.fitted([*both["value_mad"], *map(pl.uniform_mad, pl.grids(data.trials))]))
     axes.flat[0].set_ylim(*pl.fitted(both["value_ent"]))
     handles = [Line2D([], [], marker="o", ls="none", color=cmap(norm(layer)), mec="k", mew=0.6, label=f"layer {layer}")
                for layer in range(n_layers)]
     fig.legend(handles=handles, loc="outside right upper", fontsize=pl.SMALL, title="layer", title_fontsize=pl.SMALL)
     text = ("Small dots: every head of every seed, coloured by layer; large dots: per-layer mean over heads, then "
             "over seeds. MAD is divided by the largest grid distance √2(G−1) (Study L's own normalisation is "
-            "unpublished); entropy by log N.")
+            f"unpublished); entropy by log N. {pl.UNIFORM_TEXT}")
     return [pl.plot(title, fig, text, pinned)]
 
 
@@ -138,11 +142,14 @@ def protocol_summary(data: StudyData) -> list[pl.Plot]:
             ax.set_xticks(range(len(protocols)), ticks, fontsize=pl.SMALL, rotation=30, ha="right")
             ax.set(title=pl.panel_title(g), ylabel=ylabel)
             pl.style(ax)
+            if metric == "min_mad":
+                pl.uniform_level(ax, pl.grids(data.trials, ds))
             if metric == "min_mad" and ds == "cifar100":
                 pl.legend(ax, handles=[pl.paper_handle(PAPER_L_SETTING)])
-    return [pl.plot(title, fig, "Minimum MAD = smallest per-head MAD in the network; colour: the protocol's, as "
-                                "in every figure; paper stars only on CIFAR-100 (its MAD normalisation is "
-                                "unpublished: compare shape, not digits).", pinned)]
+    return [pl.plot(title, fig, "Minimum MAD = smallest per-head MAD in the network over the heads that are no "
+                                "CLS sink (CLS mass < 0.5); colour: the protocol's, as in every figure; paper "
+                                "stars only on CIFAR-100 (its MAD normalisation is unpublished: compare shape, "
+                                f"not digits). {pl.UNIFORM_TEXT}", pinned)]
 
 
 # -- training time -----------------------------------------------------------------------
@@ -157,7 +164,7 @@ def emergence(data: StudyData) -> list[pl.Plot]:
         raise pl.NoData("every trial has a single measured checkpoint")
     panels = []
     for label, rows, how, keep in (
-        ("minimum MAD", data.select("clean", "mad", per_layer=True, per_head=True, final=False), "min", {"protocol"}),
+        ("minimum MAD", data.local_heads(final=False), "min", {"protocol"}),
         ("clean SSDC, mean over layers", data.select("clean", "ssdc", per_layer=True, final=False), "mean",
          {"pe", "rpt"}),
         ("dSSDC under RPI", data.select("rpi", "dssdc", final=False), "mean", {"pe", "rpt"}),
@@ -194,11 +201,14 @@ def emergence(data: StudyData) -> list[pl.Plot]:
             epochs = sorted({int(e) for e in per["checkpoint_epoch"]})  # log-spaced snapshots: every one fits
             ax.set_xticks(epochs, [str(e) for e in epochs])
             ax.xaxis.set_minor_locator(NullLocator())
+            if label == "minimum MAD":
+                pl.uniform_level(ax, pl.grids(data.trials, ds))
             ax.set(title=pl.panel_title(rows), xlabel="checkpoint epoch (0 = untrained)", ylabel=label)
             pl.style(ax)
             pl.legend(ax)
     pinned = "; ".join(p[3] for p in panels if p[3])
-    return [pl.plot(title, fig, "Trials measured at two or more checkpoints; x is symmetric-log.", pinned)]
+    text = "Trials measured at two or more checkpoints; x is symmetric-log; minimum MAD over heads that are no CLS sink."
+    return [pl.plot(title, fig, f"{text} {pl.UNIFORM_TEXT}" if panels[0][0] == "minimum MAD" else text, pinned)]
 
 
 def training_curves(data: StudyData) -> list[pl.Plot]:

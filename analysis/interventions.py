@@ -17,7 +17,8 @@ claims of Study P's scaling.
 
 ``clean`` does neither. Interventions compose: a condition is a tuple of them,
 applied with ``apply_condition``. Make one from its class (``Jpeg(5)``,
-``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``, ``RandomPermutation(seed=0)``);
+``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``, ``RandomPermutation(seed=0)``: one permutation per image;
+``RandomPermutation(seed=0, group=PAPER_RPI_BATCH)``: one per 1,000 images, the paper's batch);
 ``INTERVENTIONS`` is the registry by name and ``DEFAULT_LEVELS`` the severity grids.
 
 JPEG quality 5 and blur kernel 5 / sigma 2.5 are the paper's headline shifts,
@@ -26,6 +27,7 @@ set for 224 px images; at 32 px they are far harsher, hence the grids.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -42,6 +44,9 @@ JPEG_LEVELS = (5, 10, 20, 50, 75)  # quality
 BLUR_KERNEL = 5
 BLUR_LEVELS = (0.5, 1.0, 1.5, 2.0, 2.5)  # sigma, at kernel BLUR_KERNEL
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # 0, 0.1, ..., 1.0
+# Study P's evaluation batch (`prep_data.py`: val_batch_size = 1000), whose images share one RPI permutation
+# (`ImagePatcher`: one `randperm` per forward pass): the images of the paper's estimator's permutation.
+PAPER_RPI_BATCH = 1000
 
 
 class Intervention:
@@ -57,8 +62,8 @@ class Intervention:
         """uint8 (B, 3, H, W) -> uint8 (B, 3, H, W)."""
         return images
 
-    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
-        """Keyword arguments for ``ViT.forward`` on evaluation batch ``batch_index``."""
+    def model_kwargs(self, *, positions: range, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+        """Keyword arguments for ``ViT.forward`` on the batch of the evaluation set's images ``positions``."""
         return {}
 
 
@@ -134,26 +139,48 @@ class GaussianBlur(Intervention):
         return TF.gaussian_blur(images, kernel_size=[self.kernel, self.kernel], sigma=[self.sigma, self.sigma])
 
 
-def rpi_permutation(seed: int, batch_index: int, num_patches: int) -> torch.Tensor:
-    """The RPI permutation (N,) of evaluation batch ``batch_index``: a function of (seed, batch index) only.
+def rpi_permutation(seed: int, group: int, num_patches: int) -> torch.Tensor:
+    """The permutation (N,) shared by the images of group ``group`` (the paper's estimator): a function
+    of (seed, group index) only, so every model evaluated with the same seed sees the same token orders,
+    whatever else ran before (no shared generator state)."""
+    state = np.random.SeedSequence([seed, group]).generate_state(1, np.uint64)[0]
+    return torch.randperm(num_patches, generator=torch.Generator().manual_seed(int(state)))
 
-    So every model evaluated with the same seed and batch size sees the same
-    token orders, whatever else ran before (no shared generator state).
-    """
-    state = np.random.SeedSequence([seed, batch_index]).generate_state(1, np.uint64)[0]
-    generator = torch.Generator().manual_seed(int(state))
-    return torch.randperm(num_patches, generator=generator)
+
+@functools.lru_cache(maxsize=4)  # the clean RPI pass and every alpha's ask for the same batch in turn
+def rpi_image_permutations(seed: int, positions: range, num_patches: int) -> torch.Tensor:
+    """One permutation per image (B, N): row ``b`` is a function of (seed, the image's position in the
+    evaluation set) only, so an image gets the same token order at every batch size and evaluation size.
+    Drawn from ``SeedSequence(seed, spawn_key=(image,))``, a stream apart from the per-batch ones."""
+    rows = []
+    for position in positions:
+        state = np.random.SeedSequence(seed, spawn_key=(position,)).generate_state(1, np.uint64)[0]
+        rows.append(torch.randperm(num_patches, generator=torch.Generator().manual_seed(int(state))))
+    return torch.stack(rows)
 
 
 @dataclass(frozen=True)
 class RandomPermutation(Intervention):
-    """RPI: one seeded permutation of the patch tokens per evaluation batch, passed as the model's ``perm``."""
+    """RPI: seeded permutations of the patch tokens, passed as the model's ``perm``.
+
+    ``group`` 1 (the default): one permutation per image, so the scrambled content averages out over the
+    evaluation set and SSDC under RPI has one estimand whatever the batch or evaluation size. ``group``
+    k: the evaluation set's images ``k*g .. k*g + k - 1`` share one permutation (the paper's code: one
+    ``randperm`` per forward pass of ``PAPER_RPI_BATCH`` images), whose SSDC depends on k. Either way
+    independent of the batches the evaluation runs in.
+    """
 
     seed: int = 0
+    group: int = 1
     name: ClassVar[str] = "rpi"
 
-    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
-        return {"perm": rpi_permutation(self.seed, batch_index, num_patches).to(device)}
+    def model_kwargs(self, *, positions: range, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+        if self.group == 1:
+            return {"perm": rpi_image_permutations(self.seed, positions, num_patches).to(device)}
+        groups = [p // self.group for p in positions]
+        perms = {g: rpi_permutation(self.seed, g, num_patches) for g in dict.fromkeys(groups)}
+        perm = next(iter(perms.values())) if len(perms) == 1 else torch.stack([perms[g] for g in groups])
+        return {"perm": perm.to(device)}
 
 
 @dataclass(frozen=True)
@@ -172,7 +199,7 @@ class PEScale(Intervention):
     def level(self) -> float:
         return self.alpha
 
-    def model_kwargs(self, *, batch_index: int, num_patches: int, device: torch.device | str) -> dict[str, Any]:
+    def model_kwargs(self, *, positions: range, num_patches: int, device: torch.device | str) -> dict[str, Any]:
         return {"pe_scale": self.alpha}
 
 
@@ -194,15 +221,17 @@ def apply_condition(
     condition: Sequence[Intervention],
     images: torch.Tensor,
     *,
-    batch_index: int,
+    positions: range,
     num_patches: int,
     device: torch.device | str,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Apply a tuple of interventions to one uint8 batch: (transformed uint8 images, merged model kwargs)."""
+    """Apply a tuple of interventions to one uint8 batch: (transformed uint8 images, merged model kwargs).
+
+    positions: the batch's images' positions in the evaluation set (``range(start, start + B)``)."""
     kwargs: dict[str, Any] = {}
     for intervention in condition:
         images = intervention.images(images)
-        extra = intervention.model_kwargs(batch_index=batch_index, num_patches=num_patches, device=device)
+        extra = intervention.model_kwargs(positions=positions, num_patches=num_patches, device=device)
         for key, value in extra.items():
             if key in kwargs:
                 raise ValueError(f"condition {condition!r} sets model argument {key!r} twice")

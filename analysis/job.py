@@ -135,7 +135,7 @@ class Measurer:
             if run_id is not None:
                 from analysis.trial_record import log_checkpoint
 
-                log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows)
+                log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
         return len(rows)
 
 

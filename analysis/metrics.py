@@ -1,7 +1,6 @@
 """Spatial-structure metrics of a ViT's tokens and attention maps (STUDIES.md).
 
-Pure functions and small accumulators: tensors in, numbers out, no I/O. They
-run batched on whatever device the tensors live on (GPU during evaluation).
+Pure functions and small accumulators: tensors in, numbers out, no I/O, on the tensors' device.
 
 Dimension alphabet: B images, N = G*G patch tokens (row-major grid: token ``i``
 sits at ``(i // G, i % G)``), D channels, H heads, T = 1 + N tokens with CLS.
@@ -11,13 +10,11 @@ sits at ``(i // G, i % G)``), D channels, H heads, T = 1 + N tokens with CLS.
   distance, over pairs ``i < j``, ties given their average rank exactly as
   ``scipy.stats.spearmanr`` does (Manhattan distances on an 8x8 grid take only
   14 values over 2,016 pairs, so the tie rule matters).
-- Mean attention distance, normalised attention entropy (Study L) and the
-  attention mass that went to CLS, per head, from softmax attention maps.
+- Mean attention distance, normalised attention entropy (Study L) and the CLS mass, per head.
 - Fragility score FS and dSSDC (Study P).
 
-The ``*Accumulator`` classes sum over batches so a metric covers the whole
-evaluation set without holding every token or attention map; the one-shot
-functions are the same computation on a single batch.
+The ``*Accumulator`` classes sum over batches so a metric covers the whole evaluation set without
+holding every token or attention map; the one-shot functions are the same on a single batch.
 """
 
 from __future__ import annotations
@@ -41,11 +38,8 @@ def grid_coords(grid: int, device: torch.device | str | None = None) -> torch.Te
 
 
 def pairwise_distance(coords: torch.Tensor, distance: str = "manhattan") -> torch.Tensor:
-    """Distance matrix between token positions.
-
-    coords: (N, 2) positions. Returns (N, N) float64. ``manhattan`` is
-    ``|r_i - r_j| + |c_i - c_j|`` (STUDIES.md SSDC); ``euclidean`` the straight line.
-    """
+    """Distance matrix (N, N) float64 between token positions coords (N, 2): ``manhattan``
+    ``|r_i - r_j| + |c_i - c_j|`` (STUDIES.md SSDC) or ``euclidean`` the straight line."""
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; choose one of {DISTANCES}")
     diff = coords.to(torch.float64)[:, None, :] - coords.to(torch.float64)[None, :, :]  # (N, N, 2)
@@ -125,12 +119,10 @@ def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 class SSDCAccumulator:
     """SSDC over a whole evaluation set, fed one batch at a time.
 
-    Keeps the running sum of per-image cosine-similarity matrices (N, N) and
-    the image count, so ``S`` is averaged over every image (the published code
-    keeps only the last batch; STUDIES.md calls that a bug). Use one
-    accumulator per (condition, layer, coordinate frame): the frame is chosen
-    per ``update`` call by passing ``perm`` (content coordinates) or not
-    (index coordinates).
+    Keeps the running sum of per-image cosine-similarity matrices (N, N) and the image count, so
+    ``S`` is averaged over every image (the published code keeps only the last batch: a bug). One
+    accumulator per (condition, layer, coordinate frame): ``update`` with ``perm`` scores content
+    coordinates, without it index coordinates.
 
     grid: side G of the patch grid (N = G*G), used for row-major coordinates
     unless ``coords`` (N, 2) overrides them. distance: one of ``DISTANCES``.
@@ -180,6 +172,26 @@ class SSDCAccumulator:
         return spearman(similarity[i, j], -distance[i, j])
 
 
+class GroupSSDC:
+    """The paper's estimator under RPI: SSDC of each group of images that shared a permutation (its
+    evaluation batch), averaged over groups unweighted. It depends on the group size."""
+
+    def __init__(self, grid: int):
+        self.grid = grid
+        self.groups: dict[int, SSDCAccumulator] = {}
+
+    def update(self, tokens: torch.Tensor, groups: Sequence[int]) -> None:
+        """Add patch tokens (B, N, D), CLS excluded, at their indices; groups: each image's group (B,)."""
+        for group in dict.fromkeys(groups):
+            rows = torch.tensor([b for b, g in enumerate(groups) if g == group], device=tokens.device)
+            self.groups.setdefault(group, SSDCAccumulator(self.grid)).update(tokens[rows])
+
+    def ssdc(self) -> float:
+        if not self.groups:
+            raise ValueError("GroupSSDC has seen no tokens; call update() first")
+        return math.fsum(a.ssdc() for a in self.groups.values()) / len(self.groups)
+
+
 def ssdc(
     tokens: torch.Tensor,
     grid: int,
@@ -215,14 +227,17 @@ _CPU_CHUNK_WEIGHTS = 1 << 18
 
 
 def _attention_query_sums(attn: torch.Tensor, distance: torch.Tensor, has_cls: bool) -> tuple[torch.Tensor, ...]:
-    """Per-head sums over images and patch queries of (expected key distance, entropy in nats, CLS mass).
+    """Per-head sums over images and patch queries of (expected key distance, the same without
+    renormalising, entropy in nats, CLS mass).
 
     attn: (B, H, T, T) softmax maps; distance: (N, N) grid distances in attn's float dtype.
     The CLS row and column are dropped and each patch row renormalised to p = A / r, r = the row's
     mass on patch keys. p itself is never materialised (one pass fewer over the maps):
         sum_k p_k d_k      = (sum_k A_k d_k) / r
         -sum_k p_k log p_k = log r - (sum_k A_k log A_k) / r
-    Returns three (H,) float64 tensors (the CLS one zero when not has_cls).
+    The unrenormalised distance is sum_k A_k d_k itself: the mass a query gave CLS counts as distance 0
+    (the widely copied ``compute_mean_attention_dist`` convention).
+    Returns four (H,) float64 tensors (the CLS one zero when not has_cls).
     """
     patch = attn[:, :, 1:, 1:] if has_cls else attn  # (B, H, N, N) view
     tiny = torch.finfo(patch.dtype).tiny
@@ -230,14 +245,15 @@ def _attention_query_sums(attn: torch.Tensor, distance: torch.Tensor, has_cls: b
     # r > 0 after softmax unless every patch weight underflowed (all mass on CLS): such a row attends
     # to no patch and adds 0 distance and 0 entropy, instead of dividing by 0.
     mass = raw_mass.clamp_min(tiny)
-    expected_distance = (patch * distance).sum(-1) / mass
+    raw_distance = (patch * distance).sum(-1)
+    expected_distance = raw_distance / mass
     # clamp_min makes 0 log 0 = 0: an underflowed weight would give 0 * -inf = NaN (xlogy does the
     # same but is ~4x slower on CPU than clamp + log + mul).
     a_log_a = (patch * patch.clamp_min(tiny).log()).sum(-1)
     entropy = torch.where(raw_mass > 0, mass.log() - a_log_a / mass, 0.0)
     # Patch-token queries only (rows 1..N): how much of each query's mass went to the CLS key.
     cls_mass = attn[:, :, 1:, 0] if has_cls else torch.zeros_like(mass)
-    return tuple(v.sum((0, 2), dtype=torch.float64) for v in (expected_distance, entropy, cls_mass))
+    return tuple(v.sum((0, 2), dtype=torch.float64) for v in (expected_distance, raw_distance, entropy, cls_mass))
 
 
 def max_grid_distance(grid: int) -> float:
@@ -248,10 +264,9 @@ def max_grid_distance(grid: int) -> float:
 class AttentionAccumulator:
     """Per-head mean attention distance, entropy and CLS mass of one layer, over many batches.
 
-    Sums per-query values over images and queries, so the means equal the
-    one-shot functions applied to the concatenated batches. grid: side G of the
-    patch grid. has_cls: whether token 0 of the maps is CLS (then dropped from
-    rows and columns, and its received mass tracked as ``cls_mass``).
+    Sums per-query values over images and queries, so the means equal the one-shot functions on the
+    concatenated batches. grid: side G. has_cls: whether token 0 of the maps is CLS (then dropped
+    from rows and columns, and its received mass tracked as ``cls_mass``).
     """
 
     def __init__(self, grid: int, *, has_cls: bool = True):
@@ -259,6 +274,7 @@ class AttentionAccumulator:
         self.has_cls = has_cls
         self._distance: torch.Tensor | None = None  # (N, N) Euclidean grid distance, on the maps' device
         self.distance_sum: torch.Tensor | None = None  # (H,) float64, in patches
+        self.raw_distance_sum: torch.Tensor | None = None  # (H,) float64, in patches, rows not renormalised
         self.entropy_sum: torch.Tensor | None = None  # (H,) float64, in nats
         self.cls_mass_sum: torch.Tensor | None = None  # (H,) float64
         self.count = 0  # images x patch queries
@@ -277,7 +293,7 @@ class AttentionAccumulator:
         chunk = max(1, _CPU_CHUNK_WEIGHTS // (heads * num_tokens * num_tokens)) if attn.device.type == "cpu" else batch
         for part in attn.split(chunk):
             sums = _attention_query_sums(part, self._distance, self.has_cls)
-            for name, value in zip(("distance_sum", "entropy_sum", "cls_mass_sum"), sums):
+            for name, value in zip(("distance_sum", "raw_distance_sum", "entropy_sum", "cls_mass_sum"), sums):
                 previous = getattr(self, name)
                 setattr(self, name, value if previous is None else previous + value)
         self.count += batch * num_patches
@@ -287,9 +303,12 @@ class AttentionAccumulator:
             raise ValueError("AttentionAccumulator has seen no attention maps; call update() first")
         return total / self.count
 
-    def mean_attention_distance(self, *, normalize: bool = True) -> torch.Tensor:
-        """(H,) MAD: in [0, 1] (divided by sqrt(2)(G-1)) when ``normalize``, in patches otherwise."""
-        raw = self._mean(self.distance_sum)
+    def mean_attention_distance(self, *, normalize: bool = True, renormalize: bool = True) -> torch.Tensor:
+        """(H,) MAD: in [0, 1] (divided by sqrt(2)(G-1)) when ``normalize``, in patches otherwise.
+
+        ``renormalize`` False: rows are not renormalised after dropping CLS, so a query's mass on CLS
+        adds distance 0 (a CLS-sink head scores near 0 there, near uniform's level renormalised)."""
+        raw = self._mean(self.distance_sum if renormalize else self.raw_distance_sum)
         return raw / max_grid_distance(self.grid) if normalize else raw
 
     def entropy(self) -> torch.Tensor:
@@ -304,18 +323,19 @@ class AttentionAccumulator:
 
 
 def mean_attention_distance(
-    attn: torch.Tensor, grid: int, *, has_cls: bool = True, normalize: bool = True
+    attn: torch.Tensor, grid: int, *, has_cls: bool = True, normalize: bool = True, renormalize: bool = True
 ) -> torch.Tensor:
     """Mean attention distance per head (Study L).
 
     attn: (B, H, T, T) softmax maps. CLS row and column dropped, rows renormalised
     to 1; d(q, k) = Euclidean grid distance; mean over images and queries of
     sum_k A[q, k] d(q, k). Divided by sqrt(2)(G - 1) when ``normalize`` (so in
-    [0, 1]), raw in patches otherwise. Returns (H,) float64.
+    [0, 1]), raw in patches otherwise. ``renormalize`` False: rows not renormalised (CLS mass counts
+    as distance 0). Returns (H,) float64.
     """
     accumulator = AttentionAccumulator(grid, has_cls=has_cls)
     accumulator.update(attn)
-    return accumulator.mean_attention_distance(normalize=normalize)
+    return accumulator.mean_attention_distance(normalize=normalize, renormalize=renormalize)
 
 
 def attention_entropy(attn: torch.Tensor, grid: int, *, has_cls: bool = True) -> torch.Tensor:
@@ -333,9 +353,8 @@ def attention_entropy(attn: torch.Tensor, grid: int, *, has_cls: bool = True) ->
 def cls_attention_mass(attn: torch.Tensor) -> torch.Tensor:
     """Attention mass patch queries give the CLS key, per head.
 
-    attn: (B, H, 1 + N, 1 + N) softmax maps with CLS first. Rows are the N
-    patch-token queries (the CLS query row is excluded); the value is
-    ``attn[b, h, q, 0]`` averaged over images b and patch queries q. Returns (H,) float64.
+    attn: (B, H, 1 + N, 1 + N) softmax maps, CLS first: ``attn[b, h, q, 0]`` averaged over images b
+    and the N patch queries q (the CLS row excluded). Returns (H,) float64.
     """
     if attn.dim() != 4:
         raise ValueError(f"attn must be (B, H, T, T); got {tuple(attn.shape)}")
@@ -348,11 +367,10 @@ def cls_attention_mass(attn: torch.Tensor) -> torch.Tensor:
 def fragility(acc_clean: float, acc_shift: float) -> float:
     """Fragility score FS = 1 - acc_shift / acc_clean (Study P).
 
-    Accuracies are fractions in [0, 1]. FS is undefined when the clean accuracy
-    is 0 (an untrained or collapsed model can score 0 on a small subset): that
-    returns NaN rather than raising, so one degenerate checkpoint does not abort
-    a whole analysis job; NaN inputs also give NaN. Values outside [0, 1] raise
-    ValueError (they mean a caller passed percentages or counts).
+    Accuracies are fractions in [0, 1]. FS is undefined when the clean accuracy is 0 (an untrained
+    or collapsed model can score 0 on a small subset): NaN rather than raising, so one degenerate
+    checkpoint does not abort a whole analysis job; NaN inputs also give NaN. Values outside [0, 1]
+    raise ValueError (a caller passed percentages or counts).
     """
     acc_clean, acc_shift = float(acc_clean), float(acc_shift)
     if math.isnan(acc_clean) or math.isnan(acc_shift):
@@ -363,7 +381,6 @@ def fragility(acc_clean: float, acc_shift: float) -> float:
     if acc_clean == 0.0:
         return math.nan
     return 1.0 - acc_shift / acc_clean
-
 
 
 def paired_counts(clean_right: torch.Tensor, shift_right: torch.Tensor) -> tuple[int, int, int]:

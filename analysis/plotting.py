@@ -46,6 +46,34 @@ MIN_SPAN = 0.1
 MAD_LABEL = "MAD / max grid distance √2(G−1)"
 LETTER = "panel letter"  # label of the panel-letter texts
 PAPER_MARKER = {"marker": "*", "ms": 12, "mec": "k", "mew": 0.7, "ls": "none", "zorder": 5}
+UNIFORM_TEXT = "Dotted: the MAD of uniform attention over the patches on the grid (G x G)."
+
+
+def uniform_mad(grid: int) -> float:
+    """``mad`` of uniform attention over the patch keys of a G x G grid (the query's own patch
+    included): 0.418 at G 8, 0.396 at G 14, where an untrained model's heads start. Its distance is
+    ``analysis.metrics``'s Euclidean grid distance, here in numpy: the report imports no torch."""
+    row, col = np.divmod(np.arange(grid * grid), grid)
+    distance = np.sqrt((row[:, None] - row[None]) ** 2 + (col[:, None] - col[None]) ** 2)
+    return float(distance.mean() / (np.sqrt(2.0) * (grid - 1)))
+
+
+def grids(trials: pd.DataFrame, dataset: str | None = None) -> list[int]:
+    """The patch grids G of ``trials`` (of one data set), from their img_size / patch_size columns
+    (a trial that lacks either, ``unset`` once the tables are cleaned, adds none)."""
+    t = trials if dataset is None else trials[trials["dataset"] == dataset]
+    if t.empty or not {"img_size", "patch_size"} <= set(t):
+        return []
+    size, patch = (pd.to_numeric(t[c], errors="coerce") for c in ("img_size", "patch_size"))
+    known = size.notna() & patch.notna() & (patch > 0)
+    return sorted({int(i) // int(p) for i, p in zip(size[known], patch[known])})
+
+
+def uniform_level(ax, grid_sides, axis: str = "y") -> None:
+    """Draw the uniform-attention MAD of each grid as a dotted line: horizontal for a MAD on y, vertical on x."""
+    for grid in grid_sides:
+        draw = ax.axhline if axis == "y" else ax.axvline
+        draw(uniform_mad(grid), color="0.35", ls=":", lw=1.2, label=f"uniform attention ({grid} x {grid})")
 
 # -- one colour per condition ------------------------------------------------------------------
 # Figures draw two kinds of series: models (pe x token order) at the baseline protocol (Study P) and

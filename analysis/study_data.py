@@ -33,6 +33,13 @@ from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from records.tables import filesystem, list_studies, read_table, table_path
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
+# A head whose patch queries give CLS at least this share of their mass is a CLS sink: its renormalised
+# MAD describes the little left on the patches (uniform, for a head that spreads it), not locality, so
+# minimum MAD leaves it out and counts it (``cls_sink_heads``).
+CLS_SINK_MASS = 0.5
+# Minimum MAD falls as heads are added (a minimum over L x H heads: 64 in study_l, 96 in study_p), so
+# the mean MAD of these layers stands beside it, comparable across presets (``mad_early``).
+EARLY_LAYERS = (0, 1)
 
 
 @dataclass
@@ -118,9 +125,10 @@ class StudyData:
         test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement;
         a holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number
         from the test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the
-        network, Study L), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the PE-scaling rows
-        at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the headline
-        level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
+        network over heads that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out;
+        ``mad_early`` the mean MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5)
+        and fs_blur (sigma 2.5): the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_*
+        when the severity grid lacks the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
         standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
         on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
         unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
@@ -147,7 +155,10 @@ class StudyData:
         acc = column("test_acc").where(~tuning)
         out["test_acc"] = acc.combine_first(measured).where(~tuning)
         out["eval_acc"] = column("eval_acc")
-        out["min_mad"] = per(self.select("clean", "mad", per_layer=True, per_head=True), "min")
+        heads, local = self.select("clean", "mad", per_layer=True, per_head=True), self.local_heads()
+        out["min_mad"] = per(local, "min")
+        out["cls_sink_heads"] = per(heads, "size").sub(per(local, "size"), fill_value=0).reindex(out.index)
+        out["mad_early"] = per(heads[heads["layer"].isin(EARLY_LAYERS)])
         out["dssdc"] = per(self.select("rpi", "dssdc"))
         paired, scaled_from = {}, ("pe_scale", "rope_scale")
         for name, kind, level in (("fs_jpeg", "jpeg", float(vocab.JPEG_HEADLINE)),
@@ -190,6 +201,17 @@ class StudyData:
                                index=out.index)
             out[f"{name}_se"] = from_counts.where(counts[0].notna(), approx)
         return out.reset_index()
+
+    def local_heads(self, *, final: bool = True) -> pd.DataFrame:
+        """(clean, mad) rows per layer and head of the heads that are no CLS sink (``CLS_SINK_MASS``);
+        every head where the measurements hold no ``cls_mass``."""
+        mad = self.select("clean", "mad", per_layer=True, per_head=True, final=final)
+        cls = self.select("clean", "cls_mass", per_layer=True, per_head=True, final=final)
+        if mad.empty or cls.empty:
+            return mad
+        keys = ["trial_id", "checkpoint_epoch", "layer", "head_index"]
+        mass = mad[keys].merge(cls[[*keys, "value"]], on=keys, how="left")["value"].to_numpy()
+        return mad[~(mass >= CLS_SINK_MASS)]
 
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
         """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.

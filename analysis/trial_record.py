@@ -5,7 +5,8 @@ Parquet. On the trial's run it logs
 
 - scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of
   ``n_images`` images: ``test_acc``'s set when it is the whole test split, the default),
-  ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min``;
+  ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS
+  sink), ``ape_norm_ratio`` (a learned APE);
 - per-layer curves with the layer as the step and the checkpoint epoch in the key, all under the
   prefix ``layers/`` (``layer_profiles``): ``layers/ssdc/epoch_0100`` (clean), ``layers/ssdc_rpi/epoch_0100``,
   ``layers/ssdc_rpi_content/epoch_0100``, ``layers/mad_mean/epoch_0100`` and ``layers/mad_min/epoch_0100``
@@ -46,25 +47,31 @@ def _set(x: Any) -> bool:
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Scalar MLflow metrics of one checkpoint's rows: acc_clean, n_images, dssdc_rpi, fs_jpeg_q5,
-    fs_blur_s2.5, mad_min (NaNs left out)."""
+    fs_blur_s2.5, mad_min (over heads that are no CLS sink, ``study_data.CLS_SINK_MASS``),
+    ape_norm_ratio (a learned APE only); NaNs left out."""
+    from analysis.study_data import CLS_SINK_MASS
+
     out: dict[str, float] = {}
-    mads = []
+    mads, cls_mass = {}, {}
     for r in rows:
         iv, lvl, metric, value = r["intervention"], r.get("level"), r["metric"], r["value"]
         if iv == "clean" and metric == "acc":
             out["acc_clean"] = value
             if r.get("n_images") is not None:
                 out["n_images"] = r["n_images"]
-        elif iv == "clean" and metric == "mad":
-            mads.append(value)
+        elif iv == "clean" and metric in ("mad", "cls_mass"):
+            (mads if metric == "mad" else cls_mass)[(r["layer"], r["head_index"])] = value
+        elif iv == "clean" and metric == "ape_norm_ratio":
+            out["ape_norm_ratio"] = value
         elif iv == "rpi" and metric == "dssdc":
             out["dssdc_rpi"] = value
         elif iv == "jpeg" and metric == "fs" and lvl == JPEG_HEADLINE:
             out[f"fs_jpeg_q{JPEG_HEADLINE}"] = value
         elif iv == "blur" and metric == "fs" and lvl == BLUR_HEADLINE[1]:
             out[f"fs_blur_s{BLUR_HEADLINE[1]}"] = value
-    if mads:
-        out["mad_min"] = float(min(mads))
+    local = [v for head, v in mads.items() if not cls_mass.get(head, 0.0) >= CLS_SINK_MASS]
+    if local:
+        out["mad_min"] = float(min(local))
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
 
 
@@ -88,8 +95,9 @@ def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int
     return dict(out)
 
 
-def trial_figure(rows: list[dict[str, Any]], title: str):
-    """Three panels of one checkpoint: SSDC per layer (clean, under RPI), MAD and entropy per head."""
+def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
+    """Three panels of one checkpoint: SSDC per layer (clean, under RPI), MAD and entropy per head
+    (MAD beside uniform attention's on the G x G ``grid``)."""
     from analysis import plotting as pl
 
     fig, axes = pl.grid(1, 3, w=3.8, h=3.2)
@@ -119,19 +127,22 @@ def trial_figure(rows: list[dict[str, Any]], title: str):
                     label=f"head {head}")
         ax.set(title=f"{'MAD' if metric == 'mad' else 'entropy'} per head", xlabel="layer", ylabel=ylabel,
                ylim=(0, 1.02))
+        if metric == "mad":
+            pl.uniform_level(ax, [grid])
         pl.style(ax, layer_axis="x", min_span=None)
     pl.legend(axes[0, 2], ncols=2)
     fig.suptitle(title, fontsize=pl.FONT)  # shown alone in MLflow, so it names its trial and checkpoint
     return fig
 
 
-def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int, rows: list[dict[str, Any]]) -> None:
-    """Scalars, per-layer curves and the figure of one checkpoint on the trial's run."""
+def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int, rows: list[dict[str, Any]],
+                   grid: int) -> None:
+    """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run."""
     from analysis import plotting as pl
 
     tracking.log_metrics(uri, run_id, summarize(rows), step=epoch)
     measurements.log_metric_series(uri, run_id, layer_profiles(rows, epoch))
-    fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}")
+    fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}", grid)
     with tempfile.TemporaryDirectory(prefix="vitsweep-fig-") as tmp:
         for ext, render in (("png", pl.render_png), ("svg", pl.render_svg)):
             path = Path(tmp) / f"layers_epoch_{int(epoch):04d}.{ext}"
@@ -160,7 +171,7 @@ def write_summary_table(results: str, study: str) -> int:
         headline = {"trial_id": trial_id, "study": study, "eval_acc": _plain(stored.get("eval_acc")),
                     "mlflow_run_id": _plain(stored.get("mlflow_run_id")),
                     **{f.name: _plain(p[f.name]) for f in SUMMARY_FIELDS if f.name in p.index}}
-        for name in ("checkpoint_epoch", "n_images"):
+        for name in ("checkpoint_epoch", "n_images", "cls_sink_heads"):
             if headline.get(name) is not None:
                 headline[name] = int(headline[name])
         headline["did_not_learn"] = bool(headline.get("did_not_learn"))

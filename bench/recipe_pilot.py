@@ -1,4 +1,4 @@
-"""Study P's optimiser, settled by measurement: three recipes side by side on real images.
+"""Study P's optimiser, measured: four recipes side by side on real images.
 
 The paper's table says Adam, lr 1e-3, weight decay 5e-2. Read literally in PyTorch that is
 ``torch.optim.Adam(model.parameters(), weight_decay=5e-2)``: L2 added to the gradient of every
@@ -8,19 +8,23 @@ images in the same order, the same warm-up and cosine schedule:
     a  adam, decay_exempt=none   the literal recipe (study_p's default until this pilot's CPU run)
     b  adam, decay_exempt=timm   the former mix: coupled L2, APE / CLS / norms / biases exempt
     c  adamw 0.05, timm          AdamW with the timm exemptions: study_p's default since the CPU run
+    d  adamw 0.05, none          AdamW, every parameter decays: the other natural reading, and Lee's
+                                 recipe (the factorial's at 32 and 64 px)
 
 Model: the ``study_p`` preset (ViT-S width, 8 heads, 224 px, patch 16, dropout 0.15, drop path 0.2,
 APE N(0, 1)) with 200 classes. Data: the Tiny-ImageNet subset of ``../shared/data`` (50 train
 images per class; 5% of them held out), trained with Study P's baseline protocol at 224 px: a
 random resized crop (torchvision's parameters, resampled batched on the device with
-``torchvision.ops.roi_align``) and a horizontal flip; the holdout is resized to 256 and
-centre-cropped to 224, as the project evaluates 224 px images.
+``torchvision.ops.roi_align``) and a horizontal flip; the holdout is squashed to 224 x 224
+(``trainables.images.eval_view``), as the project evaluates 224 px images.
 
 Printed per arm: the train-loss curve (mean per tenth of the run), holdout accuracy (chance 0.005)
-and the APE-to-patch-embedding norm ratio (mean row norm of the APE table over the mean norm of
-the patch embeddings of holdout images) at init and at the end: a ratio that grows by an order of
-magnitude means the image content is vanishing beside the position signal, which is what Study P's
-alpha scaling measures.
+and, at init and after every epoch, the APE-to-patch-embedding norm ratio
+(``analysis.evaluate.APENormRatio``, the analysis stage's ``ape_norm_ratio`` row: mean row norm of
+the APE table over the mean norm of the patch embeddings of 64 holdout images): a ratio that grows
+by an order of magnitude means the image content is vanishing beside the position signal, which is
+what Study P's alpha scaling measures; Adam moves each coordinate by at most about lr per step, so
+how far decay has moved the N(0, 1) table depends on the number of steps, not only the recipe.
 
     DATA=$(mktemp -d); tar xzf ../shared/data/tiny-imagenet-200-subset.tar.gz -C "$DATA"
     .venv/bin/python bench/recipe_pilot.py --data-root "$DATA"                   # CPU smoke test, ~3 min
@@ -31,10 +35,12 @@ Budgets: ``smoke`` (the default without CUDA) runs 4 steps of 8 images per arm a
 holdout images: it proves the script, it decides nothing. ``cpu`` (the run that decided Study P's
 default: README, "Protocol choices") trains Study P's model at Tiny-ImageNet's native 64 px with
 16 px patches, 3 epochs of 8,000 images (batch 64, 375 steps), a fifth of the subset held out
-(2,000 images): ~27 min for the three arms on 2 idle cores (~44 img/s). ``gpu`` runs 20 epochs of the 9,500
+(2,000 images): ~36 min for the four arms on 2 idle cores (~44 img/s). ``gpu`` runs 20 epochs of the 9,500
 training images per arm (batch 128, 74 steps an epoch, 1,480 steps, 2 warm-up epochs, bf16
 autocast), about 190,000 images per arm: estimated (not yet measured) at ~3,000 img/s for ViT-S
-on one H200, about 4 minutes for the three arms.
+on one H200, about 5 minutes for the four arms. The measured decision table (README, "Protocol
+choices") came from arms a-c before study_p followed Study P's code (CLS N(0, 1), Linear default
+init, no final LayerNorm).
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 import torchvision.transforms as T
-import torchvision.transforms.v2.functional as TF
 from torchvision.ops import roi_align
 
+from analysis.evaluate import APENormRatio
 from trainables.config import RunConfig
 from trainables.datasets import load_dataset
+from trainables.images import eval_view
 from trainables.protocols import normalize
 from trainables.train import build_optimizer, lr_factor
 from trainables.vit import ViT
@@ -59,8 +66,9 @@ ARMS = {
     "a: adam, L2 on every parameter (literal)": {"optimizer": "adam", "decay_exempt": "none"},
     "b: adam, timm exemptions (former mix)": {"optimizer": "adam", "decay_exempt": "timm"},
     "c: adamw 0.05, timm exemptions": {"optimizer": "adamw", "decay_exempt": "timm"},
+    "d: adamw 0.05, every parameter decays": {"optimizer": "adamw", "decay_exempt": "none"},
 }
-IMG_SIZE, EVAL_RESIZE = 224, 256
+IMG_SIZE = 224
 
 
 @dataclass(frozen=True)
@@ -107,23 +115,12 @@ def random_resized_crop(images: torch.Tensor, generator: torch.Generator, size: 
     return torch.where(flip.to(images.device)[:, None, None, None], out.flip(-1), out)
 
 
-def eval_view(images: torch.Tensor, size: int = IMG_SIZE) -> torch.Tensor:
-    """uint8 (B, 3, h, w) -> uint8 (B, 3, 224, 224): shorter side to 256, centre crop, as 224 px evaluation
-    (below 224 px the images are scored as they are)."""
-    if size < IMG_SIZE:
-        return images
-    return TF.center_crop(TF.resize(images, [EVAL_RESIZE], antialias=True), [IMG_SIZE, IMG_SIZE])
-
-
 @torch.no_grad()
 def norm_ratio(model: ViT, x: torch.Tensor) -> float:
-    """Mean row norm of the APE table (CLS slot excluded) / mean norm of the patch embeddings of ``x``."""
-    was = model.training
-    model.eval()
-    patches = model.patch_embed(x).float().norm(dim=-1).mean()
-    table = model.pe.additive(1.0)[0, 1:].float().norm(dim=-1).mean()
-    model.train(was)
-    return float(table / patches)
+    """The analysis stage's ``ape_norm_ratio`` of ``model`` on the normalised images ``x``."""
+    ratio = APENormRatio(model.pe.table)
+    ratio.update(model.patch_embed(x))
+    return ratio.ratio()
 
 
 @torch.no_grad()
@@ -157,7 +154,7 @@ def run_arm(name: str, overrides: dict, budget: Budget, data, holdout, device: t
     warmup = round(budget.warmup_epochs * steps_per_epoch)
     hold_images, hold_labels = holdout
     probe = normalize(hold_images[:64].to(device), data.mean, data.std)
-    ratio_init = norm_ratio(model, probe)
+    ratios = [norm_ratio(model, probe)]  # at init, then after every epoch (and at the end)
     order_gen = torch.Generator().manual_seed(1)  # the same images in the same order in every arm
     crop_gen = torch.Generator().manual_seed(2)
     losses: list[float] = []
@@ -179,14 +176,15 @@ def run_arm(name: str, overrides: dict, budget: Budget, data, holdout, device: t
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if (step + 1) % steps_per_epoch == 0 or step + 1 == total:
+            ratios.append(norm_ratio(model, probe))
         if log_every and (step + 1) % log_every == 0:
             mean_loss = sum(losses[-log_every:]) / log_every
             print(f"  [{name[:1]}] step {step + 1}/{total} loss {mean_loss:.3f}", flush=True)
     seconds = time.perf_counter() - t0
     acc = accuracy(model, hold_images, hold_labels, data.mean, data.std, device, amp)
     return {"arm": name, "steps": total, "images": total * budget.batch_size, "seconds": seconds,
-            "curve": _tenths(losses), "holdout_acc": acc, "ratio_init": ratio_init,
-            "ratio_end": norm_ratio(model, probe)}
+            "curve": _tenths(losses), "holdout_acc": acc, "ratios": ratios}
 
 
 def _tenths(values: list[float]) -> list[float]:
@@ -222,11 +220,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("\nloss per tenth of the run (train, mean):")
     for r in results:
         print(f"  {r['arm']:<42} " + " ".join(f"{v:.3f}" for v in r["curve"]))
+    print("\nAPE / patch-embedding norm ratio at init, then after each epoch (and the run's last step):")
+    for r in results:
+        print(f"  {r['arm']:<42} " + " ".join(f"{v:.3g}" for v in r["ratios"]))
     print(f"\n{'arm':<42} {'steps':>6} {'img/s':>7} {'holdout acc':>11} {'APE/patch norm: init':>21} {'end':>8} "
           f"{'end/init':>8}")
     for r in results:
+        init, end = r["ratios"][0], r["ratios"][-1]
         print(f"{r['arm']:<42} {r['steps']:>6} {r['images'] / r['seconds']:>7.1f} {r['holdout_acc']:>11.3f} "
-              f"{r['ratio_init']:>21.2f} {r['ratio_end']:>8.2f} {r['ratio_end'] / r['ratio_init']:>8.2f}")
+              f"{init:>21.2f} {end:>8.2f} {end / init:>8.2f}")
     base = results[0]
     print("\nratios against arm a (literal): holdout acc " + ", ".join(
         f"{r['arm'][:1]} {r['holdout_acc'] / base['holdout_acc']:.2f}x" if base["holdout_acc"] else

@@ -22,10 +22,12 @@ the intervention has no level. The vocabulary (intervention, level -> metrics):
 ==========  ===============  ==============================================================
 intervention level            metrics
 ==========  ===============  ==============================================================
-clean       null             acc; ssdc per layer; mad, mad_raw, entropy, cls_mass per layer x head
+clean       null             acc; ssdc per layer; mad, mad_raw, mad_no_renorm, entropy, cls_mass per layer x
+                             head; ape_norm_ratio (learned APE only)
 jpeg        quality          acc, fs; right_both, right_clean_only, right_shift_only
 blur        sigma (kernel 5) acc, fs; right_both, right_clean_only, right_shift_only
-rpi         null             acc; ssdc (index coords) and ssdc_content per layer; dssdc
+rpi         null             acc; ssdc (index coords), ssdc_content, ssdc_per_batch per layer; dssdc,
+                             dssdc_per_batch
 pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc;
                              fs_jpeg_right_both, ..., fs_blur_right_shift_only
 rope_scale  alpha            as pe_scale, for RoPE: angles times alpha (position interpolation)
@@ -125,7 +127,9 @@ SUMMARY_FIELDS = pa.schema(
         ("checkpoint_epoch", pa.int64()),  # the last measured checkpoint, source of the columns below
         ("acc_clean", pa.float64()),  # clean accuracy on the analysis set of n_images images
         ("n_images", pa.int64()),  # images of the analysis set (== the test split unless capped)
-        ("min_mad", pa.float64()),  # smallest per-head MAD in the network (Study L's minimum MAD)
+        ("min_mad", pa.float64()),  # smallest per-head MAD over heads that are no CLS sink (Study L's minimum MAD)
+        ("cls_sink_heads", pa.int64()),  # heads left out of min_mad: CLS mass >= 0.5
+        ("mad_early", pa.float64()),  # mean MAD of every head of layers 0-1: comparable across head counts
         ("dssdc", pa.float64()),  # dSSDC under RPI
         ("fs_jpeg", pa.float64()),  # FS at JPEG q5 (PE-scaling alpha 1 where the grid lacks it)
         ("fs_blur", pa.float64()),  # FS at blur sigma 2.5, kernel 5

@@ -28,7 +28,7 @@ class StudyOptions:
 
     datasets: tuple[str, ...]
     seeds: int
-    epochs: int
+    epochs: int | None  # None: each trial's recipe's (``base["epochs"]``, else the run-config default)
     preset: str | None = None  # None: each data set's native preset
     overrides: dict[str, Any] = field(default_factory=dict)
     data_root: str = "data"
@@ -77,11 +77,11 @@ def make_trials(
                 **cond,
                 "study": study,
                 "seed": seed,
-                "epochs": options.epochs,
+                **({} if options.epochs is None else {"epochs": options.epochs}),
                 "data_root": options.data_root,
                 **options.overrides,
             }
             warmup = fields.get("warmup_epochs", RunConfig.warmup_epochs)
-            fields["warmup_epochs"] = min(int(warmup), int(fields["epochs"]))
+            fields["warmup_epochs"] = min(int(warmup), int(fields.get("epochs", RunConfig.epochs)))
             configs.append(RunConfig.for_dataset(dataset, preset=preset, **fields))
     return configs

@@ -20,7 +20,9 @@ from collections import Counter
 from sweeps.options import build_packs, build_trials
 from sweeps.validate import parse_overrides
 
-WIDE = ("trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr")
+# The recipe's fields too (optimizer ... cutmix_prob): the factorial trains each image size with its study's.
+WIDE = ("trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr", "optimizer", "decay_exempt",
+        "crop_padding", "cutmix_prob")
 SHOWN = ("preset", "epochs", "lr")  # beside the id: in the compact list when they differ, else in the summary
 
 

@@ -141,10 +141,12 @@ def test_rows_have_the_full_vocabulary(ape_rows):
     counts = Counter((r["intervention"], r["metric"]) for r in ape_rows)
     expected = {
         ("clean", "acc"): 1, ("clean", "ssdc"): L,
-        ("clean", "mad"): L * H, ("clean", "mad_raw"): L * H, ("clean", "entropy"): L * H, ("clean", "cls_mass"): L * H,
+        ("clean", "mad"): L * H, ("clean", "mad_raw"): L * H, ("clean", "mad_no_renorm"): L * H,
+        ("clean", "entropy"): L * H, ("clean", "cls_mass"): L * H, ("clean", "ape_norm_ratio"): 1,
         ("jpeg", "acc"): len(JPEG_LEVELS), ("jpeg", "fs"): len(JPEG_LEVELS),
         ("blur", "acc"): len(BLUR_LEVELS), ("blur", "fs"): len(BLUR_LEVELS),
         ("rpi", "acc"): 1, ("rpi", "ssdc"): L, ("rpi", "ssdc_content"): L, ("rpi", "dssdc"): 1,
+        ("rpi", "ssdc_per_batch"): L, ("rpi", "dssdc_per_batch"): 1,
         ("pe_scale", "acc"): 11, ("pe_scale", "fs_jpeg"): 11, ("pe_scale", "fs_blur"): 11,
         ("pe_scale", "ssdc"): 11 * L, ("pe_scale", "dssdc"): 11,
         **{("jpeg", c): len(JPEG_LEVELS) for c in PAIRED_COUNTS},
@@ -158,8 +160,9 @@ def test_rows_have_the_full_vocabulary(ape_rows):
     assert all(r["level"] is None for r in ape_rows if r["intervention"] in ("clean", "rpi"))
     # Heads only on attention metrics; a null layer exactly on whole-model metrics.
     for r in ape_rows:
-        assert (r["head_index"] is not None) == (r["metric"] in ("mad", "mad_raw", "entropy", "cls_mass"))
-        whole = ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc")
+        assert (r["head_index"] is not None) == (r["metric"] in ("mad", "mad_raw", "mad_no_renorm", "entropy",
+                                                                 "cls_mass"))
+        whole = ("acc", "fs", "fs_jpeg", "fs_blur", "dssdc", "dssdc_per_batch", "ape_norm_ratio")
         assert (r["layer"] is None) == (r["metric"] in whole or r["metric"].endswith(PAIRED_COUNTS))
     # The caller adds trial_id, study and checkpoint_epoch; then the rows fit the Parquet schema as they are.
     keyed = [{"trial_id": "t", "study": "s", "checkpoint_epoch": 0, **r} for r in ape_rows]
@@ -171,16 +174,21 @@ def test_rows_have_sane_ranges_and_consistent_derived_values(ape_rows):
     max_distance = math.sqrt(2) * (GRID - 1)
     for r in ape_rows:
         value, metric = r["value"], r["metric"]
-        if metric in ("acc", "mad", "entropy", "cls_mass"):
+        if metric in ("acc", "mad", "mad_no_renorm", "entropy", "cls_mass"):
             assert 0.0 <= value <= 1.0, r
         elif metric == "mad_raw":
             assert 0.0 <= value <= max_distance, r
-        elif metric in ("ssdc", "ssdc_content"):
+        elif metric in ("ssdc", "ssdc_content", "ssdc_per_batch"):
             assert -1.0 <= value <= 1.0, r
         elif metric in ("fs", "fs_jpeg", "fs_blur"):
             assert math.isnan(value) or value <= 1.0, r
     mad, mad_raw = _values(ape_rows, "clean", "mad"), _values(ape_rows, "clean", "mad_raw")
     assert all(mad[k] == pytest.approx(mad_raw[k] / max_distance) for k in mad)
+    # Not renormalised, a head's MAD is its renormalised MAD times the mass its queries left on patches
+    # (exactly so when every query of the head gives CLS the same share; here, up to that spread).
+    no_renorm, cls_mass = _values(ape_rows, "clean", "mad_no_renorm"), _values(ape_rows, "clean", "cls_mass")
+    assert all(no_renorm[k] <= mad[k] and no_renorm[k] == pytest.approx(mad[k] * (1 - cls_mass[k]), rel=0.05)
+               for k in mad)
     acc = _values(ape_rows, "clean", "acc")[(None, None)]
     for level in JPEG_LEVELS:
         shifted = _values(ape_rows, "jpeg", "acc", float(level))[(None, None)]
@@ -212,6 +220,7 @@ def test_attention_rows_match_one_shot_metrics_on_the_whole_subset(images):
     for layer, attn in enumerate(attention):
         for metric, expected in (
             ("mad", metrics.mean_attention_distance(attn, GRID)),
+            ("mad_no_renorm", metrics.mean_attention_distance(attn, GRID, renormalize=False)),
             ("entropy", metrics.attention_entropy(attn, GRID)),
             ("cls_mass", metrics.cls_attention_mass(attn)),
         ):
@@ -229,6 +238,39 @@ def test_clean_measurements_do_not_depend_on_batch_size_and_mode_is_restored(ima
     for metric in ("acc", "ssdc", "mad", "entropy"):
         a, b = _values(small, "clean", metric), _values(large, "clean", metric)
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
+
+
+def test_ssdc_under_rpi_has_one_estimand_whatever_the_batch_and_evaluation_size():
+    """One permutation per image: the same model on the same images scores the same SSDC under RPI at
+    evaluation batch 16 and 256, and within 0.05 on 250 and 2,000 images. The paper's estimator (one
+    permutation per 1,000 images, SSDC per group) keeps its own name: another estimand, not the batch's."""
+    model, many = _model("sincos2d"), _smooth_images(2000, seed=5)  # index-anchored structure at init
+    kwargs = dict(mean=MEAN, std=STD, grid=GRID, alphas=(), **NO_SHIFTS)
+    labels = torch.zeros(2000, dtype=torch.long)
+    small = evaluate_checkpoint(model, many[:250], labels[:250], batch_size=16, **kwargs)
+    large = evaluate_checkpoint(model, many[:250], labels[:250], batch_size=256, **kwargs)
+    whole = evaluate_checkpoint(model, many, labels, batch_size=256, **kwargs)
+    by_batch = [_layers(rows, "rpi", "ssdc") for rows in (small, large)]
+    assert by_batch[0] == pytest.approx(by_batch[1], abs=0.05)
+    assert _layers(whole, "rpi", "ssdc") == pytest.approx(by_batch[1], abs=0.05)
+    assert all(v > 0.5 for v in by_batch[1])  # the structure the test is about is there
+    per_batch = [_layers(rows, "rpi", "ssdc_per_batch") for rows in (small, large)]
+    assert per_batch[0] == pytest.approx(per_batch[1], abs=1e-4)  # the same 250 images share one permutation
+    assert all(a < b - 0.05 for a, b in zip(per_batch[1], by_batch[1]))  # one permutation keeps content
+    assert _values(large, "rpi", "dssdc_per_batch")[(None, None)] == pytest.approx(per_batch[1][1] - per_batch[1][0])
+
+
+def test_ape_norm_ratio_is_the_table_over_the_patch_embeddings_for_a_learned_ape_only(images):
+    model = _model("ape")
+    kwargs = dict(mean=MEAN, std=STD, grid=GRID, batch_size=24, alphas=(), **NO_SHIFTS)
+    rows = evaluate_checkpoint(model, images, _labels(), **kwargs)
+    with torch.no_grad():
+        patches = model.patch_embed(normalize(images, MEAN, STD)).norm(dim=-1).mean()
+        table = model.pe.table[0, 1:].norm(dim=-1).mean()
+    assert _values(rows, "clean", "ape_norm_ratio")[(None, None)] == pytest.approx(float(table / patches), rel=1e-5)
+    for pe in ("none", "sincos2d"):  # no learned table: nothing weight decay or training could move
+        assert not _values(evaluate_checkpoint(_model(pe), images[:8], _labels(8), **kwargs), "clean",
+                           "ape_norm_ratio")
 
 
 def test_every_pe_declares_its_alpha_scaling():

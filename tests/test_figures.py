@@ -12,11 +12,12 @@ import subprocess
 import sys
 
 import matplotlib
+import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_hex
 from PIL import Image
-from test_report import N_IMAGES, write_study
+from test_report import LAYERS, N_IMAGES, write_study
 
 from analysis import figures, labels, page, seedstats
 from analysis import plotting as pl
@@ -92,7 +93,8 @@ def test_a_condition_has_the_same_colour_in_every_figure(one_seed):
     # Study L's series (protocols at ape) in four figures; ape baseline is ape's colour from Study P.
     for protocol in PROTOCOLS:
         label = labels.protocol_label(protocol)
-        per_layer = {to_hex(l.get_color()) for l in _panel(mad.figure, protocol).get_lines()}
+        per_layer = {to_hex(l.get_color()) for l in _panel(mad.figure, protocol).get_lines()
+                     if not l.get_label().startswith("uniform attention")}  # the grey reference level
         assert per_layer == {_line_colour(emergence.figure, label)} == {_line_colour(curves.figure, f"ape / {label}")}
     dots = _mean_markers(summary.figure.axes[0])  # one per protocol
     assert dots == [pl.colour("ape", False, p) for p in PROTOCOLS]
@@ -196,3 +198,39 @@ def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
     note = page._se_note(StudyData.load(results, "se").per_trial)
     assert "test split's images (cifar100 10,000)" in note
     assert "For folder the test accuracy SE is over the analysis set's" in note
+
+
+def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
+    """A head whose queries give CLS 0.9 may score any renormalised MAD (here 0.001, "local"): minimum MAD
+    leaves it out and says so; the mean MAD of layers 0-1 stands beside it; every MAD figure draws the
+    uniform-attention level of the study's grid (8 x 8 here: 0.418)."""
+    results = str(tmp_path)
+    write_study(results, "sink", seeds=2, protocols=["baseline", "cutmix"], models=[], checkpoints=(4,))
+    read = {name: pd.read_parquet(tmp_path / "sink" / name) for name in ("trials", "epochs", "measurements")}
+    m = read["measurements"]
+    heads = m[m["metric"] == "mad"]
+    sink_trial = heads["trial_id"].iloc[0]
+    before = StudyData.from_frames("sink", read["trials"], read["epochs"], m).per_trial.set_index("trial_id")
+    cls = heads[heads["trial_id"] == sink_trial].assign(metric="cls_mass", value=0.1)
+    sink = (cls["layer"] == LAYERS - 1) & (cls["head_index"] == 0)
+    cls.loc[sink, "value"] = 0.9
+    m = m.copy()
+    m.loc[(m["trial_id"] == sink_trial) & (m["metric"] == "mad") & (m["layer"] == LAYERS - 1)
+          & (m["head_index"] == 0), "value"] = 0.001
+    data = StudyData.from_frames("sink", read["trials"], read["epochs"], pd.concat([m, cls], ignore_index=True))
+    pt = data.per_trial.set_index("trial_id")
+    assert pt.loc[sink_trial, "min_mad"] == pytest.approx(before.loc[sink_trial, "min_mad"])  # not 0.001
+    assert pt["cls_sink_heads"].to_dict() == {t: (1 if t == sink_trial else 0) for t in pt.index}
+    early = m[(m["trial_id"] == sink_trial) & (m["metric"] == "mad") & m["layer"].isin([0, 1])]["value"].mean()
+    assert pt.loc[sink_trial, "mad_early"] == pytest.approx(early)
+
+    assert pl.uniform_mad(8) == pytest.approx(0.418, abs=5e-4) and pl.uniform_mad(14) == pytest.approx(0.396, abs=5e-4)
+    for make in (figures.mad_per_layer, figures.mad_entropy, figures.protocol_summary):
+        for plot in make(data):
+            lines = [line for ax in plot.figure.axes for line in ax.get_lines()
+                     if line.get_label().startswith("uniform attention (8 x 8)")]
+            # axhline: y constant; axvline (MAD on x): x constant
+            levels = {round(float(ln.get_ydata()[0] if ln.get_ydata()[0] == ln.get_ydata()[1] else ln.get_xdata()[0]),
+                            3) for ln in lines}
+            assert levels == {0.418}, plot.title
+            assert pl.UNIFORM_TEXT in plot.caption

@@ -88,26 +88,38 @@ def test_clean_and_model_interventions_leave_images_alone():
         assert intervention.images(images) is images
 
 
-def test_rpi_permutation_is_seeded_per_batch():
+def _perm(intervention, positions=range(0, 4), num_patches=64):
+    return intervention.model_kwargs(positions=positions, num_patches=num_patches, device="cpu")["perm"]
+
+
+def test_rpi_permutation_is_seeded_per_image_whatever_the_batching():
     rpi = make_intervention("rpi", seed=3)
-    first = rpi.model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
-    assert sorted(first.tolist()) == list(range(64))
-    again = make_intervention("rpi", seed=3).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
-    assert torch.equal(first, again)
-    second = rpi.model_kwargs(batch_index=1, num_patches=64, device="cpu")["perm"]
-    other_seed = make_intervention("rpi", seed=4).model_kwargs(batch_index=0, num_patches=64, device="cpu")["perm"]
-    assert not torch.equal(first, second) and not torch.equal(first, other_seed)
+    first = _perm(rpi, positions=range(0, 4))
+    assert first.shape == (4, 64) and all(sorted(row.tolist()) == list(range(64)) for row in first)
+    assert len({tuple(row.tolist()) for row in first}) == 4  # a permutation per image
+    # Image 2 gets the same order as the third image of a batch from 0 or the first of a batch from 2.
+    assert torch.equal(_perm(rpi, positions=range(2, 4)), first[2:])
+    assert torch.equal(_perm(make_intervention("rpi", seed=3)), first)
+    assert not torch.equal(_perm(make_intervention("rpi", seed=4)), first)
+
+
+def test_rpi_in_groups_shares_one_permutation_per_group_of_the_evaluation_set():
+    paper = iv.RandomPermutation(seed=3, group=iv.PAPER_RPI_BATCH)
+    first = _perm(paper)
+    assert first.shape == (64,) and sorted(first.tolist()) == list(range(64))  # one group: one (N,) perm
+    assert torch.equal(first, _perm(paper, positions=range(990, 1000)))
+    straddling = _perm(paper, positions=range(998, 1002))  # a batch across two groups
+    assert torch.equal(straddling[0], first) and torch.equal(straddling[1], first)
+    assert torch.equal(straddling[2], straddling[3]) and not torch.equal(straddling[2], first)
+    assert not torch.equal(first, _perm(iv.RandomPermutation(seed=4, group=iv.PAPER_RPI_BATCH)))
 
 
 def test_pe_scale_kwargs_and_levels():
-    assert make_intervention("pe_scale", 0.3).model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
-        "pe_scale": 0.3
-    }
+    kwargs = dict(positions=range(1), num_patches=4, device="cpu")
+    assert make_intervention("pe_scale", 0.3).model_kwargs(**kwargs) == {"pe_scale": 0.3}
     assert make_intervention("pe_scale", 0).level == 0.0
     rope = make_intervention("rope_scale", 0.5)  # the same model argument under its own name
-    assert rope.name == "rope_scale" and rope.model_kwargs(batch_index=0, num_patches=4, device="cpu") == {
-        "pe_scale": 0.5
-    }
+    assert rope.name == "rope_scale" and rope.model_kwargs(**kwargs) == {"pe_scale": 0.5}
     assert rope != make_intervention("pe_scale", 0.5)  # distinct conditions, never merged
     assert make_intervention("jpeg", 5.0).level == 5.0  # levels round-trip through float64 Parquet columns
     assert make_intervention("blur", 2.5).level == 2.5
@@ -117,12 +129,13 @@ def test_pe_scale_kwargs_and_levels():
 def test_apply_condition_composes_images_and_kwargs():
     images = _images()
     condition = (make_intervention("jpeg", 5), make_intervention("rpi"), make_intervention("pe_scale", 0.5))
-    out, kwargs = iv.apply_condition(condition, images, batch_index=2, num_patches=16, device="cpu")
+    out, kwargs = iv.apply_condition(condition, images, positions=range(4, 4 + len(images)), num_patches=16,
+                                     device="cpu")
     torch.testing.assert_close(out, make_intervention("jpeg", 5).images(images), rtol=0, atol=0)
     assert set(kwargs) == {"perm", "pe_scale"} and kwargs["pe_scale"] == 0.5
     with pytest.raises(ValueError, match="twice"):
         twice = (make_intervention("pe_scale", 0.1),) * 2
-        iv.apply_condition(twice, images, batch_index=0, num_patches=16, device="cpu")
+        iv.apply_condition(twice, images, positions=range(len(images)), num_patches=16, device="cpu")
 
 
 @pytest.mark.parametrize(

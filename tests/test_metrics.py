@@ -198,6 +198,38 @@ def test_uniform_attention_has_entropy_1_and_known_mad():
     torch.testing.assert_close(metrics.mean_attention_distance(attn, GRID, normalize=False), mean_distance)
 
 
+def test_group_ssdc_is_the_unweighted_mean_of_each_groups_ssdc():
+    tokens = torch.randn(8, N, 6, generator=torch.Generator().manual_seed(3))
+    groups = [0, 0, 0, 1, 1, 0, 2, 2]  # in any order, across updates
+    grouped = metrics.GroupSSDC(GRID)
+    grouped.update(tokens[:4], groups[:4])
+    grouped.update(tokens[4:], groups[4:])
+    expected = [metrics.ssdc(tokens[[b for b, g in enumerate(groups) if g == k]], GRID) for k in (0, 1, 2)]
+    assert grouped.ssdc() == pytest.approx(sum(expected) / 3, abs=1e-12)
+    with pytest.raises(ValueError, match="no tokens"):
+        metrics.GroupSSDC(GRID).ssdc()
+
+
+@pytest.mark.parametrize("grid, renormalised", [(8, 0.418), (14, 0.396)])
+def test_a_cls_sink_head_is_uniform_renormalised_and_near_0_not_renormalised(grid, renormalised):
+    """A head whose patch queries give CLS 0.9 and spread the rest uniformly over the patches: with
+    the rows renormalised after dropping CLS (``mad``) it is uniform attention; without (``mad_no_renorm``,
+    the widely copied convention) one tenth of that; its ``cls_mass`` says which kind of head it is."""
+    patches = grid * grid
+    attn = torch.zeros(1, 2, 1 + patches, 1 + patches, dtype=torch.float64)
+    attn[:, :, :, 0] = 0.9
+    attn[:, :, :, 1:] = 0.1 / patches
+    attn[:, 1] = torch.eye(1 + patches)  # a second head, attending to itself only: MAD 0 either way
+    accumulator = metrics.AttentionAccumulator(grid)
+    accumulator.update(attn)
+    mad, no_renorm = accumulator.mean_attention_distance(), accumulator.mean_attention_distance(renormalize=False)
+    assert mad.tolist() == pytest.approx([renormalised, 0.0], abs=5e-4)
+    assert no_renorm.tolist() == pytest.approx([renormalised / 10, 0.0], abs=5e-5)
+    assert accumulator.cls_mass().tolist() == pytest.approx([0.9, 0.0])
+    raw = metrics.mean_attention_distance(attn, grid, normalize=False, renormalize=False)
+    torch.testing.assert_close(raw, no_renorm * metrics.max_grid_distance(grid))
+
+
 def test_all_mass_on_farthest_patch_gives_normalised_mad_1():
     # Query q attends only to the point-mirrored patch N-1-q: corner queries reach the maximum sqrt(2)(G-1).
     grid = 2

@@ -136,12 +136,16 @@ def test_autoaugment_changes_pixels_and_eval_does_not(small_split):
     assert changed >= 25  # some AutoAugment sub-policies leave an image as is (p < 1, identity ops)
 
 
-def test_eval_transform_resizes_and_center_crops_other_sizes():
+def test_eval_transform_squashes_224_px_images_as_study_ps_code():
+    """Study P's `prep_data.py` evaluates `T.Resize((224, 224))`: the whole image, squashed, no crop."""
     image = torch.randint(0, 256, (3, 300, 400), dtype=torch.uint8)
+    image[:, :, :40] = 0  # a band a centre crop would cut off
     out = eval_transform("imagenet100", 224)(image)
-    assert out.shape == (3, 224, 224)
-    expected = TF.center_crop(TF.resize(image, [256], antialias=True), [224, 224])
-    assert torch.equal(out, expected)
+    assert torch.equal(out, TF.resize(image, [224, 224], antialias=True))
+    assert out[:, :, :20].float().mean() < 5  # the band is still there, 400 -> 224 wide
+    small = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)  # below 128 px: resize and centre crop
+    assert torch.equal(eval_transform("cifar10", 32)(small), TF.center_crop(TF.resize(small, [32], antialias=True),
+                                                                            [32, 32]))
 
 
 # -- seeding -----------------------------------------------------------------------------------------

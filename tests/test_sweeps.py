@@ -67,6 +67,34 @@ def test_study_l_and_factorial_follow_lees_script_where_study_l_is_silent(argv):
         assert augmentation(c.protocol, c.dataset, c.model.img_size, c.crop_padding).padding == 4
 
 
+def test_factorial_trains_each_image_size_with_its_studys_recipe(capsys):
+    """224 px: Study P's optimiser, exemptions, epochs and random resized crop; 32 / 64 px: Lee's. CutMix
+    keeps Lee's probability everywhere (it is part of the protocol); --epochs still sets every trial's."""
+    from sweeps import study_p
+    from trainables.augment import augmentation
+
+    configs = dry("factorial", "--datasets", "cifar10,tinyimagenet,imagenet100", "--seeds", "1")
+    sizes = {c.model.img_size for c in configs}
+    assert sizes == {32, 64, 224} and len(configs) == 3 * 56
+    for c in configs:
+        crop = augmentation(c.protocol, c.dataset, c.model.img_size, c.crop_padding)
+        if c.model.img_size == 224:
+            assert c.preset == "study_p" and crop.resized_crop, c.trial_id
+            assert (c.optimizer, c.decay_exempt, c.epochs) == ("adamw", "timm", 60), c.trial_id
+            assert all(getattr(c, k) == v for k, v in study_p.RECIPE.items() if k != "protocol"), c.trial_id
+        else:
+            assert c.preset == "study_l" and not crop.resized_crop and crop.padding == 4, c.trial_id
+            assert (c.optimizer, c.decay_exempt, c.epochs) == ("adamw", "none", 100), c.trial_id
+        assert c.cutmix_prob == 0.5
+    assert len({c.protocol.name for c in configs if c.model.img_size == 224}) == 8  # the cell's protocol, not baseline
+    assert {c.epochs for c in dry("factorial", "--datasets", "cifar10,imagenet100", "--epochs", "7")} == {7}
+    assert launcher.main(["factorial", "--datasets", "cifar10,imagenet100", "--dry-run", "--wide"]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    column = {name: i for i, name in enumerate(table[0])}
+    shown = {(row[column["dataset"]], row[column["epochs"]], row[column["decay_exempt"]]) for row in table[1:]}
+    assert shown == {("cifar10", "100", "none"), ("imagenet100", "60", "timm")}
+
+
 def test_every_test_scored_study_trains_on_the_whole_training_split():
     for argv in (("study_p", "--seeds", "1"), ("demo",), ("study_l", "--seeds", "1")):
         assert {c.holdout_fraction for c in dry(*argv)} == {0.0}, argv
@@ -88,6 +116,9 @@ def test_study_p_conditions_and_recipe():
     assert c.decay_exempt == "timm"
     # Study P keeps its random resized crop (224 px) and its own recipe: Lee's padding and mix_prob are not set.
     assert (c.crop_padding, c.cutmix_prob) == (0, 1.0)
+    # Its code smooths labels only in the validation loss of `predict` (no training script): training does not.
+    assert {c.label_smoothing for c in configs} == {False}
+    assert (c.model.cls_init, c.model.linear_init, c.model.final_norm) == ("normal", "torch", False)
 
 
 def test_options_reach_every_trial():
@@ -116,8 +147,8 @@ def test_set_with_commas_sweeps_the_field_across_the_study_grid():
 PINNED_IDS = {
     ("demo",): (4, "2358a13a07af"),
     ("study_l",): (60, "d608ac86e8cc"),
-    ("study_p",): (35, "4bf59b7db7a3"),  # 5 seeds (claims that can decide); seeds 0-3 keep their v0.3 ids
-    ("study_p", "--seeds", "4"): (28, "e1ed6ebd2592"),  # AdamW since bench/recipe_pilot.py (v0.3)
+    ("study_p",): (35, "59e9aedc253a"),  # 5 seeds; Study P's code: CLS N(0, 1), Linear default init, no final norm
+    ("study_p", "--seeds", "4"): (28, "4c904f41aa18"),
     ("factorial", "--datasets", "cifar100,tinyimagenet", "--seeds", "2"): (224, "61421ea2c1e0"),
     ("hparam",): (1, "98b771db311e"),
     ("demo", "--set", "lr=1e-3,5e-4"): (8, "6ced042bae18"),  # swept values in the readable part (v0.3)
@@ -151,7 +182,8 @@ def test_dry_run_starts_with_conditions_x_seeds_and_lists_one_short_line_per_tri
     assert lines[0].startswith("demo: 8 conditions x 1 seed = 8 trials") and lines[2].split() == ["trial_id", "lr"]
     assert launcher.main(["demo", "--dry-run", "--wide"]) == 0
     header = capsys.readouterr().out.splitlines()[2].split()
-    assert header == ["trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr", "pack"]
+    assert header == ["trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epochs", "lr", "optimizer",
+                      "decay_exempt", "crop_padding", "cutmix_prob", "pack"]
 
 
 def test_dry_run_json_prints_only_json_on_stdout():

@@ -21,7 +21,7 @@ from records import stores, tables, tracking
 
 def _add_trial(results, study, trial_id, seed, *, lr=1e-3, test_acc=0.9, epochs=4):
     config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
-              "protocol": "baseline", "seed": seed, "img_size": 32, "depth": 6, "heads": 4, "lr": lr,
+              "protocol": "baseline", "seed": seed, "img_size": 32, "patch_size": 4, "depth": 6, "heads": 4, "lr": lr,
               "epochs": epochs, "code_version": "abc1234"}
     tables.write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
                                                 "test_acc": test_acc, "epochs_completed": epochs})
@@ -112,7 +112,7 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     experiment_id = tracking.ensure_experiment(uri, "layers")
     run_id = tracking.start_trial_run(uri, experiment_id, "t0", params={})
     rows = _measure("ape", False, "cutmix", np.random.default_rng(0), 1.0, full=True)
-    trial_record.log_checkpoint(uri, run_id, "t0", 100, rows)
+    trial_record.log_checkpoint(uri, run_id, "t0", 100, rows, grid=8)
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)

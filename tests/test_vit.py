@@ -216,6 +216,31 @@ def test_ape_init(init, std):
     assert abs(table.std().item() / std - 1) < 0.05
 
 
+def test_study_p_follows_its_code_cls_n01_linear_default_init_no_final_norm():
+    """Where the paper is silent, study_p is Study P's `model.py`: `cls_token = randn(1, 1, D)`, every
+    nn.Linear at PyTorch's default (kaiming-uniform weights, uniform bias: |w| <= 1/sqrt(fan_in)), and the
+    head on CLS as it leaves the last block (`final_feed_forward(out[:, 0])`); the other presets keep timm's."""
+    torch.manual_seed(0)
+    small = dict(img_size=32, patch_size=4, dim=96, depth=2, num_classes=10)  # study_p's choices, a small model
+    p, timm = ViT(ViTConfig.preset("study_p", **small)), ViT(ViTConfig.preset("study_l", **small))
+    assert abs(p.cls_token.std().item() - 1) < 0.15 and timm.cls_token.abs().max() < 1e-4
+    for model, default in ((p, True), (timm, False)):
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                bound = 1 / math.sqrt(module.in_features)
+                uniform = module.weight.abs().max() <= bound and module.weight.std() > 0.45 * bound
+                assert uniform == default and (module.bias.abs().sum() > 0) == default, name
+    assert isinstance(p.norm, torch.nn.Identity) and isinstance(timm.norm, torch.nn.LayerNorm)
+    x, p = images(2), p.eval()  # dropout off
+    with torch.no_grad():
+        h = p.patch_embed(x)
+        h = torch.cat([p.cls_token.expand(2, -1, -1), h], 1) + p.pe.additive()
+        for block in p.blocks:
+            h = block(h)[0]
+        torch.testing.assert_close(p(x).logits, p.head(h[:, 0]))
+    assert not any(name.startswith("norm.") for name, _ in p.named_parameters())
+
+
 def test_rope_mixed_init_as_heo_et_al():
     cfg = ViTConfig.preset("tiny", pe="rope2d_mixed")
     f_x, f_y = ViT(cfg).pe.freqs.detach()  # (L, H, hd/2) each
@@ -279,6 +304,8 @@ def test_preset_values_and_overrides():
     assert (p.dim, p.depth, p.heads, p.mlp_ratio, p.patch_size, p.img_size, p.grid) == (384, 12, 8, 4.0, 16, 224, 14)
     assert (p.drop_rate, p.attn_drop_rate, p.proj_drop_rate, p.drop_path_rate) == (0.15, 0.15, 0.15, 0.2)
     assert (p.ape_init, p.num_classes) == ("normal", 100)
+    assert (p.cls_init, p.linear_init, p.final_norm) == ("normal", "torch", False)  # Study P's code
+    assert ViTConfig.preset("study_l").final_norm and ViTConfig.preset("study_l").cls_init == "timm"
     assert ViTConfig.preset("vit_s") == dataclasses.replace(p, heads=6)
     tin = ViTConfig.preset("study_l", img_size=64, patch_size=8, num_classes=200, pe="rope2d")
     assert (tin.grid, tin.num_patches, tin.num_classes, tin.pe, tin.dim) == (8, 64, 200, "rope2d", 192)

@@ -30,8 +30,8 @@ so a cap keeps every class.
 
 Images at least `LARGE_IMAGE_SIZE` px are trained ImageNet-style: the
 `train` split yields the decoded image at its native size and the protocol's
-random resized crop makes the 224 px view; `holdout` and `test` are resized
-(shorter side to 256 for 224) and centre-cropped when loaded. Smaller sets
+random resized crop makes the 224 px view; `holdout` and `test` are squashed
+to 224 x 224 when loaded (Study P's code: `images.eval_view`). Smaller sets
 are stored at their final size and trained with pad-and-crop.
 
 Formats live in `trainables/formats.py`, image containers and decoding in
@@ -65,7 +65,7 @@ from trainables.images import (  # noqa: F401  (re-exported: the data set API in
     ImageFiles,
     TensorImages,
     channel_stats,
-    eval_resize_size,
+    eval_view,
     first_image_size,
     patch_size_for,
     resize_center_crop,

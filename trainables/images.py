@@ -47,23 +47,32 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # -- geometry --------------------------------------------------------------------------------
 
 
-def eval_resize_size(img_size: int) -> int:
-    """Shorter side before the centre crop at evaluation: 256 for 224 (ImageNet practice), else no margin."""
-    return round(img_size * 256 / 224) if img_size >= LARGE_IMAGE_SIZE else img_size
-
-
-def resize_center_crop(images: torch.Tensor, size: int, *, resize_to: int | None = None) -> torch.Tensor:
-    """Resize the shorter side to `resize_to` (default `size`), then centre-crop to (size, size).
+def resize_center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize the shorter side to `size`, then centre-crop to (size, size).
 
     images: uint8 (3, h, w) or (B, 3, h, w). Returns the input itself when it already has that size.
     """
-    resize_to = resize_to or size
     h, w = images.shape[-2:]
     if h == w == size:
         return images
-    if min(h, w) != resize_to:
-        images = TF.resize(images, [resize_to], antialias=True)
+    if min(h, w) != size:
+        images = TF.resize(images, [size], antialias=True)
     return TF.center_crop(images, [size, size])
+
+
+def eval_view(images: torch.Tensor, size: int) -> torch.Tensor:
+    """The evaluation view (holdout, test, the analysis set): uint8 (3, h, w) or (B, 3, h, w) -> (.., size, size).
+
+    From `LARGE_IMAGE_SIZE` (Study P's 224 px), Study P's code: the whole image squashed to
+    size x size (`T.Resize((224, 224))`, no crop), so nothing is cut off and the aspect ratio is not
+    kept. Below it, `resize_center_crop` (smaller sets are stored at their size: the identity).
+    """
+    h, w = images.shape[-2:]
+    if h == w == size:
+        return images
+    if size >= LARGE_IMAGE_SIZE:
+        return TF.resize(images, [size, size], antialias=True)
+    return resize_center_crop(images, size)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -124,8 +133,7 @@ class ImageFiles(Dataset):
     `evaluation=False` (a train split): below `LARGE_IMAGE_SIZE` every image is
     resized and centre-cropped to `img_size`; from it on the image keeps its
     native size for the protocol's random resized crop. `evaluation=True`:
-    resize the shorter side to `eval_resize_size(img_size)` (256 for 224), then
-    centre-crop to `img_size`.
+    `eval_view` (from `LARGE_IMAGE_SIZE`: squashed to `img_size` x `img_size`).
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], img_size: int, *, evaluation: bool):
@@ -139,7 +147,7 @@ class ImageFiles(Dataset):
         path, label = self.samples[index]
         image = decode(path)
         if self.evaluation:
-            image = resize_center_crop(image, self.img_size, resize_to=eval_resize_size(self.img_size))
+            image = eval_view(image, self.img_size)
         elif self.img_size < LARGE_IMAGE_SIZE:
             image = resize_center_crop(image, self.img_size)
         return image, label

@@ -48,7 +48,7 @@ from trainables.images import (
     ImageFiles,
     TensorImages,
     decode,
-    eval_resize_size,
+    eval_view,
     resize_center_crop,
     to_device,
 )
@@ -299,9 +299,8 @@ class EvalSource:
         (uint8 (B, 3, S, S), int64 (B,)) on the device."""
         order = epoch_order(len(self.split), seed=0, epoch=0, shuffle=False, num_replicas=num_replicas, rank=rank)
         if isinstance(self.split, TensorImages):
-            size, resize_to = self.img_size, eval_resize_size(self.img_size)
             for rows in to_device(order, self.device).split(batch_size):
-                yield resize_center_crop(self.images[rows], size, resize_to=resize_to), self.labels[rows]
+                yield eval_view(self.images[rows], self.img_size), self.labels[rows]
             return
         loader = DataLoader(self.split, batch_size=batch_size, sampler=order.tolist(), num_workers=self.num_workers,
                             pin_memory=self.device.type == "cuda")

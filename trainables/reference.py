@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE, eval_resize_size, resize_center_crop
+from trainables.images import LARGE_IMAGE_SIZE, eval_view
 from trainables.protocols import (
     COLOR_JITTER,
     Protocol,
@@ -117,13 +117,13 @@ class TrainTransform:
 
 class EvalTransform:
     """Never augments: identity on images already at the evaluation size (every stored split),
-    else resize (shorter side 256 for 224) + centre crop."""
+    else `images.eval_view` (from 128 px: squashed to img_size x img_size, Study P's code)."""
 
     def __init__(self, img_size: int):
         self.img_size = img_size
 
     def __call__(self, image: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        return resize_center_crop(image, self.img_size, resize_to=eval_resize_size(self.img_size))
+        return eval_view(image, self.img_size)
 
     def __repr__(self) -> str:
         return f"EvalTransform({self.img_size}px)"

@@ -123,17 +123,19 @@ class ViT(nn.Module):
         # stochastic depth rises linearly from 0 to drop_path_rate over the blocks (timm's schedule)
         drop_paths = [config.drop_path_rate * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList(Block(config, p) for p in drop_paths)
-        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.norm = nn.LayerNorm(D, eps=1e-6) if config.final_norm else nn.Identity()
         self.head = nn.Linear(D, config.num_classes)
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """timm ViT's default init: Linear trunc_normal(0.02) and zero bias, CLS N(0, 1e-6); conv left as is."""
-        nn.init.normal_(self.cls_token, std=1e-6)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                trunc_normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
+        """timm ViT's init (CLS N(0, 1e-6), Linear trunc_normal(0.02) and zero bias) or Study P's code
+        (CLS N(0, 1), Linear left at PyTorch's default), per `cls_init` and `linear_init`; conv as is."""
+        nn.init.normal_(self.cls_token, std=1.0 if self.config.cls_init == "normal" else 1e-6)
+        if self.config.linear_init == "timm":
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    trunc_normal_(module.weight, std=0.02)
+                    nn.init.zeros_(module.bias)
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names an optimiser should not decay (timm / Heo et al. convention)."""
@@ -172,7 +174,8 @@ class ViT(nn.Module):
             if return_tokens:
                 tokens.append(normed)
             attention.append(attn)
-        # LayerNorm is per token, so normalising CLS alone equals timm's norm-all-then-pool.
+        # LayerNorm is per token, so normalising CLS alone equals timm's norm-all-then-pool (Identity
+        # without final_norm, as Study P's `final_feed_forward(out[:, 0])`).
         logits = self.head(self.norm(x[:, 0]))  # (B, C)
         return ViTOutput(
             logits=logits,

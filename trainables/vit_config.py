@@ -14,7 +14,11 @@ Presets (`ViTConfig.preset(name, **overrides)`; overrides may change any field; 
 | vit_s   | 224 / 16 (14)   | 384 | 12    | 6     | 4   | .15 / .15 / .15    | 0.2       | normal       | 100 | 21.70M |
 | tiny    | 32 / 4 (8)      | 64  | 2     | 4     | 2   | 0 / 0 / 0          | 0         | trunc_normal | 10  | 0.08M  |
 
-Every preset leaves pe="ape", in_chans=3 and rope_base=10000 at their defaults.
+Every preset leaves pe="ape", in_chans=3 and rope_base=10000 at their defaults. study_p and vit_s
+follow Study P's code (`mahmoud-mannes/vit-encoding-paper`, `code/src/main/model.py`) where the paper
+is silent: CLS `torch.randn` (cls_init="normal"), Linear layers at PyTorch's default init
+(linear_init="torch"), no LayerNorm before the head (final_norm=False; params 21.70M less 768); the
+others keep timm's ViT: CLS N(0, 1e-6), Linear trunc-normal 0.02, a final LayerNorm.
 
 study_l: Study L's model (depth 8, D 192, 8 heads, MLP 2, "~2.4M parameters"); use img_size=64,
 patch_size=8 for Tiny-ImageNet (still an 8x8 grid; 2.43M parameters). study_p: Study P's model (ViT-S
@@ -34,10 +38,13 @@ from records import vocab
 
 # The names of `trainables.pos_embed.APE_INITS` (checked there), for a torch-free check of `ape_init`.
 APE_INIT_NAMES = ("normal", "trunc_normal")
+CLS_INITS = ("timm", "normal")  # N(0, 1e-6), timm's ViT | N(0, 1), Study P's `torch.randn`
+LINEAR_INITS = ("timm", "torch")  # trunc-normal 0.02 and zero bias, timm's ViT | PyTorch's default, Study P's
 
 _STUDY_P = dict(
     img_size=224, patch_size=16, num_classes=100, dim=384, depth=12, heads=8, mlp_ratio=4.0,
     drop_rate=0.15, attn_drop_rate=0.15, proj_drop_rate=0.15, drop_path_rate=0.2, ape_init="normal",
+    cls_init="normal", linear_init="torch", final_norm=False,
 )
 _NO_DROPOUT = dict(drop_rate=0.0, attn_drop_rate=0.0, proj_drop_rate=0.0, drop_path_rate=0.0)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -74,6 +81,9 @@ class ViTConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this over the blocks (timm)
     ape_init: str = "trunc_normal"  # "normal" N(0, 1) (Study P) | "trunc_normal" std 0.02 (timm)
     rope_base: float = 10000.0  # rope2d frequency base: Study P 10000, Heo et al. axial 100
+    cls_init: str = "timm"  # see CLS_INITS
+    linear_init: str = "timm"  # see LINEAR_INITS
+    final_norm: bool = True  # LayerNorm on CLS before the head (timm); Study P's code has none
 
     def __post_init__(self) -> None:
         for name in ("img_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
@@ -94,8 +104,9 @@ class ViTConfig:
                 f"dim={self.dim} is not divisible by heads={self.heads}; "
                 f"valid heads for dim={self.dim}: {_divisors(self.dim)}"
             )
-        if self.ape_init not in APE_INIT_NAMES:
-            raise ValueError(f"unknown ape_init={self.ape_init!r}; valid: {sorted(APE_INIT_NAMES)}")
+        for name, valid in (("ape_init", APE_INIT_NAMES), ("cls_init", CLS_INITS), ("linear_init", LINEAR_INITS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name}={getattr(self, name)!r}; valid: {sorted(valid)}")
         _check_pe(self)
 
     @property
@@ -123,7 +134,9 @@ class ViTConfig:
         kwargs = {}
         for field in dataclasses.fields(cls):
             if field.name in flat:
-                kwargs[field.name] = type(field.default)(flat[field.name])
+                value, kind = flat[field.name], type(field.default)
+                # bool("False") is True: a flag that comes back as an MLflow string is read by its word
+                kwargs[field.name] = value.lower() == "true" if kind is bool and isinstance(value, str) else kind(value)
         return cls(**kwargs)
 
     @classmethod
