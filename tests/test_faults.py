@@ -183,13 +183,14 @@ def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys
     assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
 
 
-def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
+def test_a_moved_copy_of_the_results_reads_and_writes_only_the_copy(tmp_path, monkeypatch, caplog):
     """Paths under the results root are stored relative to it, and an older row's absolute path is
-    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved."""
+    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved;
+    the copy's MLflow store, checked as every command checks it, keeps its artifacts in the copy."""
     import shutil
 
     from analysis.job import Measurer, list_checkpoints
-    from records import tables
+    from records import stores, tables, tracking
 
     original = tmp_path / "results"
     cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
@@ -208,6 +209,8 @@ def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
             if trial_id == "old":  # a row of today's tables: absolute paths
                 m.setattr(tables, "relative_path", lambda results, value: value)
             tables.write_trial(str(original), "demo", cfg.to_flat(), outcome)
+    uri = stores.default_tracking_uri(str(original))
+    tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "demo"), "old", params={"lr": 1e-3})
     import pyarrow.parquet as pq
 
     stored = {r["trial_id"]: r for r in pq.read_table(original / "demo" / "trials").to_pylist()}
@@ -222,10 +225,74 @@ def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
         assert tables.read_trial(str(copy), "demo", "old")["snapshot_dir"] == f"{copy}/storage/demo/snapshots/old"
         if original.exists():
             original.rename(tmp_path / "moved")
-    measurer = Measurer(str(copy), "demo", None, eval_size=8, batch_size=8, threads=1)
+    moved = sorted(p.relative_to(tmp_path / "moved") for p in (tmp_path / "moved").rglob("*"))
+    copy_uri = stores.default_tracking_uri(str(copy))
+    stores.check_tracking_uri(copy_uri)  # as `vitsweep analyze` and `report` check it first
+    assert f"now keep their artifacts at {(copy / 'mlartifacts').as_uri()}" in caplog.text
+    measurer = Measurer(str(copy), "demo", copy_uri, eval_size=8, batch_size=8, threads=1)
     row = next(r for r in list_checkpoints(str(copy), "demo") if r["trial_id"] == "old")
     out = measurer({k: [v] for k, v in row.items()})
     assert str(out["status"][0]) == "ok" and int(out["rows"][0]) > 0, out["status"][0]
+    assert list(copy.glob("mlartifacts/*/*/artifacts/figures/layers_epoch_0001.png"))  # the figure, in the copy
+    assert not original.exists()  # nothing written where the original was...
+    assert sorted(p.relative_to(tmp_path / "moved") for p in (tmp_path / "moved").rglob("*")) == moved  # ...or is
+    stores.check_tracking_uri(copy_uri)
+    assert caplog.text.count("now keep their artifacts") == 1  # re-rooted once
+
+
+def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tmp_path, monkeypatch):
+    """A checkpoint measured again (``--force``, or after its Parquet write failed) adds no second MLflow
+    value at any (key, step); a value the new measurement changes is named in one note, and the
+    measurements table has the new one. The Parquet file, written last, is what marks it measured."""
+    import errno
+
+    import mlflow
+
+    from analysis import evaluate
+    from analysis.job import Measurer, list_checkpoints
+    from records import stores, tables, tracking
+
+    results = tmp_path / "results"
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
+                                data_root=str(tmp_path / "data"))
+    (results / "storage" / "ckpt").mkdir(parents=True)
+    torch.save({"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": 1},
+               results / "storage" / "ckpt" / "state.pt")
+    tables.write_trial(str(results), "demo", cfg.to_flat(), {
+        "trial_id": "t", "study": "demo", "status": "finished", "epochs_completed": 1,
+        "checkpoint_path": str(results / "storage" / "ckpt")})
+    uri = stores.default_tracking_uri(str(results))
+    run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "demo"), "t", params={})
+    measurer = Measurer(str(results), "demo", uri, eval_size=8, batch_size=8, threads=1)
+    (row,) = list_checkpoints(str(results), "demo")
+    batch = {k: [v] for k, v in row.items()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:  # the disk fills between the MLflow record and the Parquet file
+        m.setattr(tables, "write_measurements", full_disk)
+        with pytest.raises(OSError, match="No space left"):  # a storage fault ends the analysis, not "skipped"
+            measurer(batch)
+    assert tables.measured(str(results), "demo") == set()  # so the rerun measures it again
+    assert str(measurer(batch)["note"][0]) == ""  # the same values: nothing changed, nothing logged twice
+    assert tables.measured(str(results), "demo") == {("t", 1)}
+
+    measure = evaluate.evaluate_checkpoint
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **k: [
+        {**r, "value": r["value"] + 0.125} if (r["intervention"], r["metric"]) == ("clean", "acc") else r
+        for r in measure(*a, **k)])
+    note = str(measurer(batch)["note"][0])  # --force, with a value that changed
+    assert f"MLflow run {run_id} keeps the earlier value of 1 metric point(s)" in note and "acc_clean" in note
+    assert str(results / "demo" / "measurements") in note
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for key in client.get_run(run_id).data.metrics:
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), (key, steps)
+    (kept,) = client.get_metric_history(run_id, "acc_clean")
+    new = tables.read_table(str(results), "demo", "measurements").to_pandas().query(
+        "intervention == 'clean' and metric == 'acc'")["value"]
+    assert list(new) == [pytest.approx(kept.value + 0.125)]
 
 
 def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
