@@ -1,5 +1,7 @@
 """Faults without Ray: corrupt checkpoints are named, not just skipped."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -240,7 +242,7 @@ def test_a_moved_copy_of_the_results_reads_and_writes_only_the_copy(tmp_path, mo
     assert caplog.text.count("now keep their artifacts") == 1  # re-rooted once
 
 
-def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tmp_path, monkeypatch):
+def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tmp_path, monkeypatch, capsys):
     """A checkpoint measured again (``--force``, or after its Parquet write failed) adds no second MLflow
     value at any (key, step); a value the new measurement changes is named in one note, and the
     measurements table has the new one. The Parquet file, written last, is what marks it measured."""
@@ -441,3 +443,52 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
         assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()
         assert len(list((storage / "demo" / "train" / name).glob(f"{faults.TRAIN_SNAPSHOT}.truncated-*"))) == 1
     assert (storage / "demo" / "train" / "good" / faults.TRAIN_SNAPSHOT).read_text() == '{"a": 1}'
+    # A checkpoint not measured yet is refused at another number of images than the study's rows have.
+    from analysis.job import check_n_images
+
+    todo = [{"trial_id": "t2", "epoch": 1, "dataset": "shapes"}]
+    check_n_images(str(results), "demo", todo, 8)
+    for size, gives in ((500, 500), (None, 2000)):
+        with pytest.raises(ValueError, match=f"measured so far are on 8 images, .* gives {gives}: .*--eval-size 8"):
+            check_n_images(str(results), "demo", todo, size)
+
+    # A full disk when the summary table is written ends `vitsweep analyze` in one line, last on stderr.
+    from sweeps import cli
+
+    monkeypatch.setattr(tables, "write_summary", full_disk)
+    assert cli.main(["analyze", "demo", "--results", str(results), "--eval-size", "8"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: storage fault: OSError: [Errno 28] No space left on device; details in ")
+    assert err[-1].endswith("; fix the storage, then run the same command again")
+    assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in line for line in err)
+    assert "Traceback" in Path(err[-1].split("; details in ")[1].split(";")[0]).read_text()
+
+
+def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, monkeypatch):
+    from analysis import job
+    from sweeps import cli, demo
+
+    seen = []
+    monkeypatch.setattr(job, "run", lambda args, results, uri: seen.append(args) or 0)
+    results = str(tmp_path / "results")
+    assert cli.main(["analyze", "demo", "--results", results]) == 0
+    assert cli.main(["analyze", "demo", "--results", results, "--checkpoints", "final", "--eval-size", "0"]) == 0
+    assert [(a.checkpoints, a.eval_size) for a in seen] == [(demo.CHECKPOINTS, demo.EVAL_SIZE), ("final", 0)]
+
+
+def test_an_unreachable_ray_address_is_refused_in_one_line_before_anything_is_planned(tmp_path, capsys):
+    import socket
+
+    from sweeps import run as launcher
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(["demo", "--address", f"127.0.0.1:{port}", "--gpus-per-trial", "0",
+                              "--results", str(tmp_path / "results")])
+    assert launcher.run(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --address '127.0.0.1:{port}': nothing accepts a connection at 127.0.0.1:{port}")
+    assert not (tmp_path / "results").exists()  # nothing planned, no folder made
