@@ -115,7 +115,8 @@ def remove_trial_temp_folders(names) -> None:
     import shutil
 
     for name in dict.fromkeys(names):
-        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"vitsweep-{glob.escape(name)}-*")):
+        pattern = f"vitsweep-{glob.escape(name)}-{'[a-z0-9_]' * 8}"  # mkdtemp's suffix: no other run's folder
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), pattern)):
             shutil.rmtree(folder, ignore_errors=True)
 
 

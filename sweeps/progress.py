@@ -310,9 +310,10 @@ class TrialProgress:
             self._print(trial_line(self.done, self.total, row, trial_id) + eta)
             self._report(seconds if left else 0.0)
 
-    def summary(self) -> str:
-        """The launch's trials as the trials table has them now (the record of truth, not what this
-        object counted: a restored or missed callback cannot make it wrong)."""
+    def final_counts(self) -> tuple[dict[str, int], bool]:
+        """(trials per status, whether from the table): the launch's trials as the trials table has
+        them now (the record of truth, not what this object counted: a restored or missed callback
+        cannot make it wrong); what this launch saw when the table cannot be read."""
         from records import tables
 
         ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
@@ -321,10 +322,15 @@ class TrialProgress:
             table = tables.read_table(self.results, self.study, "trials")
             rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
         except OSError:  # the results folder is what failed: what this launch saw is all there is
-            rows, ids, counts = {}, [], dict(self.counts)
+            return dict(self.counts), False
         for trial_id in ids:
             status = rows.get(trial_id, "unrecorded" if trial_id in self._seen else "not started")
             counts[status] = counts.get(status, 0) + 1
+        return counts, bool(ids)
+
+    def summary(self) -> str:
+        """One line: the launch's trials by status (``final_counts``) and its time."""
+        counts, ids = self.final_counts()
         ended = sum(n for s, n in counts.items() if s not in ("running", "not started"))
         parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         return (f"{self.study}: {ended if ids else self.done} of {self.total} trials ended in "

@@ -332,7 +332,6 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                 watch.add(why)
             stopped_by = ("; stopped by a storage fault" if watch.found else
                           f"; {interrupts.reason}" if interrupts.received else "")
-            log.info("train stage: %d Tune trials in %.0f s%s", len(grid or []), time.perf_counter() - t0, stopped_by)
             reason = ("storage fault: " + watch.found[0]) if watch.found else interrupts.reason or \
                 "the launch ended before the trial finished (its driver was killed)"
             unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
@@ -340,6 +339,8 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
             faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
             if launch.spec.planned:  # after the epilogue: its counts are the trials table's, failed included
                 print(lines.summary(), flush=True)
+            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
+                     lines.final_counts()[0].get("failed", 0) if launch.spec.planned else len(errors), stopped_by)
             for line in watch.found + unclosed:
                 launch_log.write_text(f"storage fault: {line}")
             if interrupts.received:

@@ -492,3 +492,19 @@ def test_an_unreachable_ray_address_is_refused_in_one_line_before_anything_is_pl
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: --address '127.0.0.1:{port}': nothing accepts a connection at 127.0.0.1:{port}")
     assert not (tmp_path / "results").exists()  # nothing planned, no folder made
+
+
+def test_trial_temp_folders_are_swept_and_the_fallback_log_folder_is_private(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
+    from sweeps import faults
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = [tempfile.mkdtemp(prefix=f"vitsweep-{name}-") for name in ("pack-1", "t-s0-1a2b3c4d", "t-s0-1a2b3c4d-x")]
+    faults.remove_trial_temp_folders(["pack-1", "t-s0-1a2b3c4d"])
+    assert [Path(p).exists() for p in left] == [False, False, True]  # another run's folder stays
+    monkeypatch.setattr(faults, "_PRIVATE", [])
+    folder = faults.private_log_folder()
+    assert folder == faults.private_log_folder() and Path(folder).parent == tmp_path
+    assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o700

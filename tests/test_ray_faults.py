@@ -1,14 +1,19 @@
-"""Storage faults mid-sweep on a real local Ray, each launcher a real process with its own Ray.
+"""A launch interrupted and storage faults mid-sweep on a real local Ray, each launcher a real process
+with its own Ray, then the analysis stage under the same faults.
 
-A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process of the sweep) makes each
-Parquet write under the results folder raise ``OSError(ENOSPC)``, then ``OSError(EROFS)``, from the
+A real SIGTERM mid-training ends the launch as Ctrl-C does: exit code 130, every unfinished trial
+``failed`` with the reason, no MLflow run RUNNING, the closing lines, and ``vitsweep status`` says
+the launch was interrupted. A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process
+of the sweep) makes each Parquet write under the results folder raise ``OSError(ENOSPC)`` from the
 moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
 naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
 called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
-exactly the unfinished trials, each MLflow step logged once."""
+exactly the unfinished trials, each MLflow step logged once. ``vitsweep analyze`` on the full disk ends in
+the same one line; run again, it measures every checkpoint once, each MLflow point logged once."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,19 +31,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ["demo", "--set", "epochs=2", "--set", "max_train_images=1024", "--max-failures", "0"]
 
 
-def _launch(results: Path, *extra: str, ray_tmp: str, out: Path) -> subprocess.Popen:
+def _launch(results: Path, *extra: str, ray_tmp: str, out: Path,
+            command: tuple[str, ...] = ("sweeps/run.py", *SWEEP)) -> subprocess.Popen:
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": f"{ROOT / 'tests' / 'faultfs'}{os.pathsep}{ROOT}", "VITSWEEP_TEST_FAULT_DIR": str(results)}
-    return subprocess.Popen([sys.executable, "sweeps/run.py", *SWEEP, "--results", str(results), *extra], cwd=ROOT,
+    return subprocess.Popen([sys.executable, *command, "--results", str(results), *extra], cwd=ROOT,
                             env=env, start_new_session=True, stdout=open(out.with_suffix(".out"), "w"),  # noqa: SIM115
                             stderr=open(out.with_suffix(".err"), "w"))  # noqa: SIM115
 
 
-def _assert_one_fault_line(out: Path, words: str) -> str:
+def _assert_one_fault_line(out: Path, words: str, then: str = "launch again with --resume") -> str:
     err = out.with_suffix(".err").read_text().strip().splitlines()
     last = err[-1]
     assert last.startswith("error: storage fault: ") and words in last, err[-20:]
-    assert last.endswith("fix the storage, then launch again with --resume")
+    assert last.endswith(f"fix the storage, then {then}")
     assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in x for x in err), err
     log = Path(re.search(r"; details in (\S+);", last).group(1))
     text = log.read_text()
@@ -53,28 +59,44 @@ def _no_run_running(results: Path) -> None:
     assert table is None or "stopped" not in set(table.column("status").to_pylist())  # no scheduler here
 
 
-def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp_path):
+def _epoch_written_after(results: Path, since: float) -> bool:
+    return any(p.stat().st_mtime > since for p in (results / "demo" / "epochs").glob("*.parquet"))
+
+
+def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest_then_the_analysis(tmp_path, ray_local):
+    from sweeps import cli, status
+
     results = tmp_path / "results"
     fault = results / ".fault"
-    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
+    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(4)]
     try:
-        # 1. The disk fills up once the first epoch is recorded.
-        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "full")
+        # 1. SIGTERM (what `timeout`, systemd and SLURM send) once the first epoch is recorded.
+        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
         deadline = time.time() + 420
-        while proc.poll() is None and time.time() < deadline:
-            if (results / "demo" / "epochs").is_dir() and any((results / "demo" / "epochs").glob("*.parquet")):
+        while proc.poll() is None and time.time() < deadline and not _epoch_written_after(results, 0):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 130, (tmp_path / "term.err").read_text()[-3000:]
+        err = (tmp_path / "term.err").read_text()
+        assert "Traceback" not in err and "the launch was interrupted (SIGTERM)" in err, err[-3000:]
+        assert "vitsweep demo: results in" in (tmp_path / "term.out").read_text()  # the closing lines
+        _no_run_running(results)
+        rows = tables.read_table(str(results), "demo", "trials").to_pylist()
+        assert "running" not in {r["status"] for r in rows}
+        assert all(r["error"] == "the launch was interrupted (SIGTERM)" for r in rows if r["status"] == "failed")
+        assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
+            status.study_status(str(results), "demo"))
+
+        # 2. Resumed; the disk fills up once an epoch is recorded again.
+        started = time.time()
+        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "full")
+        while proc.poll() is None and time.time() < deadline + 300:
+            if _epoch_written_after(results, started):
                 fault.write_text("ENOSPC")
                 break
             time.sleep(0.2)
         assert proc.wait(timeout=420) == 1
         _assert_one_fault_line(tmp_path / "full", "No space left on device")
-        _no_run_running(results)
-
-        # 2. Launched again onto a read-only folder: the first trial's first write fails.
-        fault.write_text("EROFS")
-        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "ro")
-        assert proc.wait(timeout=420) == 1
-        _assert_one_fault_line(tmp_path / "ro", "Read-only file system")
         _no_run_running(results)
 
         # 3. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
@@ -94,6 +116,14 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
                   if r["status"] == "finished"}
         proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
         assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
+
+        # 4. The analysis on a full disk: its first measurements file fails, after that checkpoint's MLflow record.
+        fault.write_text("ENOSPC")
+        analyze = ("-m", "sweeps.cli", "analyze", "demo", "--checkpoints", "final", "--eval-size", "50")
+        proc = _launch(results, ray_tmp=temps[3], out=tmp_path / "analyze", command=analyze)
+        assert proc.wait(timeout=420) == 1
+        _assert_one_fault_line(tmp_path / "analyze", "No space left on device", then="run the same command again")
+        assert not list((results / "demo").glob("measurements/*.parquet"))
     finally:
         for temp in temps:
             kill_ray_under(temp)
@@ -113,6 +143,18 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
         assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
+
+    # 5. The space freed, the same analysis (here on the suite's Ray) measures every checkpoint once.
+    fault.unlink()
+    assert cli.main(["analyze", "demo", "--results", str(results), "--checkpoints", "final",
+                     "--eval-size", "50"]) == 0
+    assert tables.measured(str(results), "demo") == {(t, 2) for t in trials["trial_id"]}
+    for run_id in runs["run_id"]:
+        metrics = client.get_run(run_id).data.metrics
+        assert "acc_clean" in metrics and any(k.startswith("layers/") for k in metrics)
+        for key in metrics:
+            steps = [m.step for m in client.get_metric_history(run_id, key)]
+            assert len(steps) == len(set(steps)), (run_id, key, steps)
 
 
 def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_local, tmp_path):
