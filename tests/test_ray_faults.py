@@ -8,7 +8,7 @@ of the sweep) makes each Parquet write under the results folder raise ``OSError(
 moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
 naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
 called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
-exactly the unfinished trials, each MLflow step logged once. ``vitsweep analyze`` on the full disk ends in
+exactly the unfinished trials, each MLflow step logged once. ``vitsweep analyze`` on a full disk ends in
 the same one line; run again, it measures every checkpoint once, each MLflow point logged once."""
 
 import os
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import FAST_EVAL_SIZE
 from test_ray_resume import kill_ray_under
 
 from records import stores, tables, tracking
@@ -63,12 +64,12 @@ def _epoch_written_after(results: Path, since: float) -> bool:
     return any(p.stat().st_mtime > since for p in (results / "demo" / "epochs").glob("*.parquet"))
 
 
-def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest_then_the_analysis(tmp_path, ray_local):
-    from sweeps import cli, status
+def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_path):
+    from sweeps import status
 
     results = tmp_path / "results"
     fault = results / ".fault"
-    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(4)]
+    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
     try:
         # 1. SIGTERM (what `timeout`, systemd and SLURM send) once the first epoch is recorded.
         proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
@@ -117,13 +118,6 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest_then_t
         proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
         assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
 
-        # 4. The analysis on a full disk: its first measurements file fails, after that checkpoint's MLflow record.
-        fault.write_text("ENOSPC")
-        analyze = ("-m", "sweeps.cli", "analyze", "demo", "--checkpoints", "final", "--eval-size", "50")
-        proc = _launch(results, ray_tmp=temps[3], out=tmp_path / "analyze", command=analyze)
-        assert proc.wait(timeout=420) == 1
-        _assert_one_fault_line(tmp_path / "analyze", "No space left on device", then="run the same command again")
-        assert not list((results / "demo").glob("measurements/*.parquet"))
     finally:
         for temp in temps:
             kill_ray_under(temp)
@@ -144,17 +138,52 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest_then_t
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 
-    # 5. The space freed, the same analysis (here on the suite's Ray) measures every checkpoint once.
-    fault.unlink()
+
+def test_the_analysis_of_a_copy_on_a_full_disk_ends_in_one_line_and_the_rerun_measures_each_checkpoint_once(
+        demo_results, ray_local, tmp_path):
+    """On a copy of the demo's results (its MLflow store re-rooted into the copy), two final checkpoints to
+    measure again: on a full disk (the wrapper, in the measuring actors too) ``vitsweep analyze`` ends in the
+    one line; after the space is freed, the same command measures each once, no MLflow point twice, and
+    nothing of the original changes."""
+    import shutil
+
+    import mlflow
+
+    from sweeps import cli
+
+    def original_state():
+        return sorted((str(p.relative_to(demo_results)), p.stat().st_mtime_ns) for p in demo_results.rglob("*")
+                      if p.is_file() and "/logs/" not in str(p) and not p.name.endswith(".txt"))
+
+    before = original_state()
+    results = tmp_path / "copy"
+    shutil.copytree(demo_results, results, ignore=shutil.ignore_patterns(".launch.lock*"))
+    trials = pq.read_table(results / "demo" / "trials").to_pandas()
+    redo = {(t, int(e)) for t, e in zip(trials["trial_id"][:2], trials["epochs_completed"][:2])}
+    for trial_id, epoch in redo:
+        (results / "demo" / "measurements" / f"{trial_id}-e{epoch}.parquet").unlink()
+    (results / ".fault").write_text("ENOSPC")
+    ray_tmp = tempfile.mkdtemp(prefix="vsa-", dir="/tmp")
+    analyze = ("-m", "sweeps.cli", "analyze", "demo", "--checkpoints", "final", "--eval-size", str(FAST_EVAL_SIZE))
+    try:
+        proc = _launch(results, ray_tmp=ray_tmp, out=tmp_path / "analyze", command=analyze)
+        assert proc.wait(timeout=420) == 1, (tmp_path / "analyze.err").read_text()[-3000:]
+    finally:
+        kill_ray_under(ray_tmp)
+    _assert_one_fault_line(tmp_path / "analyze", "No space left on device", then="run the same command again")
+    assert not redo & tables.measured(str(results), "demo")
+
+    (results / ".fault").unlink()  # the space freed: the same command (here on the suite's Ray) completes it
     assert cli.main(["analyze", "demo", "--results", str(results), "--checkpoints", "final",
-                     "--eval-size", "50"]) == 0
-    assert tables.measured(str(results), "demo") == {(t, 2) for t in trials["trial_id"]}
-    for run_id in runs["run_id"]:
-        metrics = client.get_run(run_id).data.metrics
-        assert "acc_clean" in metrics and any(k.startswith("layers/") for k in metrics)
-        for key in metrics:
+                     "--eval-size", str(FAST_EVAL_SIZE)]) == 0
+    assert redo <= tables.measured(str(results), "demo")
+    uri = stores.default_tracking_uri(str(results))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for run_id in tracking.search_trial_runs(uri, "demo")["run_id"]:
+        for key in client.get_run(run_id).data.metrics:
             steps = [m.step for m in client.get_metric_history(run_id, key)]
             assert len(steps) == len(set(steps)), (run_id, key, steps)
+    assert original_state() == before
 
 
 def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_local, tmp_path):
