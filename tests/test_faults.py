@@ -508,3 +508,31 @@ def test_trial_temp_folders_are_swept_and_the_fallback_log_folder_is_private(tmp
     folder = faults.private_log_folder()
     assert folder == faults.private_log_folder() and Path(folder).parent == tmp_path
     assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o700
+
+
+def test_sighup_and_sigterm_stop_tune_as_ctrl_c_does_and_raise_outside_it():
+    import os
+    import signal
+
+    from sweeps.faults import FaultWatch
+    from sweeps.interrupt import Interrupts
+
+    watch = FaultWatch("sqlite:////nowhere/mlflow.db", 1.0)
+    before = signal.getsignal(signal.SIGTERM)
+    with Interrupts() as interrupts:
+        with interrupts.stopping(watch):  # while Tune runs: its stopper stops every trial
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert watch.interrupted == "the launch was interrupted (SIGHUP)" and watch.stopper().stop_all()
+        with pytest.raises(KeyboardInterrupt):  # anywhere else: as Ctrl-C
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert interrupts.received == ["SIGHUP", "SIGTERM"] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_printed_commands_paste_into_a_shell_and_mlflows_own_links_leave_the_console():
+    from sweeps import progress
+
+    lines = progress.closing_lines("/tmp/my results", "s", "sqlite:////tmp/my results/mlflow.db", report=False)
+    assert "vitsweep status s --results '/tmp/my results'" in lines
+    assert "mlflow ui --backend-store-uri 'sqlite:////tmp/my results/mlflow.db' --workers 1" in lines
+    assert progress.classify_line("🏃 View run t0 at: http://127.0.0.1:5000/#/experiments/1/runs/ab\n")
+    assert progress.classify_line("🧪 View experiment at: http://127.0.0.1:5000/#/experiments/1\n")
