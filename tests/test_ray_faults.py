@@ -60,8 +60,8 @@ def _no_run_running(results: Path) -> None:
     assert table is None or "stopped" not in set(table.column("status").to_pylist())  # no scheduler here
 
 
-def _epoch_written_after(results: Path, since: float) -> bool:
-    return any(p.stat().st_mtime > since for p in (results / "demo" / "epochs").glob("*.parquet"))
+def _written_after(results: Path, table: str, since: float) -> bool:
+    return any(p.stat().st_mtime > since for p in (results / "demo" / table).glob("*.parquet"))
 
 
 def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_path):
@@ -71,10 +71,10 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
     fault = results / ".fault"
     temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
     try:
-        # 1. SIGTERM (what `timeout`, systemd and SLURM send) once the first epoch is recorded.
+        # 1. SIGTERM (what `timeout`, systemd and SLURM send) once trials train (their rows say running).
         proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
         deadline = time.time() + 420
-        while proc.poll() is None and time.time() < deadline and not _epoch_written_after(results, 0):
+        while proc.poll() is None and time.time() < deadline and not _written_after(results, "trials", 0):
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 130, (tmp_path / "term.err").read_text()[-3000:]
@@ -88,11 +88,11 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
         assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
             status.study_status(str(results), "demo"))
 
-        # 2. Resumed; the disk fills up once an epoch is recorded again.
+        # 2. Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
         started = time.time()
         proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "full")
         while proc.poll() is None and time.time() < deadline + 300:
-            if _epoch_written_after(results, started):
+            if _written_after(results, "trials", started):
                 fault.write_text("ENOSPC")
                 break
             time.sleep(0.2)
