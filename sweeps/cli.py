@@ -145,6 +145,7 @@ def analyze(args: argparse.Namespace) -> int:
     with Interrupts():
         try:
             results, mlflow_uri = job.check(args)
+            launcher.check_address(args.address)
         except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
             print(f"error: {exc}", file=sys.stderr)
             return 2

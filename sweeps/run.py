@@ -453,11 +453,11 @@ def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         # Names, values and the launch lock before torch, Ray or MLflow is imported: a bad value or a
         # refused second launch answers in a moment.
         options.check(args)
-        check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
         if args.dry_run:
             from sweeps.dry_run import dry_run
 
             return dry_run(args)
+        check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
         results, storage = resolve_paths(args)
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
