@@ -13,8 +13,14 @@ unit of work) and writes that checkpoint's measurement rows to Parquet and, on t
 trial's MLflow run, its scalars, per-layer curves and figure
 (``analysis.trial_record``). Last, the wide ``summary`` table (one row per
 trial) is rewritten from everything measured so far. A corrupt or missing checkpoint is
-reported and skipped; the others are still measured. Re-running skips
-checkpoints already measured unless ``force``.
+reported and skipped; the others are still measured. A storage fault (a full or read-only
+results folder, an MLflow store that does not answer) is no checkpoint's fault: it ends the
+analysis, and the command says so in one line. A checkpoint counts as measured when its
+Parquet file exists, and that file is written last, after its MLflow record: a fault between
+the two leaves it unmeasured, and the rerun logs only the MLflow points still missing.
+Re-running skips checkpoints already measured unless ``force``; a study's checkpoints are
+all measured on one number of images, so an ``eval_size`` that gives another than the rows
+already measured is refused unless ``force`` measures them all again.
 
 Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every
 CPU starves Ray Data's other tasks and hangs forever, so the pool is sized
@@ -27,7 +33,6 @@ import argparse
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from typing import Any
@@ -93,7 +98,8 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": [], "images": []}
+        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": [], "images": [],
+               "note": []}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -102,10 +108,13 @@ class Measurer:
             except Exception:  # noqa: BLE001 - measure() raises it again, and the row says why
                 pass
             t0 = time.perf_counter()
+            note = ""
             try:
-                n = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root))
+                n, note = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root))
                 status = "ok"
-            except Exception as exc:  # one bad checkpoint must not stop the study's analysis
+            except Exception as exc:  # one bad checkpoint must not stop the study's analysis...
+                if _storage_side(exc):  # ...but a fault of the storage stops it: every checkpoint would fail
+                    raise
                 n, status = 0, f"error: {type(exc).__name__}: {exc}"
             out["trial_id"].append(str(trial_id))
             out["epoch"].append(int(epoch))
@@ -114,9 +123,11 @@ class Measurer:
             out["rows"].append(n)
             out["seconds"].append(time.perf_counter() - t0)
             out["images"].append(len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0)
+            out["note"].append(note)
         return {k: np.asarray(v) for k, v in out.items()}
 
-    def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> int:
+    def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> tuple[int, str]:
+        """(rows written, a note on MLflow values this measurement changed or "")."""
         from analysis.evaluate import evaluate_checkpoint
         from trainables.checkpoints import load_model
 
@@ -129,14 +140,26 @@ class Measurer:
         images, labels, mean, std = self._subset(dataset, data_root)
         rows = evaluate_checkpoint(model.to(self.device), images, labels, mean=mean, std=std,
                                    grid=cfg.model.grid, seed=0, batch_size=self.batch_size, device=self.device)
-        tables.write_measurements(self.results, self.study, trial_id, epoch, rows)
+        note = ""
         if self.mlflow_uri:
             run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
             if run_id is not None:
                 from analysis.trial_record import log_checkpoint
 
-                log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
-        return len(rows)
+                changed = log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
+                if changed:
+                    note = (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at "
+                            f"checkpoint epoch {epoch} ({', '.join(sorted({k for k, *_ in changed})[:4])}"
+                            f"{', ...' if len({k for k, *_ in changed}) > 4 else ''}), which this measurement "
+                            f"changed; the new values are in {tables.table_path(self.results, self.study, 'measurements')}")
+        tables.write_measurements(self.results, self.study, trial_id, epoch, rows)  # last: it marks it measured
+        return len(rows), note
+
+
+def _storage_side(exc: Exception) -> bool:
+    """A fault of where results go (an OSError other than a missing checkpoint, MLflow unreachable),
+    not of the checkpoint measured."""
+    return isinstance(exc, stores.TrackingError) or (isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError))
 
 
 def _fetch(path: str) -> str:
@@ -182,6 +205,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     if not force:
         done = tables.measured(results, study)
         rows = [r for r in rows if (r["trial_id"], r["epoch"]) not in done]
+        check_n_images(results, study, rows, eval_size)
     log.info("analysis of %s: %d checkpoint(s) to measure", study, len(rows))
     if not rows:
         write_summary_table(results, study)
@@ -205,21 +229,53 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     from records import manifest
 
     statuses, ended = [], []
-    with manifest.heartbeat(results, study, stage="analyze"):  # `vitsweep status` shows the stage
-        manifest.report_progress(results, study, done=0, total=len(rows), unit="checkpoints measured")
+    # `vitsweep status` shows the stage, and what continues it when it is cut short
+    choices = {"checkpoints": checkpoints, "eval_size": eval_size or 0}
+    with manifest.heartbeat(results, study, stage="analyze"):
+        manifest.report_progress(results, study, done=0, total=len(rows), unit="checkpoints measured", **choices)
         for s in ds.iter_rows():  # as each checkpoint is measured
             statuses.append(s)
             ended.append(time.monotonic())
             eta = eta_s(ended, [x["seconds"] for x in statuses], len(rows), actors)
             print(_progress_line(s, len(statuses), len(rows), eta), flush=True)
+            if s["note"]:
+                print(f"  {s['note']}", flush=True)
             manifest.report_progress(results, study, done=len(statuses), total=len(rows),
-                                     unit="checkpoints measured", eta_s=eta)
+                                     unit="checkpoints measured", eta_s=eta, **choices)
     ok = sum(s["status"] == "ok" for s in statuses)
     corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     log.info("summary table of %s: %d trial(s)", study, write_summary_table(results, study))
     return statuses
+
+
+def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_size: int | None) -> None:
+    """Refuse to measure ``rows`` on another number of images than the study's measured rows of the
+    same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
+    import pyarrow.dataset as pads
+
+    from records.vocab import DATASET_SIZES
+
+    fs, root = tables.filesystem(tables.table_path(results, study, "measurements"))
+    if not rows or fs.get_file_info(root).type.name != "Directory":
+        return
+    had = pads.dataset(root, filesystem=fs, format="parquet").to_table(columns=["trial_id", "n_images"])
+    dataset_of = {r["trial_id"]: r["dataset"] for r in rows}
+    dataset_of.update({t["trial_id"]: t["dataset"]
+                       for t in tables.read_table(results, study, "trials").select(["trial_id", "dataset"]).to_pylist()})
+    for trial_id, n in set(zip(had.column("trial_id").to_pylist(), had.column("n_images").to_pylist())):
+        dataset = dataset_of.get(trial_id)
+        if n is None or dataset not in {r["dataset"] for r in rows}:
+            continue
+        whole = DATASET_SIZES[dataset].test_images
+        want = whole if eval_size is None else min(eval_size, whole or eval_size)
+        if want is not None and want != n:
+            asked = "the whole test split" if eval_size is None else f"--eval-size {eval_size}"
+            raise ValueError(
+                f"{study}'s {dataset} checkpoints measured so far are on {n} images, and {asked} gives {want}: "
+                f"one measurements table would mix them; pass --eval-size {n} to continue, or --force to measure "
+                "every checkpoint again")
 
 
 def eta_s(ended: list[float], seconds: list[float], total: int, actors: int) -> float | None:
@@ -257,11 +313,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study")
     parser.add_argument("--results", default="results", help="results folder or URI (default ./results)")
     parser.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<results>/mlflow.db)")
-    parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default="final",
-                        help="final: each trial's last checkpoint (default); all: also every log-spaced snapshot")
+    parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default=None,
+                        help="final: each trial's last checkpoint; all: also every log-spaced snapshot "
+                             "(default: the study's choice)")
     parser.add_argument("--force", action="store_true", help="measure again checkpoints already measured")
     parser.add_argument("--eval-size", type=int, default=None,
-                        help="cap on the evaluation images: a fixed, seeded subset (default: the whole test split)")
+                        help="cap on the evaluation images: a fixed, seeded subset; 0: the whole test split "
+                             "(default: the study's choice)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--actors", type=int, help="cap on the actor pool (default: what the cluster fits)")
     parser.add_argument("--gpus-per-actor", type=float, default=1.0, help="GPU share per actor when GPUs exist")
@@ -269,23 +327,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="also show Ray Data's progress and the workers' output")
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+def check(args: argparse.Namespace) -> tuple[str, str]:
+    """(results, tracking URI) of ``vitsweep analyze``, its values checked before any work: raises
+    ValueError, or TrackingError for a store that does not answer."""
     results = results_location(args.results)
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
-    try:
-        for flag, value, low in (("--eval-size", args.eval_size, 1), ("--batch-size", args.batch_size, 1),
-                                 ("--actors", args.actors, 1)):
-            if value is not None and value < low:
-                raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
-        if not (math.isfinite(args.gpus_per_actor) and args.gpus_per_actor >= 0):  # 0: CPU actors
-            raise ValueError(f"--gpus-per-actor must be a number >= 0, got {args.gpus_per_actor:g}")
-        stores.check_tracking_uri(mlflow_uri)
-        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
-                           checkpoints=args.checkpoints, force=args.force, eval_size=args.eval_size,
-                           batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor,
-                           verbose=args.verbose)
-    except (ValueError, stores.TrackingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    for flag, value, low in (("--eval-size", args.eval_size, 0), ("--batch-size", args.batch_size, 1),
+                             ("--actors", args.actors, 1)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
+    if not (math.isfinite(args.gpus_per_actor) and args.gpus_per_actor >= 0):  # 0: CPU actors
+        raise ValueError(f"--gpus-per-actor must be a number >= 0, got {args.gpus_per_actor:g}")
+    stores.check_tracking_uri(mlflow_uri)
+    return results, mlflow_uri
+
+
+def run(args: argparse.Namespace, results: str, mlflow_uri: str) -> int:
+    """``vitsweep analyze`` after ``check``: 0 every checkpoint measured, 1 one skipped. A user error
+    raises ValueError; anything else (a storage fault) is the caller's to classify."""
+    statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
+                       checkpoints=args.checkpoints or "final", force=args.force, eval_size=args.eval_size or None,
+                       batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor,
+                       verbose=args.verbose)
     return 0 if all(s["status"] == "ok" for s in statuses) else 1

@@ -135,19 +135,22 @@ def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
     return fig
 
 
-def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int, rows: list[dict[str, Any]],
-                   grid: int) -> None:
-    """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run."""
+def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int,
+                   rows: list[dict[str, Any]], grid: int) -> list[tuple[str, int, float, float]]:
+    """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run;
+    a (key, step) the run already has is not logged again. Returns the points whose kept value differs
+    (``records.measurements.log_new_points``)."""
     from analysis import plotting as pl
 
-    tracking.log_metrics(uri, run_id, summarize(rows), step=epoch)
-    measurements.log_metric_series(uri, run_id, layer_profiles(rows, epoch))
+    scalars = {key: {epoch: value} for key, value in summarize(rows).items()}
+    changed = measurements.log_new_points(uri, run_id, {**scalars, **layer_profiles(rows, epoch)})
     fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}", grid)
     with tempfile.TemporaryDirectory(prefix="vitsweep-fig-") as tmp:
         for ext, render in (("png", pl.render_png), ("svg", pl.render_svg)):
             path = Path(tmp) / f"layers_epoch_{int(epoch):04d}.{ext}"
             path.write_bytes(render(fig))
             tracking.log_artifact_file(uri, run_id, path, "figures")
+    return changed
 
 
 def write_summary_table(results: str, study: str) -> int:

@@ -3,8 +3,10 @@
 ``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial
 ids and their packs, the launch command, code version, start time, host and
 pid). ``<results>/<study>/heartbeat.json``: rewritten every
-``HEARTBEAT_INTERVAL_S`` while a launcher runs, and stamped ``ended`` when it
-returns; it names the stage the process is in (``train``, ``analyze``,
+``HEARTBEAT_INTERVAL_S`` while a launcher runs, and stamped ``ended`` only when the
+process closed its records (with ``outcome``: why it ended early, e.g. interrupted); a
+process that died with records open leaves it unstamped, so ``vitsweep status`` sees it dead.
+It names the stage the process is in (``train``, ``analyze``,
 ``report``) and that stage's progress (``report_progress``: done of total,
 the unit, an ETA), so ``vitsweep status`` sees the analysis and the report
 too, not only the training. With both, ``vitsweep status`` tells from the results folder alone
@@ -69,13 +71,14 @@ def read_heartbeat(results: str, study: str) -> dict | None:
 
 
 def beat(results: str, study: str, *, ended: bool = False, stage: str | None = None,
-         progress: Mapping[str, Any] | None = None) -> None:
+         progress: Mapping[str, Any] | None = None, outcome: str | None = None) -> None:
     """Write the heartbeat: who beats (host, pid, its start time, the boot), ``stage`` and its
-    ``progress`` ({done, total, unit, eta_s}: see ``report_progress``)."""
+    ``progress`` ({done, total, unit, eta_s, ...}: see ``report_progress``), and with ``ended`` the
+    ``outcome`` (None: the stage ran to its end)."""
     files.write_json(_path(results, study, HEARTBEAT_FILE), {
         "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
         "proc_start": proc_start(os.getpid()), "boot_id": boot_id(), "ended": ended,
-        "stage": stage, "progress": dict(progress) if progress else None,
+        "stage": stage, "progress": dict(progress) if progress else None, "outcome": outcome,
     })
 
 
@@ -143,6 +146,7 @@ class _Stage:
     def __init__(self, results: str, study: str, stage: str):
         self.results, self.study, self.stage = results, study, stage
         self.progress: dict[str, Any] | None = None
+        self.outcome: str | None = None  # set by the stage when it ended early but closed its records
         self.lock = threading.Lock()
         self.written = 0.0  # time.monotonic() of the last write
 
@@ -150,18 +154,24 @@ class _Stage:
         with self.lock:
             self.written = time.monotonic()
             with contextlib.suppress(OSError):  # a storage blip must not kill the launcher
-                beat(self.results, self.study, ended=ended, stage=self.stage, progress=self.progress)
+                beat(self.results, self.study, ended=ended, stage=self.stage, progress=self.progress,
+                     outcome=self.outcome if ended else None)
 
 
+# Stages that hold records open (a trial's row and MLflow run): only their own epilogue closes them, so
+# an interrupt escaping the stage leaves them open. The others write each record whole.
+OPEN_RECORDS_STAGES = ("train",)
 _LIVE: dict[str, _Stage] = {}  # heartbeat path -> the stage this process beats for
 PROGRESS_WRITE_S = 5.0  # report_progress writes at once, at most this often (the thread beats anyway)
 
 
 @contextlib.contextmanager
 def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S, *,
-              stage: str = "train") -> Iterator[None]:
+              stage: str = "train") -> Iterator[_Stage]:
     """Beat in a daemon thread while the block runs, naming ``stage``; stamp ``ended`` when it
-    leaves. Inside, ``report_progress(results, study, ...)`` sets the stage's progress."""
+    leaves normally (with the ``outcome`` the block set on what it yields), or by an interrupt
+    from a stage that holds no record open; an exception leaves the beat unstamped. Inside,
+    ``report_progress(results, study, ...)`` sets the stage's progress."""
     state = _Stage(results, study, stage)
     key = _path(results, study, HEARTBEAT_FILE)
     stop = threading.Event()
@@ -174,18 +184,25 @@ def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S
     state.write()
     thread = threading.Thread(target=loop, name="vitsweep-heartbeat", daemon=True)
     thread.start()
+    closed = False
     try:
-        yield
+        yield state
+        closed = True
+    except KeyboardInterrupt:
+        if stage not in OPEN_RECORDS_STAGES:
+            state.outcome, closed = "interrupted", True
+        raise
     finally:
         stop.set()
         thread.join(timeout=5)
-        state.write(ended=True)
+        if closed:
+            state.write(ended=True)
         if _LIVE.get(key) is state:
             del _LIVE[key]
 
 
 def report_progress(results: str, study: str, *, done: int, total: int, unit: str,
-                    eta_s: float | None = None) -> None:
+                    eta_s: float | None = None, **more: Any) -> None:
     """The progress of the stage this process beats for (``done`` of ``total`` ``unit``, an ETA in
     seconds or None): in the heartbeat file at once (the first, the last, and at most every
     ``PROGRESS_WRITE_S`` between) and with
@@ -195,6 +212,6 @@ def report_progress(results: str, study: str, *, done: int, total: int, unit: st
         return
     first = state.progress is None
     state.progress = {"done": int(done), "total": int(total), "unit": unit,
-                      "eta_s": None if eta_s is None else round(float(eta_s), 1)}
+                      "eta_s": None if eta_s is None else round(float(eta_s), 1), **more}
     if first or done >= total or time.monotonic() - state.written >= PROGRESS_WRITE_S:
         state.write()

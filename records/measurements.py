@@ -8,6 +8,7 @@ a curve over depth. Every measurement row stays in Parquet (``records.tables``),
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -30,3 +31,26 @@ def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, A
     for batch in chunks(points, MAX_METRICS_PER_BATCH):
         with_retries("log_metric_series", uri, lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
     return len(points)
+
+
+def log_new_points(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]]) -> list[tuple[str, int, float, float]]:
+    """``log_metric_series`` of only the (key, step) points the run has no value at: MLflow keeps
+    every point it is sent and can neither overwrite nor delete one, so measuring a checkpoint again
+    (``--force``, or a rerun after its Parquet file failed) never adds a second value at a step.
+    Returns (key, step, the value MLflow keeps, the new value) of each point the new value differs at."""
+    from records.client import with_retries
+
+    new: dict[str, dict[int, Any]] = {}
+    changed = []
+    for key, values in series.items():
+        history = with_retries(f"metric history {key}", uri, lambda c, k=key: c.get_metric_history(run_id, k))
+        kept = {int(m.step): m.value for m in history}
+        for step, value in values.items():
+            if value is None:
+                continue
+            if int(step) not in kept:
+                new.setdefault(key, {})[int(step)] = value
+            elif not math.isclose(kept[int(step)], float(value), rel_tol=1e-9, abs_tol=1e-12):
+                changed.append((str(key), int(step), kept[int(step)], float(value)))
+    log_metric_series(uri, run_id, new)
+    return changed

@@ -14,6 +14,10 @@ Every check names the URI (passwords redacted) and says what to use instead:
   go to ``<db folder>/mlartifacts/<experiment>`` instead of MLflow's default
   ``./mlruns`` (relative to each process's working directory, which differs
   between Ray workers); ``mlflow ui --backend-store-uri <uri>`` serves them.
+  MLflow stores those locations as absolute URIs, so a copy of the results
+  folder would still write into (and read from) the original's artifacts:
+  a store found under another folder than the one it was made in is
+  re-rooted when it is checked (``reroot_artifacts``).
 - ``http(s)://host:port``: an MLflow server (the cluster YAML starts one on the
   head node; ``start_local_server`` starts one here). Needed whenever trials run
   on more than one machine or results live on object storage. MLflow's own HTTP
@@ -27,6 +31,7 @@ Every check names the URI (passwords redacted) and says what to use instead:
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.parse
 from pathlib import Path
@@ -94,7 +99,7 @@ def check_tracking_uri(uri: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
     or relative SQLite path, SQLite folder not creatable/writable, not a SQLite file,
     missing database driver. TrackingError: an http(s) server or a database that
     does not answer within ``timeout_s``, or refuses the credentials.
-    Creates the SQLite folder; does not create the database itself.
+    Creates the SQLite folder; does not create the database itself; re-roots a copied one.
     """
     if not uri or not uri.strip():
         raise ValueError(f"empty MLflow tracking URI; valid schemes: {', '.join(VALID_SCHEMES)}")
@@ -119,6 +124,38 @@ def check_tracking_uri(uri: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
     elif kind in SQL_DATABASE_SCHEMES:
         _check_database(uri, timeout_s)
     # databricks: credentials come from the Databricks config; nothing cheap to check.
+
+
+def reroot_artifacts(uri: str) -> str | None:
+    """Point the artifact locations of a SQLite store's experiments and runs that lie under
+    ``<folder it was made in>/mlartifacts/`` (``records.tracking``'s default) under the folder it is
+    in now, for a copied or moved results folder; returns one line saying so, or None when nothing
+    had to move. MLflow offers no call to change a location, so it is changed in its tables."""
+    import sqlite3
+
+    path = sqlite_path(uri)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    here = (path.parent / "mlartifacts").as_uri()
+    con = sqlite3.connect(path, timeout=20)
+    try:
+        try:
+            found = con.execute("SELECT artifact_location FROM experiments WHERE artifact_location LIKE ?",
+                                ("file://%/mlartifacts/%",)).fetchall()
+        except sqlite3.OperationalError:  # no MLflow tables yet
+            return None
+        roots = {loc[: loc.rindex("/mlartifacts/") + len("/mlartifacts")] for (loc,) in found} - {here}
+        if not roots:
+            return None
+        with con:  # one transaction
+            for old in roots:
+                for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                    con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 - fixed names
+                                f"WHERE substr({column}, 1, ?) = ?", (here, len(old) + 1, len(old) + 1, old + "/"))
+    finally:
+        con.close()
+    return (f"MLflow store {path} was made beside artifacts at {', '.join(sorted(roots))}: its experiments and runs "
+            f"now keep their artifacts at {here} (this copy's own)")
 
 
 def _check_sqlite(uri: str) -> None:
@@ -149,6 +186,9 @@ def _check_sqlite(uri: str) -> None:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise ValueError(f"MLflow tracking URI {uri!r}: {str(path)!r} is not a SQLite database.")
+    moved = reroot_artifacts(uri)
+    if moved:
+        logging.getLogger("vitsweep").warning(moved)
 
 
 def _host_creds(uri: str):

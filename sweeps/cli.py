@@ -110,13 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         return demo(args.results)
     if args.command == "analyze":
-        from analysis import job
-
-        try:
-            return job.run(args)
-        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        return analyze(args)
     if args.command == "status":
         from sweeps import status as status_module
 
@@ -130,6 +124,40 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 2
+
+
+def analyze(args: argparse.Namespace) -> int:
+    """``vitsweep analyze``: the study's own checkpoints and evaluation size unless given (what its
+    ``--stage all`` measures, so this continues it), one analysis of a study at a time (the launch
+    lock; ``analysis/`` does not reach ``sweeps/``), a storage fault in one line, exit 1."""
+    import logging
+
+    from analysis import job
+    from sweeps import progress, study
+    from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    progress.configure_console(args.verbose)
+    if args.study in STUDIES:  # another name is refused with the studies the results hold
+        spec = study.of(args.study)
+        args.checkpoints = args.checkpoints or spec.checkpoints
+        args.eval_size = (spec.eval_size or 0) if args.eval_size is None else args.eval_size  # 0: whole split
+    with Interrupts():
+        try:
+            results, mlflow_uri = job.check(args)
+            launcher.check_address(args.address)
+        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return launcher.guarded(results, args.study, args.verbose, lambda: None,
+                                    lambda _: job.run(args, results, mlflow_uri), what="analysis",
+                                    then="run the same command again")
+        except KeyboardInterrupt:
+            print(f"vitsweep: analysis interrupted; measured checkpoints are kept, and the same command continues "
+                  f"(`{progress.shell(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
+                  file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
 
 
 def demo(results: str) -> int:

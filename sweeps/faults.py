@@ -96,6 +96,30 @@ def _storage_words(text: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- the log
 
+_PRIVATE: list[str] = []  # this process's fallback log folder, made once
+
+
+def private_log_folder() -> str:
+    """Where this process's logs go when the results folder cannot take them: a folder of its own
+    (``mkdtemp``: mode 0700, a fresh name), not a fixed name that another user could make first."""
+    if not _PRIVATE:
+        _PRIVATE.append(tempfile.mkdtemp(prefix="vitsweep-logs-"))
+    return _PRIVATE[0]
+
+
+def remove_trial_temp_folders(names) -> None:
+    """Remove the local temp folders of Train runs (``vitsweep-<trial or pack id>-*``, made by each
+    run's worker, ``trainables.ray_trial``) that a killed or stopped worker could not remove. Call it
+    while none of them runs (the launch lock is held): before a launch, and after its Tune returns."""
+    import glob
+    import shutil
+
+    for name in dict.fromkeys(names):
+        pattern = f"vitsweep-{glob.escape(name)}-{'[a-z0-9_]' * 8}"  # mkdtemp's suffix: no other run's folder
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), pattern)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 class LaunchLog(logging.Handler):
     """The launch's log file. A write that fails (the results disk filled up) moves the log to the
     system temp folder, so the tracebacks of the fault itself are kept."""
@@ -104,7 +128,7 @@ class LaunchLog(logging.Handler):
         super().__init__(logging.DEBUG)
         name = f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         here = [os.path.join(results, study, "logs", name)] if "://" not in results else []
-        self._candidates = [*here, os.path.join(tempfile.gettempdir(), "vitsweep-logs", f"{study}-{name}")]
+        self._candidates = [*here, os.path.join(private_log_folder(), f"{study}-{name}")]
         self.path: str | None = None
         self._file = None
         self._next()
@@ -202,12 +226,13 @@ class FaultWatch:
         self.mlflow_uri, self.budget_s = mlflow_uri, budget_s
         self.found: list[str] = []
         self.tracking_down = False  # the probe found the server gone: the epilogue leaves MLflow alone
+        self.interrupted = ""  # why the launch was interrupted (``sweeps.interrupt``): stops Tune as a fault does
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __getstate__(self):
         return {"mlflow_uri": self.mlflow_uri, "budget_s": self.budget_s, "found": list(self.found),
-                "tracking_down": self.tracking_down}
+                "tracking_down": self.tracking_down, "interrupted": self.interrupted}
 
     def __setstate__(self, state):
         self.__dict__.update(state, _stop=threading.Event(), _thread=None)
@@ -282,7 +307,7 @@ class FaultWatch:
                 return False
 
             def stop_all(self):
-                return bool(watch.found)
+                return bool(watch.found or watch.interrupted)
 
         return _Stop()
 
@@ -386,9 +411,10 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
     return faults
 
 
-def report_storage_faults(faults: list[str], log_path: str | None = None) -> None:
+def report_storage_faults(faults: list[str], log_path: str | None = None,
+                          then: str = "launch again with --resume") -> None:
     """The one line on stderr for a storage fault (each fault is in the launch log)."""
     more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
     where = f"; details in {log_path}" if log_path else ""
-    print(f"error: storage fault: {faults[0]}{more}{where}; fix the storage, then launch again with --resume",
+    print(f"error: storage fault: {faults[0]}{more}{where}; fix the storage, then {then}",
           file=sys.stderr, flush=True)

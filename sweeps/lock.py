@@ -1,8 +1,9 @@
-"""One launch per (results, study) at a time: the launch lock.
+"""One launch or analysis per (results, study) at a time: the launch lock.
 
 Two launches of one study into one results folder both see the same trials
 still to run and train each of them twice (two MLflow histories, two Train
-checkpoint lists). So a launch holds ``<results>/<study>/.launch.lock`` from
+checkpoint lists); two analyses measure the same checkpoints twice. So a
+launch, and ``vitsweep analyze``, holds ``<results>/<study>/.launch.lock`` from
 before Ray starts until it ends; a second launch sees it at once and is
 refused with a message naming the holder (host, pid, start time) and what to
 do. A lock whose holder is gone is taken over, with a note in the log:
@@ -99,10 +100,12 @@ def describe(holder: dict[str, Any]) -> str:
 
 @dataclass
 class LaunchLock:
-    """``with LaunchLock(results, study): ...`` holds the lock for the block."""
+    """``with LaunchLock(results, study): ...`` holds the lock for the block; ``what`` holds it (a
+    launch, an analysis), as a refused second one is told."""
 
     results: str
     study: str
+    what: str = "launch"
 
     def __post_init__(self) -> None:
         self.uri = lock_uri(self.results, self.study)
@@ -110,7 +113,7 @@ class LaunchLock:
         self.holder = {
             "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
             "proc_start": _proc_start(os.getpid()), "boot_id": _boot_id(), "started": _now(),
-            "heartbeat": time.time(), "study": self.study, "results": self.results,
+            "heartbeat": time.time(), "study": self.study, "results": self.results, "what": self.what,
         }
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,7 +132,7 @@ class LaunchLock:
             alive, why = _alive(current)
             if alive:
                 raise LaunchLockError(
-                    f"another launch of study {self.study!r} into {self.results} is running "
+                    f"another {current.get('what', 'launch')} of study {self.study!r} into {self.results} is running "
                     f"({describe(current)}; lock {self.uri}): wait for it to end, or stop it "
                     f"(on {current.get('host')}: kill {current.get('pid')}) and launch again with --resume"
                 )

@@ -73,6 +73,8 @@ FOREIGN = {
     "ray process": re.compile(r"^\((raylet|autoscaler|gcs_server|monitor|pid=\d+[^)]*|[\w.:()-]+ pid=\d+[^)]*)\) "),
     "ray": re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+:\d+ -- "),
     "mlflow": re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) (mlflow|alembic)"),
+    # MLflow's client writes these to stdout itself when a run on an http(s) store ends.
+    "mlflow links": re.compile(r"^\S* ?View (run \S+|experiment) at: https?://"),
     # Another library's record in the launcher's own log format (fontTools subsetting a PDF's font, ...).
     "library": re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?!vitsweep[.:])([\w.]+): "),
     "warning": re.compile(r"^\S*(site-packages|dist-packages)/\S+\.py:\d+: \w*Warning: "),
@@ -200,13 +202,12 @@ def quiet_console(results: str, study: str, verbose: bool):
     """``QuietConsole`` for a launch (its log beside the launch logs), or nothing with ``--verbose``."""
     if verbose:
         return contextlib.nullcontext()
-    import tempfile
-
     name = f"console-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     folder = os.path.join(results, study, "logs") if "://" not in results else None
     if folder is None or not _writable(folder):
-        folder = os.path.join(tempfile.gettempdir(), "vitsweep-logs")
-        name = f"{study}-{name}"
+        from sweeps.faults import private_log_folder
+
+        folder, name = private_log_folder(), f"{study}-{name}"
     return QuietConsole(os.path.join(folder, name))
 
 
@@ -309,9 +310,10 @@ class TrialProgress:
             self._print(trial_line(self.done, self.total, row, trial_id) + eta)
             self._report(seconds if left else 0.0)
 
-    def summary(self) -> str:
-        """The launch's trials as the trials table has them now (the record of truth, not what this
-        object counted: a restored or missed callback cannot make it wrong)."""
+    def final_counts(self) -> tuple[dict[str, int], bool]:
+        """(trials per status, whether from the table): the launch's trials as the trials table has
+        them now (the record of truth, not what this object counted: a restored or missed callback
+        cannot make it wrong); what this launch saw when the table cannot be read."""
         from records import tables
 
         ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
@@ -320,10 +322,15 @@ class TrialProgress:
             table = tables.read_table(self.results, self.study, "trials")
             rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
         except OSError:  # the results folder is what failed: what this launch saw is all there is
-            rows, ids, counts = {}, [], dict(self.counts)
+            return dict(self.counts), False
         for trial_id in ids:
             status = rows.get(trial_id, "unrecorded" if trial_id in self._seen else "not started")
             counts[status] = counts.get(status, 0) + 1
+        return counts, bool(ids)
+
+    def summary(self) -> str:
+        """One line: the launch's trials by status (``final_counts``) and its time."""
+        counts, ids = self.final_counts()
         ended = sum(n for s, n in counts.items() if s not in ("running", "not started"))
         parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         return (f"{self.study}: {ended if ids else self.done} of {self.total} trials ended in "
@@ -337,7 +344,7 @@ class TrialProgress:
         progress = self
 
         def ended(trial) -> None:
-            if watch is not None and watch.found:
+            if watch is not None and (watch.found or watch.interrupted):
                 return
             try:
                 progress.ended(str(trial))  # the custom trial name: the pack id (or trial id)
@@ -346,7 +353,7 @@ class TrialProgress:
                     watch.add(f"cannot read the trials row of {trial}: {exc}")
 
         def stepped(trials) -> None:
-            if watch is not None and watch.found:
+            if watch is not None and (watch.found or watch.interrupted):
                 return
             try:
                 progress.tick([str(t) for t in trials if t.status == "RUNNING"])
@@ -383,7 +390,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = T
     lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
     if report:
         lines.append(f"  report:         {results}/{study}/report/index.html")
-    lines.append(f"  status:         vitsweep status {study} --results {results}")
+    lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")
     try:
         from records import stores, tracking
 
@@ -405,4 +412,11 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     if mlflow_uri.startswith(("http://", "https://")):
         return where
-    return f"mlflow ui --backend-store-uri {mlflow_uri} --workers 1, then {where}"
+    return f"{shell(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
+
+
+def shell(argv: Sequence[str]) -> str:
+    """A command to paste into a shell: each word quoted where it needs it (a path with a space)."""
+    import shlex
+
+    return shlex.join(argv)

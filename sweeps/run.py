@@ -13,7 +13,8 @@ URIs) is checked before Ray starts, names and values (``sweeps.options``,
 (``sweeps.dry_run``). The stages know no study by name: what a study does
 differently it declares in its hooks (``sweeps/study.py``). Exit codes: 0 done, 1 a trial failed or
 a storage fault (``sweeps.faults``: one ``error: storage fault`` line, last on
-stderr), 2 a user error (one ``error:`` line).
+stderr), 2 a user error (one ``error:`` line), 130 interrupted: Ctrl-C, SIGTERM or SIGHUP
+(``sweeps.interrupt``: the unfinished trials closed ``failed``, then the closing lines).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
 
 from records import vocab
 from sweeps import faults, options, progress, study
+from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.faults import close_unfinished, report_storage_faults  # noqa: F401  (the launcher's epilogue)
 from sweeps.options import add_arguments, build_packs, build_trials  # noqa: F401  (the launcher's API)
 
@@ -119,44 +121,39 @@ class Launch:
     spec: study.Study
     settings: Any  # trainables.lifecycle.LaunchSettings: where it writes, what each trial may use
     done: set[str]  # trial ids finished by earlier launches
+    interrupts: Interrupts
 
     @property
     def results(self) -> str:
         return self.settings.results
 
 
-def train_stage(args, configs, results, storage, mlflow_uri) -> int:
+def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interrupts) -> int:
     """Train the trials of ``configs`` not finished yet on Ray Tune (one Tune trial per pack or trial):
-    0 when every one finished, 1 when one failed or was cut short; a storage fault raises StorageFault."""
-    import ray
-
+    0 when every one finished, 1 when one failed or was cut short, ``INTERRUPTED_EXIT`` when a signal
+    stopped it (its trials closed); a storage fault raises StorageFault."""
     from records import client
 
-    launch = open_launch(args, results, storage, mlflow_uri)
+    launch = open_launch(args, results, storage, mlflow_uri, interrupts)
     todo = trials_to_run(launch, configs)
     if not todo:
         return 0
-    ray_was_up = ray.is_initialized()
     start_ray(args, mlflow_uri)  # refuses here, before any trial starts
     members = plan_packs(launch, configs, todo)
     watch = faults.FaultWatch(mlflow_uri, client.RETRY_BUDGET_S)
     lines = progress.TrialProgress(results, args.study, total=len(todo), members=members, configs=todo)
     stopped: set[str] = set()  # trials a study's scheduler stopped early: recorded as stopped, not failed
     tuner = make_tuner(launch, configs, todo, members, watch, lines, stopped)
-    try:
-        grid, errors = fit(launch, tuner, watch, lines, stopped)
-    except faults.StorageFault:
-        if not ray_was_up:  # Ray's shutdown chatter comes before the one line, not after it
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-        raise
+    grid, errors = fit(launch, tuner, watch, lines, stopped)  # a storage fault raises StorageFault
+    if interrupts.received:
+        return INTERRUPTED_EXIT
     launch.spec.after_sweep(results, grid, configs)
     if errors:
         return 1
     return 1 if launch.spec.planned and unfinished(launch, todo) else 0
 
 
-def open_launch(args, results: str, storage: str, mlflow_uri: str) -> Launch:
+def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> Launch:
     """The study's MLflow experiment and the launch's settings; runs an earlier launch left open closed."""
     from records import provenance, tracking
     from trainables.lifecycle import LaunchSettings, finished_trials
@@ -176,7 +173,7 @@ def open_launch(args, results: str, storage: str, mlflow_uri: str) -> Launch:
     # No trial runs now (this launch holds the lock): a run still RUNNING is an earlier launch's
     # orphan, and a finished trial's run that could not be closed then is closed FINISHED now.
     tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=done)
-    return Launch(args, study.of(args.study), settings, done)
+    return Launch(args, study.of(args.study), settings, done, interrupts)
 
 
 def trials_to_run(launch: Launch, configs) -> list:
@@ -190,6 +187,34 @@ def trials_to_run(launch: Launch, configs) -> list:
     if todo and args.resume and spec.resume_refused:
         raise ValueError(spec.resume_refused)
     return todo
+
+
+ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_address(address: str | None) -> None:
+    """Refuse a ``--address host:port`` where nothing accepts a connection: Ray itself retries such
+    an address for about two minutes and then fails into its own log, after the trials were planned.
+    ("auto" and an address without a port are left to Ray.)"""
+    import socket
+    import urllib.parse
+
+    if not address or address == "auto":
+        return
+    where = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = where.hostname, where.port
+    except ValueError as exc:
+        raise ValueError(f"--address {address!r} is not host:port, ray://host:port or 'auto' ({exc})") from exc
+    if not host or port is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ValueError(
+            f"--address {address!r}: nothing accepts a connection at {host}:{port} (tried a TCP connection for "
+            f"up to {ADDRESS_TIMEOUT_S:g} s: {exc.strerror or exc}); pass the address `ray status` shows on the "
+            "head node, 'auto' on a cluster node, or no --address for a local Ray") from exc
 
 
 def start_ray(args, mlflow_uri: str) -> None:
@@ -221,6 +246,7 @@ def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
     runs = [*members, *(c.trial_id for c in todo)]  # the Train runs this launch may continue
     for line in faults.set_aside_truncated_train_state(settings.storage, args.study, runs):
         log.warning(line)
+    faults.remove_trial_temp_folders(runs)  # an earlier launch's killed drivers left theirs
     if launch.spec.planned:
         pack = pack_of(packs)
         plan = manifest.write_manifest(
@@ -291,8 +317,10 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
+    interrupts = launch.interrupts
     try:
-        with manifest.heartbeat(results, args.study), faults.routed(launch_log, args.verbose), watch:
+        with manifest.heartbeat(results, args.study) as beat, faults.routed(launch_log, args.verbose), watch, \
+                interrupts.stopping(watch):
             try:
                 grid = tuner.fit()
                 errors = failed(grid, watch)
@@ -302,16 +330,23 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                     raise
                 logging.getLogger("vitsweep.tune").error("Tune ended with a storage fault", exc_info=True)
                 watch.add(why)
-            if launch.spec.planned:
-                print(lines.summary(), flush=True)
-            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
-                     len(errors), "; stopped by a storage fault" if watch.found else "")
-            reason = ("storage fault: " + watch.found[0]) if watch.found else \
-                "the launch ended before the trial finished (interrupted, or its driver was killed)"
+            stopped_by = ("; stopped by a storage fault" if watch.found else
+                          f"; {interrupts.reason}" if interrupts.received else "")
+            reason = ("storage fault: " + watch.found[0]) if watch.found else interrupts.reason or \
+                "the launch ended before the trial finished (its driver was killed)"
             unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
                                         reason, tracking_down=watch.tracking_down)
+            faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
+            if launch.spec.planned:  # after the epilogue: its counts are the trials table's, failed included
+                print(lines.summary(), flush=True)
+            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
+                     lines.final_counts()[0].get("failed", 0) if launch.spec.planned else len(errors), stopped_by)
             for line in watch.found + unclosed:
                 launch_log.write_text(f"storage fault: {line}")
+            if interrupts.received:
+                beat.outcome = interrupts.reason
+                log.warning("%s: its unfinished trials are recorded failed; `--resume` continues them",
+                            interrupts.reason)
     finally:
         launch_log.close()
     if watch.found or unclosed:
@@ -403,7 +438,17 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     progress.configure_console(getattr(args, "verbose", False))  # before Ray is imported: it reads these once
-    fault = None
+    with Interrupts() as interrupts:
+        try:
+            return _run(args, interrupts)
+        except KeyboardInterrupt:
+            print(f"vitsweep: interrupted ({interrupts.received[-1] if interrupts.received else 'SIGINT'}); "
+                  f"{progress.shell(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
+                  "was left", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
+
+
+def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     try:
         # Names, values and the launch lock before torch, Ray or MLflow is imported: a bad value or a
         # refused second launch answers in a moment.
@@ -412,30 +457,60 @@ def run(args: argparse.Namespace) -> int:
             from sweeps.dry_run import dry_run
 
             return dry_run(args)
+        check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
         results, storage = resolve_paths(args)
-        from sweeps.lock import LaunchLock
+    except user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
-        with LaunchLock(results, args.study), progress.quiet_console(results, args.study, args.verbose):
-            configs = build_trials(args)
-            build_packs(args, configs)
-            mlflow_uri = resolve_tracking(args, results)
-            if args.stage in ("train", "all"):
-                check_data(configs)
+    def prepare():
+        configs = build_trials(args)
+        build_packs(args, configs)
+        mlflow_uri = resolve_tracking(args, results)
+        if args.stage in ("train", "all"):
+            check_data(configs)
+        return configs, mlflow_uri
+
+    return guarded(results, args.study, args.verbose, prepare,
+                   lambda ready: _stages(args, ready[0], results, storage, ready[1], interrupts))
+
+
+def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what: str = "launch",
+            then: str = "launch again with --resume") -> int:
+    """``work(prepare())`` holding the study's lock (``what`` names the holder to a refused second
+    one), the console filtered: a user error (of either) ends in one ``error:`` line, exit 2; a storage
+    fault out of ``work`` in one ``error: storage fault`` line, last on stderr, exit 1; anything else
+    is raised as it is."""
+    from sweeps.lock import LaunchLock
+
+    fault = None
+    try:
+        with LaunchLock(results, study_name, what), progress.quiet_console(results, study_name, verbose):
+            ready = prepare()
+            ray_was_up = _ray_up()
             try:
-                return _stages(args, configs, results, storage, mlflow_uri)
+                return work(ready)
             except ValueError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a storage fault ends in one line; anything else raises
                 why = faults.classify(exc)
                 if why is None:
                     raise
-                fault = exc if isinstance(exc, faults.StorageFault) else _logged_fault(results, args.study, why)
+                fault = exc if isinstance(exc, faults.StorageFault) else _logged_fault(results, study_name, why)
+                if _ray_up() and not ray_was_up:  # its shutdown chatter before the one line
+                    with contextlib.suppress(Exception):
+                        sys.modules["ray"].shutdown()
         # (the lock is released here, so its own warnings come before the one line)
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report_storage_faults(fault.lines, fault.log_path)
+    report_storage_faults(fault.lines, fault.log_path, then)
     return 1
+
+
+def _ray_up() -> bool:
+    """Whether this process runs a Ray (without importing Ray, a second's work, when it is not)."""
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _logged_fault(results: str, study_name: str, why: str):
@@ -449,10 +524,14 @@ def _logged_fault(results: str, study_name: str, why: str):
     return faults.StorageFault([why], launch_log.path)
 
 
-def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
+def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> int:
     status = 0
     if args.stage in ("train", "all"):
-        status = train_stage(args, configs, results, storage, mlflow_uri)
+        status = train_stage(args, configs, results, storage, mlflow_uri, interrupts)
+    if status == INTERRUPTED_EXIT:  # no later stage: the closing lines say where the launch stopped
+        print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_exists(results, args.study)),
+              flush=True)
+        return status
     if args.stage in ("analyze", "all"):
         from analysis.job import analyze
 

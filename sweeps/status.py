@@ -72,15 +72,18 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
         elif status["alive"]:
             lines.append(f"  launcher: running on {beat['host']} by its heartbeat, {age:.0f} s ago (its pid "
                          f"{beat['pid']} cannot be checked from here; stale after {manifest.STALE_AFTER_S:.0f} s)")
+        elif beat.get("ended") and beat.get("outcome"):
+            lines.append(f"  launcher: ended {beat['time']} in its {beat.get('stage') or '?'} stage: {beat['outcome']}")
         elif beat.get("ended"):
             last = f" after its {beat['stage']} stage" if beat.get("stage") else ""
             lines.append(f"  launcher: ended {beat['time']}{last}")
         else:
             why = manifest.process_alive(beat)[1] or f"last heartbeat {age:.0f} s ago"
-            lines.append(f"  launcher: not alive ({why}); "
-                         "`vitsweep sweep STUDY --resume` continues the unfinished trials")
+            lines.append(f"  launcher: not alive ({why})")
     if beat and status["alive"] and beat.get("stage"):
         lines.append("  " + stage_line(beat))
+    elif beat and (beat.get("outcome") or not beat.get("ended")):  # cut short: what continues it
+        lines.append("  " + continue_line(status["study"], status["results"], beat))
     for s in ("stale", "failed", "running"):
         if status["ids"][s]:
             shown = ", ".join(status["ids"][s][:10]) + (" ..." if len(status["ids"][s]) > 10 else "")
@@ -106,6 +109,22 @@ def stage_line(beat: dict[str, Any]) -> str:
         if p.get("eta_s") is not None and p["done"] < p["total"]:
             line += f", ETA {format_duration(p['eta_s'])}"
     return line
+
+
+def continue_line(study: str, results: str, beat: dict[str, Any]) -> str:
+    """The command that continues a stage that was cut short (interrupted, or its process died)."""
+    from sweeps.progress import shell
+
+    p = beat.get("progress") or {}
+    if beat.get("stage") == "analyze":
+        command = ["vitsweep", "analyze", study, "--results", results]
+        if p.get("checkpoints"):  # the choices it measured with (the study's own, unless given)
+            command += ["--checkpoints", str(p["checkpoints"]), "--eval-size", str(p.get("eval_size") or 0)]
+        done = f"{p['done']} of {p['total']} checkpoints measured; " if p.get("total") else ""
+        return f"analysis unfinished: {done}`{shell(command)}` continues it"
+    if beat.get("stage") == "report":
+        return f"report unfinished: `{shell(['vitsweep', 'report', study, '--results', results])}` writes it"
+    return "training unfinished: the launch command with --resume continues the unfinished trials"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

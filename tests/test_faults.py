@@ -1,5 +1,7 @@
 """Faults without Ray: corrupt checkpoints are named, not just skipped."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -183,13 +185,14 @@ def test_an_unknown_study_lists_the_studies_that_exist(command, tmp_path, capsys
     assert "nosuchstudy" in line and "['demo']" in line and "storage" not in line.split("'nosuchstudy'")[-1], line
 
 
-def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
+def test_a_moved_copy_of_the_results_reads_and_writes_only_the_copy(tmp_path, monkeypatch, caplog):
     """Paths under the results root are stored relative to it, and an older row's absolute path is
-    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved."""
+    re-rooted under the folder being read: analyze on a copy reads the copy, also once the original moved;
+    the copy's MLflow store, checked as every command checks it, keeps its artifacts in the copy."""
     import shutil
 
     from analysis.job import Measurer, list_checkpoints
-    from records import tables
+    from records import stores, tables, tracking
 
     original = tmp_path / "results"
     cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
@@ -208,6 +211,8 @@ def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
             if trial_id == "old":  # a row of today's tables: absolute paths
                 m.setattr(tables, "relative_path", lambda results, value: value)
             tables.write_trial(str(original), "demo", cfg.to_flat(), outcome)
+    uri = stores.default_tracking_uri(str(original))
+    tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "demo"), "old", params={"lr": 1e-3})
     import pyarrow.parquet as pq
 
     stored = {r["trial_id"]: r for r in pq.read_table(original / "demo" / "trials").to_pylist()}
@@ -222,10 +227,74 @@ def test_a_moved_copy_of_the_results_reads_only_the_copy(tmp_path, monkeypatch):
         assert tables.read_trial(str(copy), "demo", "old")["snapshot_dir"] == f"{copy}/storage/demo/snapshots/old"
         if original.exists():
             original.rename(tmp_path / "moved")
-    measurer = Measurer(str(copy), "demo", None, eval_size=8, batch_size=8, threads=1)
+    moved = sorted(p.relative_to(tmp_path / "moved") for p in (tmp_path / "moved").rglob("*"))
+    copy_uri = stores.default_tracking_uri(str(copy))
+    stores.check_tracking_uri(copy_uri)  # as `vitsweep analyze` and `report` check it first
+    assert f"now keep their artifacts at {(copy / 'mlartifacts').as_uri()}" in caplog.text
+    measurer = Measurer(str(copy), "demo", copy_uri, eval_size=8, batch_size=8, threads=1)
     row = next(r for r in list_checkpoints(str(copy), "demo") if r["trial_id"] == "old")
     out = measurer({k: [v] for k, v in row.items()})
     assert str(out["status"][0]) == "ok" and int(out["rows"][0]) > 0, out["status"][0]
+    assert list(copy.glob("mlartifacts/*/*/artifacts/figures/layers_epoch_0001.png"))  # the figure, in the copy
+    assert not original.exists()  # nothing written where the original was...
+    assert sorted(p.relative_to(tmp_path / "moved") for p in (tmp_path / "moved").rglob("*")) == moved  # ...or is
+    stores.check_tracking_uri(copy_uri)
+    assert caplog.text.count("now keep their artifacts") == 1  # re-rooted once
+
+
+def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tmp_path, monkeypatch, capsys):
+    """A checkpoint measured again (``--force``, or after its Parquet write failed) adds no second MLflow
+    value at any (key, step); a value the new measurement changes is named in one note, and the
+    measurements table has the new one. The Parquet file, written last, is what marks it measured."""
+    import errno
+
+    import mlflow
+
+    from analysis import evaluate
+    from analysis.job import Measurer, list_checkpoints
+    from records import stores, tables, tracking
+
+    results = tmp_path / "results"
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=1, warmup_epochs=0, study="demo",
+                                data_root=str(tmp_path / "data"))
+    (results / "storage" / "ckpt").mkdir(parents=True)
+    torch.save({"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": 1},
+               results / "storage" / "ckpt" / "state.pt")
+    tables.write_trial(str(results), "demo", cfg.to_flat(), {
+        "trial_id": "t", "study": "demo", "status": "finished", "epochs_completed": 1,
+        "checkpoint_path": str(results / "storage" / "ckpt")})
+    uri = stores.default_tracking_uri(str(results))
+    run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "demo"), "t", params={})
+    measurer = Measurer(str(results), "demo", uri, eval_size=8, batch_size=8, threads=1)
+    (row,) = list_checkpoints(str(results), "demo")
+    batch = {k: [v] for k, v in row.items()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:  # the disk fills between the MLflow record and the Parquet file
+        m.setattr(tables, "write_measurements", full_disk)
+        with pytest.raises(OSError, match="No space left"):  # a storage fault ends the analysis, not "skipped"
+            measurer(batch)
+    assert tables.measured(str(results), "demo") == set()  # so the rerun measures it again
+    assert str(measurer(batch)["note"][0]) == ""  # the same values: nothing changed, nothing logged twice
+    assert tables.measured(str(results), "demo") == {("t", 1)}
+
+    measure = evaluate.evaluate_checkpoint
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **k: [
+        {**r, "value": r["value"] + 0.125} if (r["intervention"], r["metric"]) == ("clean", "acc") else r
+        for r in measure(*a, **k)])
+    note = str(measurer(batch)["note"][0])  # --force, with a value that changed
+    assert f"MLflow run {run_id} keeps the earlier value of 1 metric point(s)" in note and "acc_clean" in note
+    assert str(results / "demo" / "measurements") in note
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for key in client.get_run(run_id).data.metrics:
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), (key, steps)
+    (kept,) = client.get_metric_history(run_id, "acc_clean")
+    new = tables.read_table(str(results), "demo", "measurements").to_pandas().query(
+        "intervention == 'clean' and metric == 'acc'")["value"]
+    assert list(new) == [pytest.approx(kept.value + 0.125)]
 
 
 def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
@@ -374,3 +443,96 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
         assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()
         assert len(list((storage / "demo" / "train" / name).glob(f"{faults.TRAIN_SNAPSHOT}.truncated-*"))) == 1
     assert (storage / "demo" / "train" / "good" / faults.TRAIN_SNAPSHOT).read_text() == '{"a": 1}'
+    # A checkpoint not measured yet is refused at another number of images than the study's rows have.
+    from analysis.job import check_n_images
+
+    todo = [{"trial_id": "t2", "epoch": 1, "dataset": "shapes"}]
+    check_n_images(str(results), "demo", todo, 8)
+    for size, gives in ((500, 500), (None, 2000)):
+        with pytest.raises(ValueError, match=f"measured so far are on 8 images, .* gives {gives}: .*--eval-size 8"):
+            check_n_images(str(results), "demo", todo, size)
+
+    # A full disk when the summary table is written ends `vitsweep analyze` in one line, last on stderr.
+    from sweeps import cli
+
+    monkeypatch.setattr(tables, "write_summary", full_disk)
+    assert cli.main(["analyze", "demo", "--results", str(results), "--eval-size", "8"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: storage fault: OSError: [Errno 28] No space left on device; details in ")
+    assert err[-1].endswith("; fix the storage, then run the same command again")
+    assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in line for line in err)
+    assert "Traceback" in Path(err[-1].split("; details in ")[1].split(";")[0]).read_text()
+
+
+def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, monkeypatch):
+    from analysis import job
+    from sweeps import cli, demo
+
+    seen = []
+    monkeypatch.setattr(job, "run", lambda args, results, uri: seen.append(args) or 0)
+    results = str(tmp_path / "results")
+    assert cli.main(["analyze", "demo", "--results", results]) == 0
+    assert cli.main(["analyze", "demo", "--results", results, "--checkpoints", "final", "--eval-size", "0"]) == 0
+    assert [(a.checkpoints, a.eval_size) for a in seen] == [(demo.CHECKPOINTS, demo.EVAL_SIZE), ("final", 0)]
+
+
+def test_an_unreachable_ray_address_is_refused_in_one_line_before_anything_is_planned(tmp_path, capsys):
+    import socket
+
+    from sweeps import run as launcher
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    parser = launcher.argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(["demo", "--address", f"127.0.0.1:{port}", "--gpus-per-trial", "0",
+                              "--results", str(tmp_path / "results")])
+    assert launcher.run(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --address '127.0.0.1:{port}': nothing accepts a connection at 127.0.0.1:{port}")
+    assert not (tmp_path / "results").exists()  # nothing planned, no folder made
+
+
+def test_trial_temp_folders_are_swept_and_the_fallback_log_folder_is_private(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
+    from sweeps import faults
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = [tempfile.mkdtemp(prefix=f"vitsweep-{name}-") for name in ("pack-1", "t-s0-1a2b3c4d", "t-s0-1a2b3c4d-x")]
+    faults.remove_trial_temp_folders(["pack-1", "t-s0-1a2b3c4d"])
+    assert [Path(p).exists() for p in left] == [False, False, True]  # another run's folder stays
+    monkeypatch.setattr(faults, "_PRIVATE", [])
+    folder = faults.private_log_folder()
+    assert folder == faults.private_log_folder() and Path(folder).parent == tmp_path
+    assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o700
+
+
+def test_sighup_and_sigterm_stop_tune_as_ctrl_c_does_and_raise_outside_it():
+    import os
+    import signal
+
+    from sweeps.faults import FaultWatch
+    from sweeps.interrupt import Interrupts
+
+    watch = FaultWatch("sqlite:////nowhere/mlflow.db", 1.0)
+    before = signal.getsignal(signal.SIGTERM)
+    with Interrupts() as interrupts:
+        with interrupts.stopping(watch):  # while Tune runs: its stopper stops every trial
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert watch.interrupted == "the launch was interrupted (SIGHUP)" and watch.stopper().stop_all()
+        with pytest.raises(KeyboardInterrupt):  # anywhere else: as Ctrl-C
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert interrupts.received == ["SIGHUP", "SIGTERM"] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_printed_commands_paste_into_a_shell_and_mlflows_own_links_leave_the_console():
+    from sweeps import progress
+
+    lines = progress.closing_lines("/tmp/my results", "s", "sqlite:////tmp/my results/mlflow.db", report=False)
+    assert "vitsweep status s --results '/tmp/my results'" in lines
+    assert "mlflow ui --backend-store-uri 'sqlite:////tmp/my results/mlflow.db' --workers 1" in lines
+    assert progress.classify_line("🏃 View run t0 at: http://127.0.0.1:5000/#/experiments/1/runs/ab\n")
+    assert progress.classify_line("🧪 View experiment at: http://127.0.0.1:5000/#/experiments/1\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeps import cli
 from sweeps import lock as lock_module
 from sweeps import run as launcher
 from sweeps.lock import LaunchLock, LaunchLockError, lock_uri
@@ -44,6 +45,10 @@ def test_second_launch_is_refused_naming_the_holder_then_a_dead_holder_is_taken_
         assert f"kill {holder.pid}" in err and "--resume" in err
         assert ray.is_initialized() == ray_was_up  # refused before Ray started
         assert not (results / "demo" / "trials").exists()
+        assert cli.main(["analyze", "demo", "--results", str(results)]) == 2  # an analysis too, in one line
+        err = capsys.readouterr().err
+        assert err.startswith("error: another launch of study 'demo' into ") and len(err.strip().splitlines()) == 1
+        assert f"pid {holder.pid}," in err
         with LaunchLock(str(results), "other_study"):  # another study is not blocked
             pass
     finally:
@@ -51,8 +56,10 @@ def test_second_launch_is_refused_naming_the_holder_then_a_dead_holder_is_taken_
         holder.wait()
 
     caplog.set_level(logging.WARNING, logger="vitsweep")
-    with LaunchLock(str(results), "demo") as taken:
+    with LaunchLock(str(results), "demo", "analysis") as taken:
         assert json.loads(Path(taken.uri).read_text())["pid"] == os.getpid()
+        assert launcher.run(parser.parse_args(["demo", "--results", str(results)])) == 2  # a launch, by an analysis
+        assert capsys.readouterr().err.startswith("error: another analysis of study 'demo' into ")
         assert f"from host {socket.gethostname()}, pid {holder.pid}" in caplog.text
         assert f"pid {holder.pid} is no longer running" in caplog.text
         with pytest.raises(LaunchLockError, match=f"pid {os.getpid()}"):  # held by us now

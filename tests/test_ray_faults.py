@@ -1,14 +1,19 @@
-"""Storage faults mid-sweep on a real local Ray, each launcher a real process with its own Ray.
+"""A launch interrupted and storage faults mid-sweep on a real local Ray, each launcher a real process
+with its own Ray, then the analysis stage under the same faults.
 
-A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process of the sweep) makes each
-Parquet write under the results folder raise ``OSError(ENOSPC)``, then ``OSError(EROFS)``, from the
+A real SIGTERM mid-training ends the launch as Ctrl-C does: exit code 130, every unfinished trial
+``failed`` with the reason, no MLflow run RUNNING, the closing lines, and ``vitsweep status`` says
+the launch was interrupted. A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process
+of the sweep) makes each Parquet write under the results folder raise ``OSError(ENOSPC)`` from the
 moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
 naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
 called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
-exactly the unfinished trials, each MLflow step logged once."""
+exactly the unfinished trials, each MLflow step logged once. ``vitsweep analyze`` on a full disk ends in
+the same one line; run again, it measures every checkpoint once, each MLflow point logged once."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import FAST_EVAL_SIZE
 from test_ray_resume import kill_ray_under
 
 from records import stores, tables, tracking
@@ -26,19 +32,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ["demo", "--set", "epochs=2", "--set", "max_train_images=1024", "--max-failures", "0"]
 
 
-def _launch(results: Path, *extra: str, ray_tmp: str, out: Path) -> subprocess.Popen:
+def _launch(results: Path, *extra: str, ray_tmp: str, out: Path,
+            command: tuple[str, ...] = ("sweeps/run.py", *SWEEP)) -> subprocess.Popen:
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": f"{ROOT / 'tests' / 'faultfs'}{os.pathsep}{ROOT}", "VITSWEEP_TEST_FAULT_DIR": str(results)}
-    return subprocess.Popen([sys.executable, "sweeps/run.py", *SWEEP, "--results", str(results), *extra], cwd=ROOT,
+    return subprocess.Popen([sys.executable, *command, "--results", str(results), *extra], cwd=ROOT,
                             env=env, start_new_session=True, stdout=open(out.with_suffix(".out"), "w"),  # noqa: SIM115
                             stderr=open(out.with_suffix(".err"), "w"))  # noqa: SIM115
 
 
-def _assert_one_fault_line(out: Path, words: str) -> str:
+def _assert_one_fault_line(out: Path, words: str, then: str = "launch again with --resume") -> str:
     err = out.with_suffix(".err").read_text().strip().splitlines()
     last = err[-1]
     assert last.startswith("error: storage fault: ") and words in last, err[-20:]
-    assert last.endswith("fix the storage, then launch again with --resume")
+    assert last.endswith(f"fix the storage, then {then}")
     assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in x for x in err), err
     log = Path(re.search(r"; details in (\S+);", last).group(1))
     text = log.read_text()
@@ -53,28 +60,44 @@ def _no_run_running(results: Path) -> None:
     assert table is None or "stopped" not in set(table.column("status").to_pylist())  # no scheduler here
 
 
-def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp_path):
+def _written_after(results: Path, table: str, since: float) -> bool:
+    return any(p.stat().st_mtime > since for p in (results / "demo" / table).glob("*.parquet"))
+
+
+def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_path):
+    from sweeps import status
+
     results = tmp_path / "results"
     fault = results / ".fault"
     temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
     try:
-        # 1. The disk fills up once the first epoch is recorded.
-        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "full")
+        # 1. SIGTERM (what `timeout`, systemd and SLURM send) once trials train (their rows say running).
+        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
         deadline = time.time() + 420
-        while proc.poll() is None and time.time() < deadline:
-            if (results / "demo" / "epochs").is_dir() and any((results / "demo" / "epochs").glob("*.parquet")):
+        while proc.poll() is None and time.time() < deadline and not _written_after(results, "trials", 0):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 130, (tmp_path / "term.err").read_text()[-3000:]
+        err = (tmp_path / "term.err").read_text()
+        assert "Traceback" not in err and "the launch was interrupted (SIGTERM)" in err, err[-3000:]
+        assert "vitsweep demo: results in" in (tmp_path / "term.out").read_text()  # the closing lines
+        _no_run_running(results)
+        rows = tables.read_table(str(results), "demo", "trials").to_pylist()
+        assert "running" not in {r["status"] for r in rows}
+        assert all(r["error"] == "the launch was interrupted (SIGTERM)" for r in rows if r["status"] == "failed")
+        assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
+            status.study_status(str(results), "demo"))
+
+        # 2. Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
+        started = time.time()
+        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "full")
+        while proc.poll() is None and time.time() < deadline + 300:
+            if _written_after(results, "trials", started):
                 fault.write_text("ENOSPC")
                 break
             time.sleep(0.2)
         assert proc.wait(timeout=420) == 1
         _assert_one_fault_line(tmp_path / "full", "No space left on device")
-        _no_run_running(results)
-
-        # 2. Launched again onto a read-only folder: the first trial's first write fails.
-        fault.write_text("EROFS")
-        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "ro")
-        assert proc.wait(timeout=420) == 1
-        _assert_one_fault_line(tmp_path / "ro", "Read-only file system")
         _no_run_running(results)
 
         # 3. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
@@ -94,6 +117,7 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
                   if r["status"] == "finished"}
         proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
         assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
+
     finally:
         for temp in temps:
             kill_ray_under(temp)
@@ -113,6 +137,53 @@ def test_full_then_read_only_results_mid_sweep_then_resume_finishes_the_rest(tmp
         assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
+
+
+def test_the_analysis_of_a_copy_on_a_full_disk_ends_in_one_line_and_the_rerun_measures_each_checkpoint_once(
+        demo_results, ray_local, tmp_path):
+    """On a copy of the demo's results (its MLflow store re-rooted into the copy), two final checkpoints to
+    measure again: on a full disk (the wrapper, in the measuring actors too) ``vitsweep analyze`` ends in the
+    one line; after the space is freed, the same command measures each once, no MLflow point twice, and
+    nothing of the original changes."""
+    import shutil
+
+    import mlflow
+
+    from sweeps import cli
+
+    def original_state():
+        return sorted((str(p.relative_to(demo_results)), p.stat().st_mtime_ns) for p in demo_results.rglob("*")
+                      if p.is_file() and "/logs/" not in str(p) and not p.name.endswith(".txt"))
+
+    before = original_state()
+    results = tmp_path / "copy"
+    shutil.copytree(demo_results, results, ignore=shutil.ignore_patterns(".launch.lock*"))
+    trials = pq.read_table(results / "demo" / "trials").to_pandas()
+    redo = {(t, int(e)) for t, e in zip(trials["trial_id"][:2], trials["epochs_completed"][:2])}
+    for trial_id, epoch in redo:
+        (results / "demo" / "measurements" / f"{trial_id}-e{epoch}.parquet").unlink()
+    (results / ".fault").write_text("ENOSPC")
+    ray_tmp = tempfile.mkdtemp(prefix="vsa-", dir="/tmp")
+    analyze = ("-m", "sweeps.cli", "analyze", "demo", "--checkpoints", "final", "--eval-size", str(FAST_EVAL_SIZE))
+    try:
+        proc = _launch(results, ray_tmp=ray_tmp, out=tmp_path / "analyze", command=analyze)
+        assert proc.wait(timeout=420) == 1, (tmp_path / "analyze.err").read_text()[-3000:]
+    finally:
+        kill_ray_under(ray_tmp)
+    _assert_one_fault_line(tmp_path / "analyze", "No space left on device", then="run the same command again")
+    assert not redo & tables.measured(str(results), "demo")
+
+    (results / ".fault").unlink()  # the space freed: the same command (here on the suite's Ray) completes it
+    assert cli.main(["analyze", "demo", "--results", str(results), "--checkpoints", "final",
+                     "--eval-size", str(FAST_EVAL_SIZE)]) == 0
+    assert redo <= tables.measured(str(results), "demo")
+    uri = stores.default_tracking_uri(str(results))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for run_id in tracking.search_trial_runs(uri, "demo")["run_id"]:
+        for key in client.get_run(run_id).data.metrics:
+            steps = [m.step for m in client.get_metric_history(run_id, key)]
+            assert len(steps) == len(set(steps)), (run_id, key, steps)
+    assert original_state() == before
 
 
 def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_local, tmp_path):

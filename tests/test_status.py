@@ -96,3 +96,24 @@ def test_status_shows_the_stage_and_its_progress_while_it_runs_and_after(partial
     assert "after its analyze stage" in text and "stage analyze (" not in text
     manifest.report_progress(partial, "s", done=4, total=12, unit="checkpoints")  # no live heartbeat: a no-op
     assert manifest.read_heartbeat(partial, "s")["progress"]["done"] == 3
+
+
+def test_an_interrupted_launch_and_a_cut_short_analysis_say_so_and_what_continues_them(partial):
+    with manifest.heartbeat(partial, "s") as beat:  # the launcher closed its trials, then says why it ended
+        beat.outcome = "the launch was interrupted (SIGTERM)"
+    text = status.format_status(status.study_status(partial, "s"))
+    assert "in its train stage: the launch was interrupted (SIGTERM)" in text
+    assert "training unfinished: the launch command with --resume continues" in text
+
+    with pytest.raises(KeyboardInterrupt), manifest.heartbeat(partial, "s", stage="analyze"):
+        manifest.report_progress(partial, "s", done=3, total=12, unit="checkpoints measured", checkpoints="all",
+                                 eval_size=500)
+        raise KeyboardInterrupt  # nothing is left open in the analysis: its beat is stamped, interrupted
+    text = status.format_status(status.study_status(partial, "s"))
+    assert "in its analyze stage: interrupted" in text
+    assert (f"analysis unfinished: 3 of 12 checkpoints measured; `vitsweep analyze s --results {partial} "
+            "--checkpoints all --eval-size 500` continues it") in text
+
+    with pytest.raises(RuntimeError), manifest.heartbeat(partial, "s"):  # died with trials open: no stamp
+        raise RuntimeError
+    assert not manifest.read_heartbeat(partial, "s")["ended"]

@@ -13,6 +13,7 @@ one at a time.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,33 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
     The local instance listens on loopback only (``single_node``) and its
     token file is readable by the user alone (``private_token_file``); a
     cluster (``address``) keeps the binding its ``ray start`` gave it."""
-    import socket
-
     import ray
 
     if ray.is_initialized():
         return
+    with _own_sigterm():
+        _start(address, **kwargs)
+
+
+@contextmanager
+def _own_sigterm():
+    """``ray.init`` makes SIGTERM ``sys.exit`` from wherever the main thread is (it ends in an abort);
+    a handler the process set before (the launcher's, ``sweeps.interrupt``) stays in place."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, before)
+
+
+def _start(address: str | None, **kwargs: Any) -> None:
+    import socket
+
+    import ray
+
     if address:
         ray.init(address=address, **kwargs)
         return
