@@ -256,6 +256,7 @@ def _submit(cluster: Cluster) -> str:
         "--results", str(cluster.results), "--storage", str(cluster.storage),
         "--mlflow-uri", cluster.mlflow_uri,
         "--set", f"epochs={EPOCHS}", "--set", "max_train_images=512", "--cpus-per-trial", CPUS_PER_TRIAL,
+        "--gpus-per-trial", "0",  # a launch with --address says what it trains on
     ]
     done = cluster.ray(
         "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id, "--no-wait",
