@@ -21,6 +21,7 @@ from sweeps.study_l import LEE_RECIPE
 from sweeps.study_p import conditions as pe_conditions
 
 DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=100, preset=None)
+CHECKPOINTS = "all"  # hook (sweeps/study.py): every snapshot measured, for the emergence figure, as Study L
 
 
 def add_arguments(group) -> None:  # hook (sweeps/study.py)

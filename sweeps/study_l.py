@@ -28,6 +28,9 @@ from sweeps.common import StudyOptions, all_protocols, make_trials
 DEFAULTS = StudyOptions(datasets=("cifar10", "cifar100", "tinyimagenet"), seeds=5, epochs=100, preset="study_l")
 ABLATION_DATASET = "cifar100"
 LEE_RECIPE = {"decay_exempt": "none", "crop_padding": 4, "cutmix_prob": 0.5}
+# Hook (sweeps/study.py): the analysis stage measures every snapshot, so `--stage all` draws Study L's
+# emergence of locality over training, not only the final checkpoint.
+CHECKPOINTS = "all"
 
 
 def trials(options: StudyOptions):
