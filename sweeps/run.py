@@ -199,7 +199,12 @@ def start_ray(args, mlflow_uri: str) -> None:
 
     from trainables.ray_start import init_ray
 
+    # Ray's start takes up to a minute or two: say so, then what it found.
+    print(f"Ray: joining {args.address}" if args.address else "Ray: starting a local Ray (loopback only)", flush=True)
     init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
+    found = ray.cluster_resources()
+    print(f"Ray: up, {len(ray.nodes())} node(s), {found.get('CPU', 0):g} CPU(s), {found.get('GPU', 0):g} GPU(s)",
+          flush=True)
     _check_store_reach(mlflow_uri)
     warning = options.check_gpus(ray.cluster_resources(), args)
     if warning:
@@ -302,10 +307,11 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                     raise
                 logging.getLogger("vitsweep.tune").error("Tune ended with a storage fault", exc_info=True)
                 watch.add(why)
-            if launch.spec.planned:
-                print(lines.summary(), flush=True)
-            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
-                     len(errors), "; stopped by a storage fault" if watch.found else "")
+            if launch.spec.planned:  # one training summary: the trials table's counts
+                print(lines.summary() + ("; stopped by a storage fault" if watch.found else ""), flush=True)
+            else:  # a search: Tune's trials are its record
+                log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []),
+                         time.perf_counter() - t0, len(errors), "; stopped by a storage fault" if watch.found else "")
             reason = ("storage fault: " + watch.found[0]) if watch.found else \
                 "the launch ended before the trial finished (interrupted, or its driver was killed)"
             unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,

@@ -191,13 +191,16 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
     out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
     err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
     ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] shapes-|MLflow: |demo: \d+ of \d+ trials|"
-                      r"vitsweep demo: results in |  \S)")
+                      r"vitsweep demo: results in |  \S|Ray: |\[train\] started \d+ trial)")
     assert [line for line in out if not ours.match(line)] == []
     logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
     assert err and [line for line in err if not logged.match(line)] == []
     for line in out + err:  # nothing of theirs, whatever its shape
         assert not re.search(r"\(raylet\)|core_worker|\bpid=|\bmlflow\.(?!db\b)|worker\.py|fontTools|\x1b\[", line), line
     assert out[0].startswith("MLflow: mlflow ui --backend-store-uri ") and "?workflowType=machine_learning" in out[0]
+    assert out[1] == "Ray: starting a local Ray (loopback only)" and out[2].startswith("Ray: up, 1 node(s), ")
+    assert sum(line.startswith("demo: 4 of 4 trials ended") for line in out) == 1  # one training summary
+    assert any(line.startswith("[train] started ") for line in out)
     live = [i for i, line in enumerate(out) if re.match(r"^\[train\] shapes-\S+: epoch [12]/2, [\d,]+ images/s, ETA ", line)]
     last_trial = max(i for i, line in enumerate(out) if line.startswith("[4/4] "))
     assert live and live[0] < last_trial, out
