@@ -45,13 +45,13 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(runs["run_id"].iloc[0])
     assert run.data.params["pe"] in ("none", "ape") and "lr" in run.data.params
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_acc")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epochs/eval_acc")] == [1, 2]
     assert "mad_min" in run.data.metrics and "dssdc_rpi" in run.data.metrics  # from the analysis stage
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min/epoch_0002")] == [0, 1]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi_epoch_{epoch:04d}")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min_epoch_0002")] == [0, 1]
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"} <= figures
     # The report and claims.csv sit on the study's own run, in its own experiment (out of the trial
