@@ -38,14 +38,11 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
                  mlflow_uri: str | None = None) -> Path:
     """Write the report of ``study`` and return the path of its ``index.html``.
 
-    results: the results folder (or a pyarrow URI such as ``s3://bucket/results``; then ``out_dir``,
-    a local folder, is required). out_dir defaults to ``<results>/<study>/report``. mlflow_uri: where
+    results: the results folder (or a pyarrow URI such as ``s3://bucket/results``). out_dir: where the
+    report goes (default: ``default_out_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
-    if out_dir is None:
-        if "://" in results and not results.startswith("file://"):
-            raise ValueError(f"results {results!r} is remote: pass out_dir, a local folder for the report")
-        out_dir = Path(results.removeprefix("file://")) / study / "report"
+    out_dir = default_out_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +98,15 @@ def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
                                          encoding="utf-8")
         files += [out / f"{name}.csv", out / f"{name}.tex"]
     return files
+
+
+def default_out_dir(results: str, study: str) -> Path:
+    """Where the report goes unless told: ``<results>/<study>/report``; for remote results (``s3://``,
+    ``gs://``) the local folder ``<study>-report`` where the command runs (the launch's closing lines
+    name it, and with a tracking store it is also the run ``<study>-report``'s artifacts)."""
+    if "://" in results and not results.startswith("file://"):
+        return Path(f"{study}-report").resolve()
+    return Path(results.removeprefix("file://")) / study / "report"
 
 
 def _experiment(uri: str | None, study: str) -> str | None:

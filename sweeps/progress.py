@@ -380,9 +380,9 @@ class TrialProgress:
         return _Callback()
 
 
-def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = True) -> str:
-    """Where everything is, printed last: status, tables, report (``report``: there is one), and the
-    MLflow runs page."""
+def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | None = None) -> str:
+    """Where everything is, printed last: status, tables, the report (``report``: its ``index.html``,
+    None when there is none), and the MLflow runs page."""
     from sweeps.status import study_status
 
     lines = [f"\nvitsweep {study}: results in {results}"]
@@ -396,7 +396,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = T
         lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
     if report:
-        lines.append(f"  report:         {results}/{study}/report/index.html")
+        lines.append(f"  report:         {report}")
     lines.append(f"  status:         vitsweep status {study} --results {results}")
     try:
         from records import stores, tracking

@@ -473,22 +473,20 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str) -> int:
         from records import manifest
 
         with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
-            path = build_report(results, args.study, mlflow_uri=mlflow_uri)
-        log.info("report: %s", path)
+            report = str(build_report(results, args.study, mlflow_uri=mlflow_uri))
+    else:
+        report = _report_of(results, args.study)
     # The summary comes last; it names the report only when there is one.
-    report = args.stage in ("report", "all") or _report_exists(results, args.study)
     print(progress.closing_lines(results, args.study, mlflow_uri, report=report), flush=True)
     return status
 
 
-def _report_exists(results: str, study_name: str) -> bool:
-    from records.tables import filesystem
+def _report_of(results: str, study_name: str) -> str | None:
+    """The study's report written by an earlier launch, where ``build_report`` puts it; None: none."""
+    from analysis.report import default_out_dir
 
-    try:
-        fs, path = filesystem(f"{results.rstrip('/')}/{study_name}/report/index.html")
-        return fs.get_file_info(path).size is not None
-    except OSError:
-        return False
+    index = default_out_dir(results, study_name) / "index.html"
+    return str(index) if index.exists() else None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ px at 32 and 64 px alike (``crop_padding=4``), CutMix mixes a batch with
 probability 0.5 (``cutmix_prob``). Test-scored runs train on the whole
 training split (no holdout). Lee's Mixup, random erasing, repeated
 augmentation, stochastic depth and PIL AutoAugment port stay out: Study L
-defines its protocols without them (README, protocol choices).
+defines its protocols without them (docs/studies.md, "Protocol choices").
 
 Expected (paper, one seed): CIFAR-100 minimum MAD 0.316 (baseline) -> 0.008
 (modern); every CutMix condition <= 0.024, every other >= 0.210; CutMix and

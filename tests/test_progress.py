@@ -48,9 +48,10 @@ def test_the_callback_survives_tunes_pickling_on_a_real_terminal(tmp_path):
 def test_the_closing_lines_name_a_report_only_when_there_is_one(tmp_path):
     results = str(tmp_path)
     tables.write_trial(results, "s", {}, {"trial_id": "a", "study": "s", "status": "finished"})
-    after_train = progress.closing_lines(results, "s", "sqlite:////x/mlflow.db", report=False)
+    after_train = progress.closing_lines(results, "s", "sqlite:////x/mlflow.db")
     assert "report:" not in after_train and "trials: 1 finished" in after_train
-    assert f"report:         {results}/s/report/index.html" in progress.closing_lines(results, "s", "sqlite:////x.db")
+    index = "/here/s-report/index.html"  # a remote run's report is written where the launcher runs
+    assert f"report:         {index}" in progress.closing_lines(results, "s", "sqlite:////x.db", report=index)
 
 
 def test_the_summary_comes_from_the_trials_table_not_from_what_the_callback_counted(tmp_path):

@@ -125,7 +125,7 @@ def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
     section = readme.split("## Querying the Parquet tables", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 3  # pandas, pyarrow, DuckDB
@@ -142,7 +142,7 @@ def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metr
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
     section = readme.split("## Browsing MLflow", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     (tmp_path / "results").symlink_to(demo_results)
