@@ -46,7 +46,9 @@ def test_every_study_resolves_its_hooks_with_the_defaults():
         assert spec.checkpoints in ("final", "all") and (spec.eval_size is None or spec.eval_size > 0), name
     demo, hparam, study_l = study.of("demo"), study.of("hparam"), study.of("study_l")
     assert (demo.eval_size, demo.checkpoints) == (500, "all")
-    assert (study_l.eval_size, study_l.checkpoints, study_l.planned, study_l.tuner) == (None, "final", True, None)
+    # Study L and the factorial measure every snapshot (their emergence figure); Study P the final ones.
+    assert (study_l.eval_size, study_l.checkpoints, study_l.planned, study_l.tuner) == (None, "all", True, None)
+    assert (study.of("factorial").checkpoints, study.of("study_p").checkpoints) == ("all", "final")
     assert not hparam.planned and hparam.tuner is not None and hparam.unpacked and hparam.resume_refused
     with pytest.raises(ValueError, match="unknown study 'nosuch'"):
         study.of("nosuch")

@@ -118,7 +118,7 @@ def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_
 
 
 def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp_path):
-    """Every ```python block of the README's Parquet section runs from a folder whose
+    """Every ```python block of the docs/results.md's Parquet section runs from a folder whose
     ./results is the demo's output."""
     import re
     import subprocess
