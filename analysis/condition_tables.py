@@ -23,7 +23,7 @@ from analysis.labels import (
     protocol_switches,
 )
 from analysis.paper_numbers import PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN, condition_numbers
-from analysis.seedstats import INTERVAL, mean_ci, mean_std
+from analysis.seedstats import INTERVAL, mean_ci, mean_std, seed_summary
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData
@@ -108,3 +108,44 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
                                          data.matches_paper_p(str(dataset)))
         rows.append({**row, "_key": (str(dataset), model_key(pe, rpt), protocol_key(proto), *map(str, key[4:]))})
     return pd.DataFrame(rows).sort_values("_key").drop(columns="_key").reset_index(drop=True)
+
+
+# -- the same tables as numbers, for a paper (``analysis.report`` writes them as CSV and LaTeX) -------
+def _numbers(row: dict, metric: str, values) -> None:
+    """``<metric> mean``, ``std``, ``CI low``, ``CI high`` of one value per trial (NaN where there is none)."""
+    s = seed_summary(values)
+    row.update({f"{metric} mean": s.mean, f"{metric} std": s.std, f"{metric} CI low": s.low,
+                f"{metric} CI high": s.high})
+
+
+def conditions_numbers(data: StudyData) -> pd.DataFrame:
+    """``conditions_table`` as numbers: per condition its factors, n, did not learn, and for each metric
+    the mean, std and 95% bootstrap CI over seeds (NaN where a metric has no value)."""
+    pt = data.per_trial
+    if pt.empty:
+        return pd.DataFrame()
+    keys = [*FACTORS, *(c for c in data.condition_fields if c in pt)]
+    rows = []
+    for key, g in pt.groupby(keys, sort=True):
+        row = {**dict(zip(keys, key)), "n": len(g),
+               "did not learn": int(g["did_not_learn"].sum()) if "did_not_learn" in g else 0}
+        for m in CONDITION_METRICS:
+            _numbers(row, m, g[m] if m in g else [])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def ablation_numbers(data: StudyData) -> pd.DataFrame:
+    """``ablation_tables`` as numbers: per data set and protocol (other factors pinned as there), its
+    switches, n, and minimum MAD and test accuracy as mean, std and 95% CI over seeds."""
+    pt = data.per_trial
+    if pt.empty or pt["min_mad"].notna().sum() == 0:
+        return pd.DataFrame()
+    pinned, _ = data.pin(pt[pt["min_mad"].notna()], {"protocol"})
+    rows = []
+    for (dataset, proto), g in pinned.groupby(["dataset", "protocol"], sort=True):
+        row = {"dataset": dataset, "protocol": proto, **protocol_switches(proto), "n": len(g)}
+        for m in ("min_mad", "test_acc"):
+            _numbers(row, m, g[m])
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -161,7 +161,8 @@ def emergence(data: StudyData) -> list[pl.Plot]:
     counts = m.groupby("trial_id")["checkpoint_epoch"].nunique()
     several = set(counts[counts > 1].index)
     if not several:
-        raise pl.NoData("every trial has a single measured checkpoint")
+        raise pl.NoData(f"every trial has a single measured checkpoint; `vitsweep analyze {data.study} --checkpoints "
+                        f"all` measures every snapshot, then `vitsweep report {data.study}` draws it")
     panels = []
     for label, rows, how, keep in (
         ("minimum MAD", data.local_heads(final=False), "min", {"protocol"}),

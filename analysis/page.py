@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.claims import VERDICTS
 from analysis.condition_tables import ablation_tables, conditions_table
 from analysis.paper_numbers import paper_reference_table
 from analysis.seedstats import ALPHA
@@ -38,7 +37,10 @@ table{border-collapse:collapse;font-size:.85em;margin:.6em 0} th,td{border:1px s
 th{background:#f3f3f3} td{text-align:right} td:first-child,td:nth-child(2){text-align:left}
 figure{margin:1.2em 0} img{max-width:100%} figcaption,.caption{font-size:.85em;color:#444;max-width:1100px}
 .omitted{color:#777;font-style:italic;margin:.3em 0} .meta{color:#555}
-td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f7e0e0}
+td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f7e0e0} td.v-neutral{background:#f1f1f1}
+table.claims{width:100%;table-layout:auto} table.claims td.claim{text-align:left;max-width:28em}
+table.claims tr.details td{border-top:0;padding:0 7px 4px;text-align:left;font-size:.9em}
+table.claims tr.details summary{color:#555;cursor:pointer} table.kv th{text-align:left;font-weight:normal}
 """
 
 
@@ -133,7 +135,10 @@ def render(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, 
         "learned, the <i>(all trials)</i> columns repeat the claim with them kept (their measurements as they "
         "are), and <i>survivors vs all</i> flags a claim whose two verdicts disagree. <i>paper A / B</i>: the "
         "paper's numbers for the two groups where this data set's setting matches the paper's (Study P: "
-        "ImageNet-100 or 224 px; Study L: CIFAR-100).</p>",
+        "ImageNet-100 or 224 px; Study L: CIFAR-100). Up front: each claim's <i>n</i> (trials in A / B, and "
+        "pairs), its effect A - B with the 95% CI, the p the verdict uses (Holm-adjusted where given) and the "
+        "verdict (grey where the data cannot decide); <i>details</i> under each claim holds every other column "
+        "of claims.csv.</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -173,19 +178,63 @@ def _claims_html(claims: pd.DataFrame) -> str:
             + _table(folded) + "</details>")
 
 
+# The claims table up front: what a reader scans (<= 8 columns, fits a 1,400-px window); every other
+# column of ``claims.csv`` sits in a details row under its claim.
+CLAIM_COLUMNS = ("claim", "setting", "n", "effect [95% CI]", "p (adjusted)", "verdict")
+ADJUSTED_P = ("p (Holm)", "p")  # the p the verdict uses: Holm-adjusted where the claims table has it
+
+
 def _verdict_table(claims: pd.DataFrame) -> str:
-    fmt = claims.copy()
-    for col in ("mean A", "mean B", "effect (A - B)", "effect (all trials)", "margin", "paper effect (A - B)",
-                "MDE (80% power, unadjusted alpha)"):
-        fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3f}")
-    for col in ("p (raw)", "p (Holm)", "p (sign-flip)", "p (Holm, all trials)"):
-        fmt[col] = fmt[col].map(lambda v: "—" if pd.isna(v) else f"{v:.3g}")
-    table = _table(fmt)
-    # Colour the verdict cells: mark each <td> holding a verdict with a class.
-    for v in VERDICTS:
-        cls = "v-" + v.split(" (")[0].replace(" ", "-")
-        table = table.replace(f"<td>{_e(v)}</td>", f"<td class='{cls}'>{_e(v)}</td>")
-    return table.replace("<td>DISAGREE</td>", "<td class='v-differs'>DISAGREE</td>")
+    head = "".join(f"<th>{_e(c)}</th>" for c in CLAIM_COLUMNS)
+    rows = []
+    for claim in claims.to_dict("records"):
+        verdict = str(claim.get("verdict", ""))
+        pairs = claim.get("n pairs")
+        n = f"{_int(claim.get('n A'))} / {_int(claim.get('n B'))}" + (
+            f" ({_int(pairs)} pairs)" if _number(pairs) and pairs > 0 else "")
+        effect = claim.get("effect (A - B)")
+        shown = "—" if not _number(effect) else f"{effect:+.3f} {claim.get('95% CI of effect', '')}".strip()
+        p = claim.get("p (Holm)")  # the p the verdict uses
+        cells = [f"<td class='claim'>{_e(claim.get('paper', ''))}: {_e(claim['claim'])}</td>",
+                 f"<td class='claim'>{_e(claim.get('setting', ''))}</td>", f"<td>{_e(n)}</td>",
+                 f"<td>{_e(shown)}</td>", f"<td>{'—' if not _number(p) else f'{p:.3g}'}</td>",
+                 f"<td class='{_verdict_class(verdict)}'>{_e(verdict)}</td>"]
+        rest = {k: v for k, v in claim.items() if k not in {"claim", "setting", "verdict", "paper"}}
+        details = "".join(f"<tr><th>{_e(k)}</th><td{_flag(v)}>{_e(_cell(v))}</td></tr>" for k, v in rest.items())
+        if claim.get("survivors vs all") == "DISAGREE":  # the verdict changes with the non-learners kept
+            cells[-1] = cells[-1].replace("</td>", f"<br><small>all trials: {_e(claim.get('verdict (all trials)'))}"
+                                                   "</small></td>")
+        rows += [f"<tr>{''.join(cells)}</tr>",
+                 f"<tr class='details'><td colspan='{len(CLAIM_COLUMNS)}'><details><summary>details</summary>"
+                 f"<table class='kv'>{details}</table></details></td></tr>"]
+    return f"<table class='claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _verdict_class(verdict: str) -> str:
+    """The verdict cell's class: green supported, red against the claim, neutral where the data cannot decide."""
+    if verdict == "supported":
+        return "v-supported"
+    if verdict.startswith(("not supported", "differs")):
+        return "v-not-supported"
+    return "v-neutral"  # not enough seeds, inconclusive, consistent with no effect
+
+
+def _flag(v) -> str:
+    return " class='v-differs'" if v == "DISAGREE" else ""
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not pd.isna(v)
+
+
+def _int(v) -> str:
+    return str(int(v)) if _number(v) else "—"
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "—" if pd.isna(v) else f"{v:.4g}"
+    return "—" if v is None else str(v)
 
 
 def ablation_html(data: StudyData) -> list[str]:

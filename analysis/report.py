@@ -4,8 +4,9 @@
     build_report("results", "study_l")           # -> results/study_l/report/index.html
 
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
-``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, ``claims.csv`` and
-one self-contained ``index.html`` (figures inline as base64 PNGs). Given a tracking URI, it logs
+``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, one self-contained
+``index.html`` (figures inline as base64 PNGs), and for a paper the claims, the conditions table and
+the protocol ablation table as CSV (numbers, empty where there is none) and LaTeX (``TABLES``). Given a tracking URI, it logs
 the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in its experiment,
 and where the URI is an http(s) server the per-trial table links each trial's run. Any table may
 be missing or empty: a figure without its data is replaced by a one-line note, never an error.
@@ -19,11 +20,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
 
+import pandas as pd
+
 from analysis import page
 from analysis.claims import evaluate_claims
+from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
 
 log = logging.getLogger(__name__)
@@ -33,14 +38,11 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
                  mlflow_uri: str | None = None) -> Path:
     """Write the report of ``study`` and return the path of its ``index.html``.
 
-    results: the results folder (or a pyarrow URI such as ``s3://bucket/results``; then ``out_dir``,
-    a local folder, is required). out_dir defaults to ``<results>/<study>/report``. mlflow_uri: where
+    results: the results folder (or a pyarrow URI such as ``s3://bucket/results``). out_dir: where the
+    report goes (default: ``default_out_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
-    if out_dir is None:
-        if "://" in results and not results.startswith("file://"):
-            raise ValueError(f"results {results!r} is remote: pass out_dir, a local folder for the report")
-        out_dir = Path(results.removeprefix("file://")) / study / "report"
+    out_dir = default_out_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,12 +75,38 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     body["T"].insert(1, page.trials_html(data, _run_links(mlflow_uri, experiment_id)))
 
     claims = evaluate_claims(data)
-    claims.to_csv(out / "claims.csv", index=False)
+    tables = write_tables(out, {"claims": claims, "conditions": conditions_numbers(data),
+                                "ablation": ablation_numbers(data)})
     index = out / "index.html"
     index.write_text(page.render(data, results, claims, body), encoding="utf-8")
     if experiment_id is not None:
-        _log_report(mlflow_uri, experiment_id, study, index, out / "claims.csv")
+        _log_report(mlflow_uri, experiment_id, study, index, tables)
     return index
+
+
+TABLES = ("claims", "conditions", "ablation")  # <name>.csv and <name>.tex beside index.html
+
+
+def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
+    """Each table as ``<name>.csv`` (a missing value is an empty field, so a numeric column reads back
+    numeric) and ``<name>.tex`` (``DataFrame.to_latex``, 3 significant digits); returns the files."""
+    files = []
+    for name, table in tables.items():
+        table = table.replace("—", math.nan).infer_objects()  # "—" is the page's, not a value
+        table.to_csv(out / f"{name}.csv", index=False)
+        (out / f"{name}.tex").write_text(table.to_latex(index=False, na_rep="", float_format="%.3g"),
+                                         encoding="utf-8")
+        files += [out / f"{name}.csv", out / f"{name}.tex"]
+    return files
+
+
+def default_out_dir(results: str, study: str) -> Path:
+    """Where the report goes unless told: ``<results>/<study>/report``; for remote results (``s3://``,
+    ``gs://``) the local folder ``<study>-report`` where the command runs (the launch's closing lines
+    name it, and with a tracking store it is also the run ``<study>-report``'s artifacts)."""
+    if "://" in results and not results.startswith("file://"):
+        return Path(f"{study}-report").resolve()
+    return Path(results.removeprefix("file://")) / study / "report"
 
 
 def _experiment(uri: str | None, study: str) -> str | None:
@@ -105,13 +133,14 @@ def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
     return {"base": base, "suffix": suffix}
 
 
-def _log_report(uri: str, experiment_id: str, study: str, index: Path, claims: Path) -> None:
+def _log_report(uri: str, experiment_id: str, study: str, index: Path, tables: list[Path]) -> None:
     from records import tracking
 
     try:
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
-        tracking.log_artifact_file(uri, run_id, claims)
+        for table in tables:
+            tracking.log_artifact_file(uri, run_id, table)
         for figure in sorted(f for ext in ("png", "svg", "pdf") for f in index.parent.glob(f"*.{ext}")):
             tracking.log_artifact_file(uri, run_id, figure, "figures")
         tracking.end_trial_run(uri, run_id)

@@ -7,13 +7,12 @@ Parquet. On the trial's run it logs
   ``n_images`` images: ``test_acc``'s set when it is the whole test split, the default),
   ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS
   sink), ``ape_norm_ratio`` (a learned APE);
-- per-layer curves with the layer as the step and the checkpoint epoch in the key, all under the
-  prefix ``layers/`` (``layer_profiles``): ``layers/ssdc/epoch_0100`` (clean), ``layers/ssdc_rpi/epoch_0100``,
-  ``layers/ssdc_rpi_content/epoch_0100``, ``layers/mad_mean/epoch_0100`` and ``layers/mad_min/epoch_0100``
-  (over heads), ``layers/entropy_mean/epoch_0100``, so the MLflow UI plots SSDC against depth for each
-  checkpoint, in one ``layers`` section of the run's charts after the training curves (``train_loss``,
-  ``eval_acc``, ``test_acc``: unprefixed keys, the UI's Model metrics) instead of one section per curve
-  before them;
+- per-layer curves with the layer as the step and the checkpoint epoch in the key
+  (``layer_profiles``, keys from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean),
+  ``layers/ssdc_rpi_epoch_0100``, ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100``
+  and ``layers/mad_min_epoch_0100`` (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI
+  plots SSDC against depth for each checkpoint, all in one ``layers`` section of the run's charts after
+  the training curves (``epochs/...``);
 - the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and
   entropy of every head per layer (``trial_figure``).
 """
@@ -37,7 +36,6 @@ _PROFILES = {
     ("rpi", "ssdc"): ("ssdc_rpi", None),
     ("rpi", "ssdc_content"): ("ssdc_rpi_content", None),
 }
-LAYERS = "layers"  # the one prefix of every per-layer curve
 _HEAD_PROFILES = {"mad": (("mad_mean", np.mean), ("mad_min", np.min)), "entropy": (("entropy_mean", np.mean),)}
 
 
@@ -76,8 +74,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int, float]]:
-    """{``layers/<name>/epoch_<EEEE>``: {layer: value}}: the per-layer curves of one checkpoint."""
-    tag = f"epoch_{int(epoch):04d}"
+    """{``layers/<name>_epoch_<EEEE>``: {layer: value}}: the per-layer curves of one checkpoint."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
     heads: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -86,12 +83,12 @@ def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int
         layer = int(r["layer"])
         key = (r["intervention"], r["metric"])
         if key in _PROFILES and not _set(r.get("head_index")):
-            out[f"{LAYERS}/{_PROFILES[key][0]}/{tag}"][layer] = float(r["value"])
+            out[tracking.layer_key(_PROFILES[key][0], epoch)][layer] = float(r["value"])
         elif r["intervention"] == "clean" and r["metric"] in _HEAD_PROFILES and _set(r.get("head_index")):
             heads[r["metric"]][layer].append(float(r["value"]))
     for metric, per_layer in heads.items():
         for name, how in _HEAD_PROFILES[metric]:
-            out[f"{LAYERS}/{name}/{tag}"] = {layer: float(how(v)) for layer, v in sorted(per_layer.items())}
+            out[tracking.layer_key(name, epoch)] = {layer: float(how(v)) for layer, v in sorted(per_layer.items())}
     return dict(out)
 
 

@@ -2,7 +2,7 @@
 
 Per checkpoint, the headline scalars go in at step = checkpoint epoch (``analysis.trial_record``
 picks them from the rows); per-layer profiles go in with the layer as the step and the checkpoint
-epoch in the key (``log_metric_series``: ``ssdc_rpi/epoch_0100``), which the MLflow UI charts as
+epoch in the key (``log_metric_series``: ``layers/ssdc_rpi_epoch_0100``), which the MLflow UI charts as
 a curve over depth. Every measurement row stays in Parquet (``records.tables``), where it is queried.
 """
 
@@ -20,7 +20,7 @@ from records.tracking import MAX_METRICS_PER_BATCH
 def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]],
                       *, timestamp_ms: int | None = None) -> int:
     """Log ``{key: {step: number}}``: several steps of each key in one batched call, e.g. a
-    per-layer profile with the layer as the step (``ssdc_rpi/epoch_0100``: step l = layer l),
+    per-layer profile with the layer as the step (``layers/ssdc_rpi_epoch_0100``: step l = layer l),
     which the MLflow UI plots as a curve over depth. None values are skipped; returns the
     number of points logged."""
     from mlflow.entities import Metric

@@ -11,11 +11,11 @@ Layout in MLflow: one experiment per study, one run per trial. The run's name
 is the trial id and its tag ``vitsweep.trial_id`` holds the same id, so a Ray
 retry or ``--resume`` finds and continues the run instead of making a second
 one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
-tags are study / dataset / pe / protocol / rpt / seed / code_version; metrics
-are per epoch (step = epoch), the analysis scalars (step = checkpoint epoch)
-and per-layer curves, all under one prefix so the UI's Model metrics start with
-the training curves (step = layer, the epoch in the key: ``layers/ssdc_rpi/epoch_0100``,
-see ``analysis.trial_record``); the run's input is its data set (``log_dataset_input``:
+tags are study / dataset / pe / protocol / rpt / seed / code_version (a tag with no value is not set);
+metrics are laid out for the UI's charts (``epoch_key``, ``layer_key``): per-epoch training curves
+under ``epochs/`` (step = epoch), per-layer curves under ``layers/`` (step = layer, the checkpoint
+epoch in the name: ``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and the headline
+scalars unprefixed (``test_acc``; the analysis scalars at step = checkpoint epoch); the run's input is its data set (``log_dataset_input``:
 name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
 artifacts are ``config.json``, ``provenance/environment.json``,
 ``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
@@ -39,7 +39,7 @@ Use (launcher, then each trial)::
                                       tags=tracking.trial_tags(flat, code_version=version))
     tracking.log_provenance(uri, run_id, flat)
     for epoch in ...:
-        tracking.log_metrics(uri, run_id, {"train_loss": ..., "eval_acc": ...}, step=epoch)
+        tracking.log_epoch_metrics(uri, run_id, {"train_loss": ..., "eval_acc": ...}, epoch)
     tracking.end_trial_run(uri, run_id)                   # or "FAILED", with tag ERROR_TAG saying why
     ...                                                   # after the sweep returns:
     tracking.end_orphaned_runs(uri, experiment_id)
@@ -49,7 +49,8 @@ Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
 - ``ensure_experiment(uri, name, artifact_location=None) -> experiment_id``
 - ``start_trial_run(uri, experiment_id, trial_id, *, params, tags=None) -> run_id``
 - ``find_trial_run(uri, experiment_id, trial_id) -> run_id | None``
-- ``log_metrics(uri, run_id, metrics, step)``, ``log_metric_series(uri, run_id, series)``,
+- ``log_metrics(uri, run_id, metrics, step)``, ``log_epoch_metrics(uri, run_id, metrics, epoch)``,
+  ``epoch_key(name)``, ``layer_key(name, epoch)``,
   ``set_tags(uri, run_id, tags)``,
   ``log_artifact_dict(uri, run_id, name, obj)``,
   ``log_artifact_text(uri, run_id, name, text)``,
@@ -91,6 +92,11 @@ ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it
 STOPPED_EARLY_TAG = "vitsweep.stopped_early"  # a scheduler (ASHA) stopped the trial; cleared when continued
 TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow's chart layout: a metric's section is its key up to the last '/', named sections come in name
+# order, then the unprefixed keys ("Model metrics"). So the training curves get the prefix that sorts
+# first, the per-layer curves one section after them, and the headline scalars none.
+EPOCH_SECTION = "epochs"  # per-epoch training curves, as the Parquet table of the same name
+LAYER_SECTION = "layers"  # per-layer curves of each measured checkpoint, one section for all
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
 MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -285,6 +291,21 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
                       lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
 
 
+def epoch_key(name: str) -> str:
+    """The MLflow key of a per-epoch training metric: ``epochs/train_loss``."""
+    return f"{EPOCH_SECTION}/{name}"
+
+
+def layer_key(name: str, epoch: int) -> str:
+    """The MLflow key of a per-layer curve measured at checkpoint ``epoch``: ``layers/ssdc_epoch_0100``."""
+    return f"{LAYER_SECTION}/{name}_epoch_{int(epoch):04d}"
+
+
+def log_epoch_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], epoch: int) -> None:
+    """One epoch's training metrics (``{"train_loss": ..., ...}``) under their ``epoch_key``, step = epoch."""
+    log_metrics(uri, run_id, {epoch_key(k): v for k, v in metrics.items()}, step=epoch)
+
+
 DEVICE_TAG = "vitsweep.device"
 
 
@@ -311,10 +332,11 @@ def logged_steps(uri: str, run_id: str, key: str) -> set[int]:
 
 
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
-    """Set run tags (overwrites earlier values)."""
+    """Set run tags (overwrites earlier values); a tag whose value is None or "" is left unset, so the
+    UI shows no empty tag (e.g. ``vitsweep.error`` of a finished run)."""
     from mlflow.entities import RunTag
 
-    tag_list = [RunTag(str(k), to_str(v)) for k, v in tags.items()]
+    tag_list = [RunTag(str(k), to_str(v)) for k, v in tags.items() if v is not None and to_str(v) != ""]
     for batch in chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
         with_retries("set_tags", uri, lambda c, b=batch: c.log_batch(run_id, tags=b, synchronous=True))
 
@@ -408,21 +430,23 @@ def study_run(uri: str, experiment_id: str, name: str) -> str:
         c.set_experiment_tag(experiment_id, REPORT_RUN_TAG, link),
         c.set_experiment_tag(reports_id, "mlflow.experimentKind", "custom_model_development"),
         c.set_experiment_tag(reports_id, "mlflow.note.content",
-                             f"The reports of study `{study.name}` (its trial runs: experiment `{study.name}`, "
-                             f"id {experiment_id}; {experiment_url(uri, experiment_id)})."),
+                             f"The reports of study `{study.name}`: [its report]({run_path(reports_id, run_id, 'index.html')}"
+                             f"); its trial runs: [experiment `{study.name}`]({experiment_path(experiment_id)})."),
         c.set_experiment_tag(experiment_id, "mlflow.note.content",
                              _with_report(study.tags.get("mlflow.note.content", ""), uri, link))))
     return run_id
 
 
 def _with_report(note: str, uri: str, link: str | None) -> str:
-    """An experiment's description with its report paragraph (the last one) set to ``link``."""
+    """An experiment's description with its report paragraph (the last one) set to ``link``: a link
+    relative to the UI (the description is read there, on whatever host and port serves it) that
+    opens the report run's ``index.html``."""
     head = note.split("\n\n**Report**:", 1)[0]
     if not link:
         return head
     reports_id, run_id = link.split("/", 1)
-    return (f"{head}\n\n**Report**: run `{run_id}` in experiment {reports_id} (`index.html`, `claims.csv`, "
-            f"`figures/`): {run_url(uri, reports_id, run_id)}")
+    return (f"{head}\n\n**Report**: [index.html]({run_path(reports_id, run_id, 'index.html')}) of run "
+            f"`{run_id}` in experiment {reports_id}, with `claims.csv`, the tables and `figures/`.")
 
 
 # ------------------------------------------------------------------------------ UI addresses
@@ -436,14 +460,27 @@ def ui_base(uri: str) -> str:
     return redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
 
 
+def experiment_path(experiment_id: str) -> str:
+    """The experiment's runs table in the training layout (``?workflowType=machine_learning``), relative to
+    the UI's address: what a link inside the UI (an experiment's description) holds."""
+    return f"#/experiments/{experiment_id}/runs?{UI_LAYOUT}"
+
+
+def run_path(experiment_id: str, run_id: str, artifact: str | None = None) -> str:
+    """One run's page in the training layout, relative to the UI's address; ``artifact``: that artifact
+    opened in the run's Artifacts tab (``index.html``)."""
+    tab = f"/artifacts/{artifact}" if artifact else ""
+    return f"#/experiments/{experiment_id}/runs/{run_id}{tab}?{UI_LAYOUT}"
+
+
 def experiment_url(uri: str, experiment_id: str) -> str:
-    """The experiment's runs table in the training layout (``?workflowType=machine_learning``)."""
-    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs?{UI_LAYOUT}"
+    """The experiment's runs table in the training layout, at the UI's address (``ui_base``)."""
+    return f"{ui_base(uri)}/{experiment_path(experiment_id)}"
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    """One run's page in the training layout (its per-epoch curves under Model metrics)."""
-    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}?{UI_LAYOUT}"
+    """One run's page in the training layout (its training curves first among its charts)."""
+    return f"{ui_base(uri)}/{run_path(experiment_id, run_id)}"
 
 
 def experiment_id_of(uri: str, name: str) -> str | None:

@@ -6,6 +6,7 @@
     vitsweep analyze demo                 # measure every checkpoint (Ray Data)
     vitsweep report demo                  # figures + index.html from the Parquet tables
     vitsweep status demo                  # finished / running / failed / pending, from the results folder
+    vitsweep compare results-a results-b demo   # two results folders' claims and conditions side by side
 
 `--help` imports no torch, Ray, MLflow or matplotlib (the valid names come from
 `records.vocab`); each command imports what it needs when it runs.
@@ -28,6 +29,7 @@ EXAMPLES = {
     "analyze": "vitsweep analyze demo --checkpoints all",
     "report": "vitsweep report demo --results results",
     "status": "vitsweep status study_l --results s3://BUCKET/vitsweep",
+    "compare": "vitsweep compare results-v1 results-v2 study_l",
 }
 
 
@@ -99,6 +101,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     from sweeps import status as status_module
 
     status_module.add_arguments(status)
+    compare = sub.add_parser(
+        "compare",
+        help="two results folders of one study side by side: its claims and conditions",
+        description="Put the claims and conditions of one study from two results folders side by side.",
+        epilog=f"example: {EXAMPLES['compare']}",
+    )
+    if command in (None, "compare"):
+        from analysis import compare as compare_module
+
+        compare_module.add_arguments(compare)
     return parser
 
 
@@ -115,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         from sweeps import status as status_module
 
         return status_module.run(args)
-    if args.command == "report":
+    if args.command in ("report", "compare"):
+        from analysis import compare as compare_module
         from analysis import report as report_module
 
         try:
-            return report_module.run(args)
+            return (report_module if args.command == "report" else compare_module).run(args)
         except launcher.user_errors() as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -33,6 +33,7 @@ RECIPES = {
     "study_p": {**study_p.RECIPE, "epochs": study_p.DEFAULTS.epochs,
                 "cutmix_prob": study_l.LEE_RECIPE["cutmix_prob"]},
 }
+CHECKPOINTS = "all"  # hook (sweeps/study.py): every snapshot measured, for the emergence figure, as Study L
 
 
 def add_arguments(group) -> None:  # hook (sweeps/study.py)

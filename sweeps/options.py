@@ -3,7 +3,8 @@
 The flags common to every study are here; a study's own flags come from its ``add_arguments`` hook
 (``sweeps/study.py``), in a group of their own. ``check`` refuses a bad value before torch is
 imported (``sweeps.validate``, then the study's ``check_launch`` hook); ``check_gpus`` refuses, once
-Ray is up, a launch that would train on CPUs on a cluster with GPUs. ``build_trials`` turns the
+Ray is up, a local launch that would train on CPUs on a machine with GPUs (a launch with ``--address``
+must say ``--gpus-per-trial`` up front: ``check_cluster_gpus``). ``build_trials`` turns the
 flags into the study's run configs, ``build_packs`` groups them (``sweeps.packs``).
 """
 
@@ -51,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--storage", help="checkpoints and Tune state, local or URI (default: <results>/storage)")
     w.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<results>/mlflow.db for a local --results)")
     w.add_argument("--data-root", default="data", help="where data sets live or are downloaded (default ./data)")
-    w.add_argument("--address", help="Ray address; default starts a local Ray, 'auto' joins a running cluster")
+    w.add_argument("--address", help="Ray address; default starts a local Ray, 'auto' joins a running cluster "
+                   "(then --gpus-per-trial is required)")
     w.add_argument("--resume", action="store_true", help="continue an interrupted sweep: finished trials are not re-run")
     r = parser.add_argument_group("resources per trial")
     # No default value: unset must differ from an explicit 0 (check_gpus refuses unset on a GPU cluster).
@@ -74,9 +76,19 @@ def check(args: argparse.Namespace) -> dict[str, list[str]]:
     """Every flag and ``--set`` value, then what the study itself refuses; before torch is imported.
     Returns the ``--set`` overrides, {field: [values]}."""
     check_study(args.study)
+    check_cluster_gpus(args)
     swept = check_args(args)
     study.of(args.study).check_launch(args, swept)
     return swept
+
+
+def check_cluster_gpus(args: argparse.Namespace) -> None:
+    """Refuse (ValueError) a launch with ``--address`` but no ``--gpus-per-trial``, before Ray is contacted:
+    an autoscaling cluster shows no GPU at launch (its head has none, its GPU workers start at 0), so
+    what Ray reports then cannot tell a CPU sweep from a forgotten flag; the user says which."""
+    if getattr(args, "address", None) and getattr(args, "gpus_per_trial", None) is None:
+        raise ValueError(f"--address {args.address} needs --gpus-per-trial: pass --gpus-per-trial 1 (a fraction "
+                         "shares a GPU), or --gpus-per-trial 0 to train on CPUs on purpose")
 
 
 def check_gpus(cluster: Mapping[str, float], args: argparse.Namespace) -> str | None:

@@ -260,6 +260,7 @@ class TrialProgress:
         self.done = 0
         self.counts: dict[str, int] = {}
         self._seen: set[str] = set()
+        self._started: set[str] = set()  # Tune trials (packs, or lone trials) seen running
         # Live lines while trials train (sweeps.live), from the configs of the trials to run.
         flats = {c.trial_id: c.to_flat() for c in configs}
         plan = live.plan_units(self.members, flats) if flats else {}
@@ -272,12 +273,25 @@ class TrialProgress:
         print(line, file=self.stream or sys.stdout, flush=True)
 
     def tick(self, running: Sequence[str]) -> None:
-        """Tune's loop stepped (``running``: the Tune trials running now): the live lines due now."""
+        """Tune's loop stepped (``running``: the Tune trials running now): a line for the batch that
+        started since the last step, then the live lines due now."""
+        batch = [name for name in running if name not in self._started]
+        if batch:
+            self._started.update(batch)
+            self._print(self.batch_line(batch))
         if self.live is None:
             return
         for line in self.live.tick(running, self.clock()):
             self._print(line.text)
         self._report(self.live.eta_s)
+
+    def batch_line(self, batch: Sequence[str]) -> str:
+        """``[train] started 8 trial(s) in 1 pack(s): <names>; 8 of 60 started``."""
+        trials = sum(len(self.members.get(name, [name])) for name in batch)
+        started = sum(len(self.members.get(name, [name])) for name in self._started)
+        packs = f" in {len(batch)} pack(s)" if trials > len(batch) else ""
+        names = ", ".join(batch[:3]) + (f", ... ({len(batch) - 3} more)" if len(batch) > 3 else "")
+        return f"[train] started {trials} trial(s){packs}: {names}; {min(started, self.total)} of {self.total} started"
 
     def _eta(self, left: int) -> float | None:
         """The sweep's ETA: the live one (measured rates, the slots), else the mean time per ended trial."""
@@ -373,9 +387,9 @@ class TrialProgress:
         return _Callback()
 
 
-def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = True) -> str:
-    """Where everything is, printed last: status, tables, report (``report``: there is one), and the
-    MLflow runs page."""
+def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | None = None) -> str:
+    """Where everything is, printed last: status, tables, the report (``report``: its ``index.html``,
+    None when there is none), and the MLflow runs page."""
     from sweeps.status import study_status
 
     lines = [f"\nvitsweep {study}: results in {results}"]
@@ -389,7 +403,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: bool = T
         lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
     if report:
-        lines.append(f"  report:         {results}/{study}/report/index.html")
+        lines.append(f"  report:         {report}")
     lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")
     try:
         from records import stores, tracking

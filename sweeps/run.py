@@ -224,7 +224,12 @@ def start_ray(args, mlflow_uri: str) -> None:
 
     from trainables.ray_start import init_ray
 
+    # Ray's start takes up to a minute or two: say so, then what it found.
+    print(f"Ray: joining {args.address}" if args.address else "Ray: starting a local Ray (loopback only)", flush=True)
     init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
+    found = ray.cluster_resources()
+    print(f"Ray: up, {len(ray.nodes())} node(s), {found.get('CPU', 0):g} CPU(s), {found.get('GPU', 0):g} GPU(s)",
+          flush=True)
     _check_store_reach(mlflow_uri)
     warning = options.check_gpus(ray.cluster_resources(), args)
     if warning:
@@ -337,10 +342,11 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
             unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
                                         reason, tracking_down=watch.tracking_down)
             faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
-            if launch.spec.planned:  # after the epilogue: its counts are the trials table's, failed included
-                print(lines.summary(), flush=True)
-            log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []), time.perf_counter() - t0,
-                     lines.final_counts()[0].get("failed", 0) if launch.spec.planned else len(errors), stopped_by)
+            if launch.spec.planned:  # one training summary, after the epilogue: the trials table's counts
+                print(lines.summary() + stopped_by, flush=True)
+            else:  # a search: Tune's trials are its record
+                log.info("train stage: %d Tune trials in %.0f s, %d failed%s", len(grid or []),
+                         time.perf_counter() - t0, len(errors), stopped_by)
             for line in watch.found + unclosed:
                 launch_log.write_text(f"storage fault: {line}")
             if interrupts.received:
@@ -546,22 +552,20 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
         from records import manifest
 
         with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
-            path = build_report(results, args.study, mlflow_uri=mlflow_uri)
-        log.info("report: %s", path)
+            report = str(build_report(results, args.study, mlflow_uri=mlflow_uri))
+    else:
+        report = _report_of(results, args.study)
     # The summary comes last; it names the report only when there is one.
-    report = args.stage in ("report", "all") or _report_exists(results, args.study)
     print(progress.closing_lines(results, args.study, mlflow_uri, report=report), flush=True)
     return status
 
 
-def _report_exists(results: str, study_name: str) -> bool:
-    from records.tables import filesystem
+def _report_of(results: str, study_name: str) -> str | None:
+    """The study's report written by an earlier launch, where ``build_report`` puts it; None: none."""
+    from analysis.report import default_out_dir
 
-    try:
-        fs, path = filesystem(f"{results.rstrip('/')}/{study_name}/report/index.html")
-        return fs.get_file_info(path).size is not None
-    except OSError:
-        return False
+    index = default_out_dir(results, study_name) / "index.html"
+    return str(index) if index.exists() else None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ px at 32 and 64 px alike (``crop_padding=4``), CutMix mixes a batch with
 probability 0.5 (``cutmix_prob``). Test-scored runs train on the whole
 training split (no holdout). Lee's Mixup, random erasing, repeated
 augmentation, stochastic depth and PIL AutoAugment port stay out: Study L
-defines its protocols without them (README, protocol choices).
+defines its protocols without them (docs/studies.md, "Protocol choices").
 
 Expected (paper, one seed): CIFAR-100 minimum MAD 0.316 (baseline) -> 0.008
 (modern); every CutMix condition <= 0.024, every other >= 0.210; CutMix and
@@ -29,6 +29,9 @@ from sweeps.common import StudyOptions, all_protocols, make_trials
 DEFAULTS = StudyOptions(datasets=("cifar10", "cifar100", "tinyimagenet"), seeds=5, epochs=100, preset="study_l")
 ABLATION_DATASET = "cifar100"
 LEE_RECIPE = {"decay_exempt": "none", "crop_padding": 4, "cutmix_prob": 0.5}
+# Hook (sweeps/study.py): the analysis stage measures every snapshot, so `--stage all` draws Study L's
+# emergence of locality over training, not only the final checkpoint.
+CHECKPOINTS = "all"
 
 
 def trials(options: StudyOptions):

@@ -318,3 +318,44 @@ def test_start_mlflow_stop_leaves_unrelated_processes_alone(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_slurm_script_starts_the_head_first_then_workers_then_a_sweep_that_plans_on_gpus(tmp_path, capsys):
+    """cluster/slurm.sbatch run by bash against stand-ins for SLURM's, Ray's and MLflow's commands (each
+    logs its arguments): the head on the job's first node, every other node joins it, MLflow binds the
+    head's address, and the sweep it launches parses and plans (`--dry-run`) with a GPU per trial."""
+    import argparse
+
+    from sweeps import run as launcher
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stubs = {
+        "scontrol": 'printf "gpu-01\\ngpu-02\\ngpu-03\\n"',
+        "srun": 'for a in "$@"; do [ "$a" = hostname ] && { echo "10.0.0.7 172.17.0.1"; exit 0; }; done',
+        "ray": "", "mlflow": "", "curl": "", "vitsweep": "",
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[01-03]",
+           "SLURM_JOB_ID": "42", "SHARED": str(tmp_path / "shared"), "VENV": str(tmp_path / "none"),
+           "LOCAL": str(tmp_path / "local"), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(CLUSTER / "slurm.sbatch")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    head = next(i for i, c in enumerate(calls) if "ray start --head" in c)
+    joins = [i for i, c in enumerate(calls) if "ray start --block --address=10.0.0.7:6379" in c]
+    assert "-w gpu-01 ray start --head" in calls[head] and "--dashboard-host=127.0.0.1" in calls[head]
+    assert len(joins) == 2 and head < min(joins) and {"gpu-02", "gpu-03"} == {calls[i].split()[4] for i in joins}
+    (server,) = [c for c in calls if c.startswith("mlflow server")]
+    assert "--host 10.0.0.7" in server and "0.0.0.0" not in server
+    (sweep,) = [c for c in calls if c.startswith("vitsweep ")]
+    argv = shlex.split(sweep)[1:]
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    assert (args.study, args.address, args.gpus_per_trial, args.stage) == ("study_l", "auto", 1.0, "all")
+    assert args.mlflow_uri == "http://10.0.0.7:5000" and args.results == str(tmp_path / "shared" / "results")
+    args.dry_run = True
+    assert launcher.run(args) == 0 and "60 trials" in capsys.readouterr().out

@@ -7,6 +7,8 @@ fails this test until the page defines it; the interventions, PEs and protocols 
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -107,62 +109,120 @@ def test_readme_links_the_studies_page_not_a_path_outside_the_clone():
     assert not re.search(r"\]\(\.\./", readme), "README links a path outside the repository"
 
 
-CLUSTER_HEADING = "## On a GPU cluster"
+DOCS = [ROOT / "README.md", ROOT / "cluster" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _cluster_commands() -> list[tuple[str, list[str]]]:
-    """(how it is started, vitsweep argv) of every vitsweep command in the README's cluster section:
-    the parts of a `ray exec` command and what follows `--` in a `ray submit ... sweeps/run.py --`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split(CLUSTER_HEADING, 1)[1].split("\n## ", 1)[0]
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
+def _code_lines(path: Path) -> list[str]:
+    """Every command line of the page's code blocks (continuations joined, comments dropped)."""
+    blocks, language, block = [], None, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            if language is None:
+                language, block = line[3:].strip(), []
+            else:
+                if language in ("", "bash"):  # shell blocks; python and sql ones are run elsewhere
+                    blocks.append("\n".join(block))
+                language = None
+        elif language is not None:
+            block.append(line)
+    out = []
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            words = shlex.split(line)
-            assert words[:2] in (["ray", "exec"], ["ray", "submit"]) and "--tmux" in words, line
-            if words[1] == "submit":
-                commands.append(("ray submit", ["sweep", *words[words.index("--") + 1:]]))
-                continue
-            part: list[str] = []
-            for word in [*shlex.split(words[-1]), "&&"]:  # the head's shell line: vitsweep ... && vitsweep ...
-                if word == "&&":
-                    assert part[0] == "vitsweep", part
-                    commands.append(("ray exec", part[1:]))
-                    part = []
-                else:
-                    part.append(word)
-    return commands
+            line = line.split("  #", 1)[0].strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
 
 
-def test_every_cluster_command_of_the_readme_parses_and_plans_on_gpus(capsys):
-    """Each command is complete as written: it parses, a sweep plans (`--dry-run`: no Ray, no GPU) with
-    GPUs per trial on the running cluster, and the studies whose report draws emergence measure every
-    snapshot."""
-    import argparse
+def _vitsweep_commands(line: str) -> list[list[str]]:
+    """The vitsweep argvs (``["sweep", "study_l", ...]``) a command line of the docs starts: itself, the
+    parts of a `ray exec` head line, or the launcher after `--` of `ray submit` / `ray job submit`."""
+    words = shlex.split(line)
+    if words[0] == "vitsweep":
+        return [words[1:]]
+    if words[:2] == ["ray", "exec"]:
+        commands, part = [], []
+        for word in [*shlex.split(words[-1]), "&&"]:
+            if word == "&&":
+                if part[0] == "vitsweep":
+                    commands.append(part[1:])
+                part = []
+            else:
+                part.append(word)
+        return commands
+    if "sweeps/run.py" in words:
+        return [["sweep", *words[words.index("sweeps/run.py") + 1:]]] if "--" not in words[words.index("sweeps/run.py"):] \
+            else [["sweep", *words[words.index("--", words.index("sweeps/run.py")) + 1:]]]
+    return []
 
-    from analysis import job, report
+
+def _plan(argv: list[str], capsys) -> argparse.Namespace:
+    """Parse a vitsweep argv with the real command line; a sweep is planned (`--dry-run`: no Ray, no GPU)."""
+    from sweeps import cli
     from sweeps import run as launcher
 
-    add = {"sweep": launcher.add_arguments, "analyze": job.add_arguments, "report": report.add_arguments}
-    commands = _cluster_commands()
+    args = cli._parser(argv[0]).parse_args(argv)
+    if args.command == "sweep":
+        args.dry_run = True
+        assert launcher.run(args) == 0, argv
+        assert re.search(r"^\d+ trials|trial_id", capsys.readouterr().out, flags=re.M), argv
+    return args
+
+
+def test_every_vitsweep_command_of_the_docs_parses_and_every_sweep_plans(capsys):
+    """Each command is complete as written; a launch that joins a cluster says what its trials train on."""
     seen: dict[str, set[str]] = {}
-    for _, (command, *argv) in commands:
-        parser = argparse.ArgumentParser(prog=f"vitsweep {command}")
-        add[command](parser)
-        args = parser.parse_args(argv)
-        seen.setdefault(args.study, set()).add(command if command != "analyze" else f"analyze {args.checkpoints}")
-        if command == "sweep":
-            assert args.gpus_per_trial > 0 and args.address == "auto", argv
-            args.dry_run = True
-            assert launcher.run(args) == 0, argv
-            assert re.search(r"^\d+ trials", capsys.readouterr().out, flags=re.M), argv
-        elif command == "analyze":
-            assert args.address == "auto", argv
-    assert {"study_l", "study_p", "factorial"} <= set(seen), seen
-    for study in ("study_l", "factorial"):  # trained alone (--stage train), then every snapshot, then the report
-        assert seen[study] == {"sweep", "analyze all", "report"}, seen
+    for page in DOCS:
+        for line in _code_lines(page):
+            if not re.search(r"(^|[\s'\"])vitsweep\s|sweeps/run\.py", line):
+                continue
+            for argv in _vitsweep_commands(line):
+                args = _plan([a for a in argv if a != "$EXTRA"], capsys)
+                if args.command == "sweep" and args.address:
+                    assert args.gpus_per_trial is not None, (page.name, line)
+                    if page.name == "README.md" or "cluster" in str(page):
+                        seen.setdefault(args.study, set()).add(args.stage)
+    assert all("all" in seen.get(study, ()) for study in ("study_l", "study_p", "factorial")), seen
+
+
+def test_the_readme_is_a_short_guide_whose_commands_all_run_or_plan(capsys):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme.splitlines()
+    assert len(lines) <= 250 and max(map(len, lines)) <= 200
+    assert "make demo    #" in readme and "make test    #" in readme
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    planned = 0
+    for line in _code_lines(ROOT / "README.md"):
+        if line.startswith("make "):
+            assert re.search(rf"^{line.split()[1]}:", makefile, flags=re.M), line
+        elif line.startswith(("vitsweep", "ray ")):
+            for argv in _vitsweep_commands(line):
+                _plan(argv, capsys)
+                planned += 1
+        else:  # the MLflow UI and the one-line layout of the results folder
+            assert line.startswith(("mlflow ui", "results/", "mlflow.db", "<study>/")), line
+    assert planned >= 8
+    for link in re.findall(r"\]\(([^)#]+)", readme):  # every page the README links exists
+        assert (ROOT / link).exists(), link
+
+
+def test_the_notebook_snippets_run_on_a_results_folder(tmp_path):
+    """The README's and docs/results.md's Python blocks, run as written from a folder holding results/demo."""
+    import subprocess
+    import sys
+
+    from test_report import write_study
+
+    write_study(str(tmp_path / "results"), "demo", seeds=2, protocols=["baseline", "cutmix"], models=[("ape", False)],
+                checkpoints=(4,))
+    blocks = [re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)[0],
+              next(b for b in re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "results.md").read_text(),
+                                         flags=re.S) if "StudyData" in b)]
+    for code in blocks:
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0, f"{code}\n{out.stderr[-2000:]}"
+        assert "cutmix" in out.stdout, out.stdout
 
 
 # The assumed training images/s per pack size that cluster/README.md's cost table states (A10G).

@@ -46,7 +46,9 @@ def test_every_study_resolves_its_hooks_with_the_defaults():
         assert spec.checkpoints in ("final", "all") and (spec.eval_size is None or spec.eval_size > 0), name
     demo, hparam, study_l = study.of("demo"), study.of("hparam"), study.of("study_l")
     assert (demo.eval_size, demo.checkpoints) == (500, "all")
-    assert (study_l.eval_size, study_l.checkpoints, study_l.planned, study_l.tuner) == (None, "final", True, None)
+    # Study L and the factorial measure every snapshot (their emergence figure); Study P the final ones.
+    assert (study_l.eval_size, study_l.checkpoints, study_l.planned, study_l.tuner) == (None, "all", True, None)
+    assert (study.of("factorial").checkpoints, study.of("study_p").checkpoints) == ("all", "final")
     assert not hparam.planned and hparam.tuner is not None and hparam.unpacked and hparam.resume_refused
     with pytest.raises(ValueError, match="unknown study 'nosuch'"):
         study.of("nosuch")
@@ -106,3 +108,23 @@ def test_a_dry_run_plans_every_study_and_a_bad_root_is_refused_without_torch(tmp
     assert "60 trials" in got["runs"][1]["out"]
     folder_rows = json.loads(got["runs"][2]["out"])
     assert {(row["num_classes"], row["img_size"], row["patch_size"]) for row in folder_rows} == {(2, 16, 2)}
+
+
+def test_an_address_without_gpus_per_trial_exits_2_before_ray_is_contacted(monkeypatch, capsys, tmp_path):
+    """An autoscaling cluster shows no GPU at launch, so a launch with --address must say what it trains on;
+    the refusal comes before Ray (init_ray fails the test if it is reached), so a wrong address answers too."""
+    from sweeps import run as launcher
+    from trainables import ray_start
+
+    def contacted(*args, **kwargs):
+        raise AssertionError("Ray was contacted")
+
+    monkeypatch.setattr(ray_start, "init_ray", contacted)
+    for extra in ([], ["--dry-run"]):
+        args = _args("study_l", "--address", "ray://10.255.255.1:10001", "--results", str(tmp_path), *extra)
+        assert launcher.run(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --address ray://10.255.255.1:10001 needs --gpus-per-trial")
+    assert not (tmp_path / "study_l").exists()  # nothing written: no lock, no log
+    for gpus in ("0", "1"):  # either answer passes the check
+        options.check_cluster_gpus(_args("study_l", "--address", "auto", "--gpus-per-trial", gpus))

@@ -48,9 +48,10 @@ def test_the_callback_survives_tunes_pickling_on_a_real_terminal(tmp_path):
 def test_the_closing_lines_name_a_report_only_when_there_is_one(tmp_path):
     results = str(tmp_path)
     tables.write_trial(results, "s", {}, {"trial_id": "a", "study": "s", "status": "finished"})
-    after_train = progress.closing_lines(results, "s", "sqlite:////x/mlflow.db", report=False)
+    after_train = progress.closing_lines(results, "s", "sqlite:////x/mlflow.db")
     assert "report:" not in after_train and "trials: 1 finished" in after_train
-    assert f"report:         {results}/s/report/index.html" in progress.closing_lines(results, "s", "sqlite:////x.db")
+    index = "/here/s-report/index.html"  # a remote run's report is written where the launcher runs
+    assert f"report:         {index}" in progress.closing_lines(results, "s", "sqlite:////x.db", report=index)
 
 
 def test_the_summary_comes_from_the_trials_table_not_from_what_the_callback_counted(tmp_path):
@@ -210,3 +211,15 @@ def test_the_console_keeps_vitsweeps_lines_and_moves_ray_tune_and_mlflow_ones(tm
     assert len(err) == 4 and err[3].startswith("vitsweep: Ray reported an error; its lines are kept in " + str(log))
     kept = log.read_text()
     assert all(progress._ANSI.sub("", line) in kept for line in foreign) and "something broke" in kept
+
+
+def test_each_batch_of_trials_that_starts_gets_one_line(tmp_path):
+    out = io.StringIO()
+    p = progress.TrialProgress(str(tmp_path), "s", total=5, members={"pack-1": ["a", "b"], "pack-2": ["c", "d"], "e": ["e"]},
+                               stream=out)
+    p.tick(["pack-1", "pack-2"])
+    p.tick(["pack-1", "pack-2"])  # still running: nothing new
+    p.tick(["pack-2", "e"])
+    lines = out.getvalue().splitlines()
+    assert lines == ["[train] started 4 trial(s) in 2 pack(s): pack-1, pack-2; 4 of 5 started",
+                     "[train] started 1 trial(s): e; 5 of 5 started"]

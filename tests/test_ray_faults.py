@@ -134,7 +134,7 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     for run_id in runs["run_id"]:  # each step once, across the three launches
-        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2]
+        assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 

@@ -84,5 +84,5 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
     client = mlflow.MlflowClient(tracking_uri=uri)
     for trial_id, run in runs.iterrows():
         assert run["tags.vitsweep.pack"] == trials.loc[trial_id, "pack"]
-        logged = [m.step for m in client.get_metric_history(run["run_id"], "eval_acc")]
+        logged = [m.step for m in client.get_metric_history(run["run_id"], "epochs/eval_acc")]
         assert logged == ([1] if trial_id == diverged else [1, 2, 3]), trial_id

@@ -141,7 +141,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     for run_id in runs["run_id"]:  # concurrent trials on the SQLite default lost no metric
-        assert [m.step for m in client.get_metric_history(run_id, "eval_acc")] == [1, 2, 3, 4]
+        assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2, 3, 4]
 
 
 def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path):

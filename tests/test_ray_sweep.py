@@ -45,13 +45,13 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(runs["run_id"].iloc[0])
     assert run.data.params["pe"] in ("none", "ape") and "lr" in run.data.params
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_acc")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epochs/eval_acc")] == [1, 2]
     assert "mad_min" in run.data.metrics and "dssdc_rpi" in run.data.metrics  # from the analysis stage
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi/epoch_{epoch:04d}")] == [0, 1]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min/epoch_0002")] == [0, 1]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi_epoch_{epoch:04d}")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min_epoch_0002")] == [0, 1]
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"} <= figures
     # The report and claims.csv sit on the study's own run, in its own experiment (out of the trial
@@ -118,14 +118,14 @@ def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_
 
 
 def test_readme_query_examples_run_as_written_against_the_demo(demo_results, tmp_path):
-    """Every ```python block of the README's Parquet section runs from a folder whose
+    """Every ```python block of the docs/results.md's Parquet section runs from a folder whose
     ./results is the demo's output."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
     section = readme.split("## Querying the Parquet tables", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 3  # pandas, pyarrow, DuckDB
@@ -142,7 +142,7 @@ def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metr
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
     section = readme.split("## Browsing MLflow", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     (tmp_path / "results").symlink_to(demo_results)
@@ -191,13 +191,16 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
     out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
     err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
     ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] shapes-|MLflow: |demo: \d+ of \d+ trials|"
-                      r"vitsweep demo: results in |  \S)")
+                      r"vitsweep demo: results in |  \S|Ray: |\[train\] started \d+ trial)")
     assert [line for line in out if not ours.match(line)] == []
     logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
     assert err and [line for line in err if not logged.match(line)] == []
     for line in out + err:  # nothing of theirs, whatever its shape
         assert not re.search(r"\(raylet\)|core_worker|\bpid=|\bmlflow\.(?!db\b)|worker\.py|fontTools|\x1b\[", line), line
     assert out[0].startswith("MLflow: mlflow ui --backend-store-uri ") and "?workflowType=machine_learning" in out[0]
+    assert out[1] == "Ray: starting a local Ray (loopback only)" and out[2].startswith("Ray: up, 1 node(s), ")
+    assert sum(line.startswith("demo: 4 of 4 trials ended") for line in out) == 1  # one training summary
+    assert any(line.startswith("[train] started ") for line in out)
     live = [i for i, line in enumerate(out) if re.match(r"^\[train\] shapes-\S+: epoch [12]/2, [\d,]+ images/s, ETA ", line)]
     last_trial = max(i for i, line in enumerate(out) if line.startswith("[4/4] "))
     assert live and live[0] < last_trial, out

@@ -46,10 +46,10 @@ def test_an_oom_retry_records_each_epoch_once_and_uploads_retrained_snapshots(tm
     for cfg in cfgs:
         assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()
                 if r["trial_id"] == cfg.trial_id] == [1, 2]
-        assert sorted(tracking.logged_steps(uri, run_ids[cfg.trial_id], "eval_acc")) == [1, 2]
+        assert sorted(tracking.logged_steps(uri, run_ids[cfg.trial_id], "epochs/eval_acc")) == [1, 2]
         import mlflow
 
-        history = mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_ids[cfg.trial_id], "eval_acc")
+        history = mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_ids[cfg.trial_id], "epochs/eval_acc")
         assert [m.step for m in history] == [1, 2]
         assert uploaded.count([cfg.trial_id, "epoch_0001.pt"]) == 2  # the retrained snapshot, uploaded again
         row = tables.read_trial(results, "demo", cfg.trial_id)

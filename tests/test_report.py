@@ -425,3 +425,85 @@ def test_per_trial_fs_se_comes_from_the_paired_counts_where_stored():
     se = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame(rows)).per_trial.set_index("trial_id")
     assert se.loc["new", "fs_jpeg_se"] == pytest.approx(float(seedstats.fragility_se(40, 60, 50, 1000)))
     assert se.loc["old", "fs_jpeg_se"] == pytest.approx(float(seedstats.fragility_se_without_counts(0.1, 0.1, 1000)))
+
+
+class _ClaimsTable(HTMLParser):
+    """The claims table's header cells and its verdict cells' classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.head, self.header, self.classes = False, False, [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("class") == "claims":
+            self.inside = True
+        elif self.inside and tag == "thead":
+            self.head = True
+        elif self.inside and tag == "td" and str(attrs.get("class", "")).startswith("v-"):
+            self.classes.append(attrs["class"])
+
+    def handle_endtag(self, tag):
+        if tag == "thead":
+            self.head = False
+        elif tag == "table" and self.head is False and self.inside and self.header:
+            self.inside = False
+
+    def handle_data(self, data):
+        if self.head and data.strip():
+            self.header.append(data.strip())
+
+
+def test_the_claims_table_shows_at_most_eight_columns_and_the_rest_in_details(full_report):
+    _, index = full_report
+    page = index.read_text()
+    table = _ClaimsTable()
+    table.feed(page.split("<h2 id='claims'>", 1)[1].split("<h2 ", 1)[0])
+    assert table.header == ["claim", "setting", "n", "effect [95% CI]", "p (adjusted)", "verdict"]
+    assert "v-supported" in table.classes and "<summary>details</summary>" in page
+    assert "<th>p (all trials)</th>" in page and "<th>test</th>" in page  # moved to the details row
+
+
+def test_not_enough_seeds_is_drawn_neutral(tmp_path):
+    results = str(tmp_path / "results")
+    write_study(results, "small", seeds=3, protocols=["baseline", "cutmix"], models=[("ape", False)], checkpoints=(4,))
+    page = build_report(results, "small", out_dir=tmp_path / "out").read_text()
+    assert "<td class='v-neutral'>not enough seeds</td>" in page
+    assert "v-not-supported'>not enough seeds" not in page
+
+
+def test_the_report_writes_its_tables_as_numeric_csv_and_latex(full_report):
+    _, index = full_report
+    conditions = pd.read_csv(index.parent / "conditions.csv")
+    assert {"test_acc mean", "test_acc std", "test_acc CI low", "min_mad mean", "n"} <= set(conditions.columns)
+    for column in ("test_acc mean", "test_acc CI high", "min_mad mean", "dssdc mean", "n", "did not learn"):
+        assert pd.api.types.is_numeric_dtype(conditions[column]), column
+    assert conditions["n"].max() == 6 and conditions["test_acc mean"].between(0, 1).all()
+    ablation = pd.read_csv(index.parent / "ablation.csv")
+    assert set(ablation["protocol"]) >= {"baseline", "cutmix"} and ablation["cutmix"].dtype == bool
+    assert pd.api.types.is_numeric_dtype(ablation["min_mad mean"])
+    claims_csv = pd.read_csv(index.parent / "claims.csv")
+    for column in ("effect (A - B)", "n A", "n B", "p (all trials)"):
+        assert pd.api.types.is_numeric_dtype(claims_csv[column]), column
+    assert not (claims_csv.astype(str) == "—").any().any()  # no dash for a missing value
+    for name in ("claims", "conditions", "ablation"):
+        tex = (index.parent / f"{name}.tex").read_text()
+        assert tex.startswith("\\begin{tabular}") and "\\bottomrule" in tex, name
+
+
+def test_compare_puts_two_results_folders_side_by_side(tmp_path, capsys):
+    from analysis import compare
+    from sweeps import cli
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_study(a, "small", seeds=3, protocols=["baseline", "cutmix"], models=[("ape", False)], checkpoints=(4,))
+    write_study(b, "small", seeds=5, protocols=["baseline", "cutmix"], models=[("ape", False)], checkpoints=(4,))
+    tables = compare.compare(a, b, "small")
+    conditions = tables["conditions"].set_index("protocol")
+    assert conditions.loc["cutmix", "n (A)"] == 3 and conditions.loc["cutmix", "n (B)"] == 5
+    assert conditions.loc["baseline", "test_acc mean (A)"] != conditions.loc["baseline", "test_acc mean (B)"]
+    cutmix = tables["claims"].set_index("claim").loc["CutMix alone lowers minimum MAD"]
+    assert (cutmix["verdict (A)"], cutmix["verdict (B)"]) == ("not enough seeds", "supported")
+    assert cli.main(["compare", a, b, "small", "--out", str(tmp_path / "cmp")]) == 0
+    assert "claims (A: " in capsys.readouterr().out
+    assert pd.read_csv(tmp_path / "cmp" / "conditions.csv")["n (B)"].tolist() == [5, 5]

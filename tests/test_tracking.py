@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from records import client, provenance, server, stores, tracking
+from records import client, measurements, provenance, server, stores, tracking
 from records.stores import TrackingError
 
 
@@ -598,7 +598,10 @@ def test_the_report_run_has_its_own_experiment_linked_from_the_studys(uri):
     tracking.describe_experiment(uri, study, "**vitsweep study `linked`**, launched again")
     note = c.get_experiment(study).tags["mlflow.note.content"]
     assert "launched again" in note and note.count("**Report**") == 1
-    assert tracking.run_url(uri, reports.experiment_id, report) in note
+    # Links inside the UI are relative (whatever port serves it) and open the report's index.html.
+    index = f"(#/experiments/{reports.experiment_id}/runs/{report}/artifacts/index.html?workflowType=machine_learning)"
+    assert index in note and index in reports.tags["mlflow.note.content"]
+    assert "http" not in note + reports.tags["mlflow.note.content"]
     assert reports.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
@@ -619,3 +622,36 @@ def test_a_trials_data_set_is_its_runs_input(uri):
     assert (got.dataset.name, got.dataset.digest) == ("shapes", "41134077fb73")
     assert json.loads(got.dataset.profile) == {"train_images": 9500, "eval_images": 2000}
     assert {t.key: t.value for t in got.tags} == {"mlflow.data.context": "training"}
+
+
+def test_the_run_charts_open_on_the_training_curves_then_one_section_of_per_layer_curves(uri):
+    """MLflow's charts put a key in the section named by what precedes its last '/', named sections in
+    name order, then the unprefixed keys ("Model metrics"): the per-epoch training curves must be the
+    first section and every per-layer curve must share one section after it."""
+    from analysis.trial_record import layer_profiles
+
+    run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "charts"), "t-1", params={})
+    tracking.log_epoch_metrics(uri, run_id, {"train_loss": 2.0, "eval_acc": 0.1, "lr": 1e-3}, 1)
+    rows = [{"intervention": iv, "metric": m, "layer": layer, "head_index": head, "value": 0.5, "level": None}
+            for layer in range(2) for iv, m, head in (("clean", "ssdc", None), ("rpi", "ssdc", None),
+                                                      ("clean", "mad", 0), ("clean", "entropy", 0))]
+    measurements.log_metric_series(uri, run_id, layer_profiles(rows, 100))
+    tracking.log_metrics(uri, run_id, {"test_acc": 0.5}, step=1)
+    keys = set(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
+
+    def section(key: str) -> str:  # the UI's extractChartSectionName: the key up to its last '/'
+        return key.rsplit("/", 1)[0] if "/" in key else ""
+
+    named = sorted({section(k) for k in keys} - {""})
+    assert named == ["epochs", "layers"]  # two sections, the training curves first; then "Model metrics"
+    assert {k for k in keys if section(k) == "epochs"} == {"epochs/train_loss", "epochs/eval_acc", "epochs/lr"}
+    assert "layers/ssdc_rpi_epoch_0100" in keys and "layers/mad_min_epoch_0100" in keys
+    assert {k for k in keys if section(k) == ""} == {"test_acc"}
+    assert tracking.layer_key("ssdc", 7) == "layers/ssdc_epoch_0007" and tracking.epoch_key("lr") == "epochs/lr"
+
+
+def test_an_empty_tag_is_not_set(uri):
+    run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "tags"), "t-1", params={})
+    tracking.set_tags(uri, run_id, {tracking.ERROR_TAG: "", "vitsweep.note": None, "kept": "x"})
+    tags = MlflowClient(tracking_uri=uri).get_run(run_id).data.tags
+    assert tracking.ERROR_TAG not in tags and "vitsweep.note" not in tags and tags["kept"] == "x"

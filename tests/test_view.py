@@ -116,10 +116,10 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    history = client.get_metric_history(run_id, "layers/ssdc_rpi/epoch_0100")
+    history = client.get_metric_history(run_id, "layers/ssdc_rpi_epoch_0100")
     expected = {r["layer"]: r["value"] for r in rows if r["intervention"] == "rpi" and r["metric"] == "ssdc"}
     assert {m.step: m.value for m in history} == pytest.approx(expected)  # step = layer
-    assert [m.step for m in client.get_metric_history(run_id, "layers/mad_min/epoch_0100")] == list(range(6))
+    assert [m.step for m in client.get_metric_history(run_id, "layers/mad_min_epoch_0100")] == list(range(6))
     assert client.get_run(run_id).data.metrics["n_images"] == 2000
     names = {a.path for a in client.list_artifacts(run_id, "figures")}
     assert names == {"figures/layers_epoch_0100.png", "figures/layers_epoch_0100.svg"}

@@ -174,7 +174,7 @@ class PackWorker:
         self.faults: list[BaseException] = []
         # Steps an earlier attempt already logged: a retry restores a checkpoint from before the epoch
         # that failed after logging, and MLflow keeps every point it is sent (the first one it shows).
-        self.logged = ({t: tracking.logged_steps(settings.mlflow_uri, self.run_ids[t], "eval_acc")
+        self.logged = ({t: tracking.logged_steps(settings.mlflow_uri, self.run_ids[t], tracking.epoch_key("eval_acc"))
                         for t in self.workdirs} if rank == 0 else {})
         # Snapshots and checkpoints go to storage in a background thread, so the next epoch trains while
         # they upload. At most one epoch is in flight, and its errors surface at the next report; each
@@ -237,8 +237,8 @@ class PackWorker:
                 self.histories[trial_id] = [h for h in self.histories[trial_id] if h["epoch"] < epoch] + [metrics]
                 tables.write_epochs(self.settings.results, self.settings.study, trial_id, self.histories[trial_id])
                 if epoch not in self.logged[trial_id]:
-                    tracking.log_metrics(self.settings.mlflow_uri, self.run_ids[trial_id],
-                                         {k: v for k, v in metrics.items() if k != "epoch"}, step=epoch)
+                    tracking.log_epoch_metrics(self.settings.mlflow_uri, self.run_ids[trial_id],
+                                               {k: v for k, v in metrics.items() if k != "epoch"}, epoch)
                     self.logged[trial_id].add(epoch)
                 self.in_flight.append(self.uploads.submit(self.upload, trial_id, checkpoint_dir is not None, epoch))
             # A lone trial reports plain metric names (a scheduler such as ASHA reads them); a pack's
