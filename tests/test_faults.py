@@ -296,6 +296,26 @@ def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tm
         "intervention == 'clean' and metric == 'acc'")["value"]
     assert list(new) == [pytest.approx(kept.value + 0.125)]
 
+    # A checkpoint not measured yet is refused at another number of images than the study's rows have.
+    from analysis.job import check_n_images
+
+    todo = [{"trial_id": "t2", "epoch": 1, "dataset": "shapes"}]
+    check_n_images(str(results), "demo", todo, 8)
+    for size, gives in ((500, 500), (None, 2000)):
+        with pytest.raises(ValueError, match=f"measured so far are on 8 images, .* gives {gives}: .*--eval-size 8"):
+            check_n_images(str(results), "demo", todo, size)
+
+    # A full disk when the summary table is written ends `vitsweep analyze` in one line, last on stderr.
+    from sweeps import cli
+
+    monkeypatch.setattr(tables, "write_summary", full_disk)
+    assert cli.main(["analyze", "demo", "--results", str(results), "--eval-size", "8"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: storage fault: OSError: [Errno 28] No space left on device; details in ")
+    assert err[-1].endswith("; fix the storage, then run the same command again")
+    assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in line for line in err)
+    assert "Traceback" in Path(err[-1].split("; details in ")[1].split(";")[0]).read_text()
+
 
 def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
     from records import tables
@@ -443,25 +463,6 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
         assert not (storage / "demo" / "train" / name / faults.TRAIN_SNAPSHOT).exists()
         assert len(list((storage / "demo" / "train" / name).glob(f"{faults.TRAIN_SNAPSHOT}.truncated-*"))) == 1
     assert (storage / "demo" / "train" / "good" / faults.TRAIN_SNAPSHOT).read_text() == '{"a": 1}'
-    # A checkpoint not measured yet is refused at another number of images than the study's rows have.
-    from analysis.job import check_n_images
-
-    todo = [{"trial_id": "t2", "epoch": 1, "dataset": "shapes"}]
-    check_n_images(str(results), "demo", todo, 8)
-    for size, gives in ((500, 500), (None, 2000)):
-        with pytest.raises(ValueError, match=f"measured so far are on 8 images, .* gives {gives}: .*--eval-size 8"):
-            check_n_images(str(results), "demo", todo, size)
-
-    # A full disk when the summary table is written ends `vitsweep analyze` in one line, last on stderr.
-    from sweeps import cli
-
-    monkeypatch.setattr(tables, "write_summary", full_disk)
-    assert cli.main(["analyze", "demo", "--results", str(results), "--eval-size", "8"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: storage fault: OSError: [Errno 28] No space left on device; details in ")
-    assert err[-1].endswith("; fix the storage, then run the same command again")
-    assert sum(line.startswith("error:") for line in err) == 1 and not any("Traceback" in line for line in err)
-    assert "Traceback" in Path(err[-1].split("; details in ")[1].split(";")[0]).read_text()
 
 
 def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, monkeypatch):
