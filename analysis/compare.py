@@ -22,7 +22,7 @@ from analysis.labels import FACTORS
 from analysis.study_data import StudyData
 
 CLAIM_KEYS = ("paper", "claim", "setting")
-CLAIM_VALUES = ("n A", "n B", "effect (A - B)", "95% CI of effect", "p (Holm)", "p", "verdict")
+CLAIM_VALUES = ("n A", "n B", "effect (A - B)", "95% CI of effect", "p (Holm)", "verdict")
 CONDITION_VALUES = ("n", "test_acc mean", "min_mad mean", "dssdc mean", "fs_jpeg mean", "fs_blur mean")
 
 

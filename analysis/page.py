@@ -181,7 +181,6 @@ def _claims_html(claims: pd.DataFrame) -> str:
 # The claims table up front: what a reader scans (<= 8 columns, fits a 1,400-px window); every other
 # column of ``claims.csv`` sits in a details row under its claim.
 CLAIM_COLUMNS = ("claim", "setting", "n", "effect [95% CI]", "p (adjusted)", "verdict")
-ADJUSTED_P = ("p (Holm)", "p")  # the p the verdict uses: Holm-adjusted where the claims table has it
 
 
 def _verdict_table(claims: pd.DataFrame) -> str:
