@@ -36,7 +36,8 @@ tensor outlives the mode.
 
 `DeviceAudit`, a TorchDispatchMode for real CPU tensors, knows which of them would live on the
 GPU: those it is told about (`mark`: parameters, optimiser state, the batches), those a factory
-makes with an explicit `device=`, and every output of an op with such an input. A host read of
+makes without a generator (a generator's draws are the host's), and every output of an op with
+such an input. A host read of
 one (`.item()`, `float()`, data-dependent sizes, boolean-mask indexing) is counted; reads of host
 tensors (CutMix and RPT draws, a foreach optimiser's step counters, which PyTorch keeps on the
 host) are not, nor the range checks that a few CPU kernels make on the host where CUDA's do not
@@ -246,7 +247,11 @@ class DeviceAudit(TorchDispatchMode):
                 i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
             self.reads.append(f"{func} with a boolean mask")
         out = func(*args, **kwargs)
-        if device or kwargs.get("device") is not None:
+        # A factory is a device tensor unless it draws from a generator: the step's host draws (CutMix,
+        # RPT) use CPU generators. (The dispatcher fills in `device` whether the caller passed it or not.)
+        made = not any(isinstance(t, torch.Tensor) for t in tree_flatten(args)[0]) and \
+            kwargs.get("device") is not None and kwargs.get("generator") is None
+        if device or made:
             self.mark(out)
         return out
 
