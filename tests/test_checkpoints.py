@@ -95,7 +95,8 @@ def test_each_part_of_a_loaded_checkpoint_moves_where_it_belongs_on_cuda(trained
         slots = list(optimizer.state.values())
         assert slots and all(s["exp_avg"].device.type == "cuda" and s["exp_avg_sq"].device.type == "cuda"
                              for s in slots)
-        assert all(s["step"].device.type == "cpu" for s in slots)  # Adam keeps `step` on the CPU (not fused)
+        # fused AdamW keeps `step` with the parameters (foreach would keep it on the CPU)
+        assert all(s["step"].device.type == "cuda" for s in slots) and optimizer.param_groups[0]["fused"]
         assert all(p.device.type == "cuda" for p in pack.parameters())
     rng = torch.get_rng_state()
     assert rng.dtype == torch.uint8 and rng.device.type == "cpu" and torch.equal(rng, states[0]["torch_rng"])
