@@ -315,7 +315,7 @@ def section_separate(device, size: Size, results: dict, args) -> dict:
                                   env={**os.environ, "OUT": ""}) for log in logs]
         failures, rates = [], []
         try:
-            ready = wait_for_lines(procs, "READY", time.monotonic() + size.ready_s)
+            ready = [bool(line) for line in wait_for_lines(procs, "READY", time.monotonic() + size.ready_s)]
             if sum(ready) < n:  # a silent child holds no barrier: it is killed, the others go on
                 failures.append(f"{n - sum(ready)} of {n} children never got ready within {size.ready_s:.0f} s")
             start_at = time.time() + 0.5  # one wall-clock start for all
