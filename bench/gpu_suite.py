@@ -1,32 +1,38 @@
 """GPU suite: the training loop's device work on one GPU, as one table that cannot lose its numbers.
 
-    PYTHONPATH=. python3 bench/gpu_suite.py            # on a CUDA machine: full size, < 8 minutes
+    PYTHONPATH=. python3 bench/gpu_suite.py            # on a CUDA machine: full size, < 5.5 minutes
     PYTHONPATH=. python3 bench/gpu_suite.py --keep     # ... and copy the table to bench/measured/gpu_suite.json
     PYTHONPATH=. python3 bench/gpu_suite.py --tiny     # anywhere (CPU): every section at a tiny size
 
 Needs torch, torchvision, numpy only (no Ray, no MLflow: the GPU machine's Python has neither).
 Each section runs in its own try/except and the JSON is rewritten after every section, so a
-failure (or the machine's time running out) loses that section only. The estimated time of
-every section is printed before the first starts; a section that would end past `--deadline-s`
-is skipped with that reason. In order:
+failure (or the machine's time running out) loses that section only; each packing row has its own
+too. The estimated time of every section is printed before the first starts; they add up to less
+than the default `--deadline-s` (330 s: a 15-minute GPU slot keeps time to start the machine and
+run the suite again), and a section that would end past the deadline is skipped with that reason.
+In order:
 
 * packing (first: `--dry-run` GPU-hours read it): training images/s of K `study_l` models packed
   in one process, K = 1, 4, 8, 16, 32, through the loop's real input path (`pack_epoch`:
   batched augmentation per protocol group, crop + flip and AutoAugment + CutMix + RPT) and its
   real step (`pack_step`, bf16), with the per-epoch evaluation pass priced in (CIFAR: 10,000
-  test images per 50,000 training images per member), and GPU memory per member;
+  test images per 50,000 training images per member), and GPU memory per member; a failing row
+  is recorded as failed, the others are measured and estimated from;
 * probe: 10 real training steps (K = 1 and 8) under torch.cuda.set_sync_debug_mode("warn"):
-  host syncs per step after the first, the logits' dtype, and which attention kernel ran;
+  host syncs per step after the first, the logits' dtype, and which attention kernel ran (cuDNN's
+  kernels named as cuDNN, though their names say "flash" too);
 * separate: the same step as N one-model processes sharing the GPU (N = 4, 8), started behind
-  a barrier and timed over one fixed window; a failed child is reported as a failure;
+  a barrier and timed over one fixed window; a failed child, or one that stays silent past the
+  barrier's or the window's deadline, is killed and reported as a failure;
 * augment: `augment.draw` + `augment.apply` images/s per protocol on chunks already on the device;
 * decode: nvjpeg `decode_jpeg(list, device=...)` images/s, GPU-decoded pixels against
   CPU-decoded ones, and the antialiased random resized crop on the device against the CPU;
 * step: GPU memory of one Study L trial (data copy, step peak), the eager K = 1 step images/s;
 * deterministic: the eager step under `torch.use_deterministic_algorithms(True)` with
   CUBLAS_WORKSPACE_CONFIG=:4096:8 (a fresh process: it must be set before CUDA starts);
-* compile (last): the step `torch.compile`d with CUDA graphs; skipped, with the reason, when
-  there is no CUDA, no Triton or no C compiler.
+* compile (last): the K = 1 step `torch.compile`d with CUDA graphs and the K = 8 pack's vmapped
+  forward compiled (`trainables.compiled`, as `compile=True` trains them); skipped, with the
+  reason, when there is no CUDA, no Triton or no C compiler.
 
 Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
 """
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -48,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainables.compiled import compile_forward
 from trainables.augment import (
     CHUNK_IMAGES,
     Augmentation,
@@ -105,7 +113,7 @@ class Size:
 
     def __init__(self, tiny: bool, section_s: float | None):
         self.tiny = tiny
-        self.section_s = section_s if section_s is not None else (0.2 if tiny else 4.0)
+        self.section_s = section_s if section_s is not None else (0.2 if tiny else 3.0)
         self.preset, self.batch = ("tiny", 16) if tiny else ("study_l", 128)
         self.packs = [1, 2] if tiny else [1, 4, 8, 16, 32]
         self.probe_packs = [1, 2] if tiny else [1, 8]
@@ -114,7 +122,8 @@ class Size:
         self.eval_images = 64 if tiny else 2048  # timed; priced at CIFAR_TEST per epoch
         self.chunk = 64 if tiny else CHUNK_IMAGES
         self.steps, self.warmup = (2, 1) if tiny else (20, 3)
-        self.window_s = 1.0 if tiny else 10.0  # separate processes' common timing window
+        self.window_s = 1.0 if tiny else 6.0  # separate processes' common timing window
+        self.ready_s = 120.0 if tiny else 45.0  # a child's set-up and warm-up, before the barrier gives up
 
 
 def _configs(protocol: str, k: int, size: Size) -> list[RunConfig]:
@@ -189,34 +198,52 @@ def section_packing(device, size: Size, results: dict) -> dict:
     rows: dict = {}
     for group, protocol in PROTOCOL_GROUPS.items():
         for k in size.packs:
-            if cuda:
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-            loop = Loop(_configs(protocol, k, size), split, device, size, amp=cuda, base=base)
-            _timed(loop.step, size.warmup, device, size.section_s)
-            seconds, done = _timed(loop.step, size.steps, device, size.section_s)
-            train_rate = done * loop.images_per_step() / seconds
-            eval_s = time.perf_counter()
-            evaluate_pack(loop.pack, eval_source.batches(max(256, size.batch)), MEAN, STD, device, use_amp=cuda)
-            eval_rate = size.eval_images / (time.perf_counter() - eval_s)  # images through all K members
-            # One epoch per member: 50,000 training images, then 10,000 test images through the pack.
-            epoch_s = k * CIFAR_TRAIN / train_rate + CIFAR_TEST / eval_rate
-            row = {"images_per_s": k * CIFAR_TRAIN / epoch_s, "train_images_per_s": train_rate,
-                   "eval_images_per_s": eval_rate, "steps_timed": done}
-            if cuda:
-                row["mib_per_member"] = (torch.cuda.max_memory_allocated(device) - before) / k / 2**20
-            rows[f"{group} K={k}"] = row
-            del loop
+            try:  # one row's failure (out of memory at K = 32, a kernel) loses that row only
+                rows[f"{group} K={k}"] = _packing_row(protocol, k, split, eval_source, base, device, size)
+            except Exception as exc:  # noqa: BLE001 - recorded, and the next row runs
+                rows[f"{group} K={k}"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                print(f"  packing {group} K={k} failed: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                if cuda:
+                    torch.cuda.empty_cache()
     estimate = {}
     for k in size.packs:
-        slower = min((rows[f"{g} K={k}"] for g in PROTOCOL_GROUPS), key=lambda r: r["images_per_s"])
-        estimate[f"K={k}"] = {key: slower[key] for key in ("images_per_s", "mib_per_member") if key in slower}
+        measured = [rows[f"{g} K={k}"] for g in PROTOCOL_GROUPS if "images_per_s" in rows[f"{g} K={k}"]]
+        if len(measured) == len(PROTOCOL_GROUPS):  # the slower protocol group, so both groups measured
+            slower = min(measured, key=lambda r: r["images_per_s"])
+            estimate[f"K={k}"] = {key: slower[key] for key in ("images_per_s", "mib_per_member") if key in slower}
     results["packing"] = {size.preset: estimate}
+    failed = sorted(name for name, row in rows.items() if "error" in row)
+    if failed:
+        rows["failed rows"] = failed
+    if not estimate:
+        raise RuntimeError(f"every packing row failed: {failed}")
     best = max(estimate, key=lambda name: estimate[name]["images_per_s"])
     rows["best K"] = best
-    rows["best K / K=1"] = estimate[best]["images_per_s"] / estimate["K=1"]["images_per_s"]
+    if "K=1" in estimate:
+        rows["best K / K=1"] = estimate[best]["images_per_s"] / estimate["K=1"]["images_per_s"]
     return rows
+
+
+def _packing_row(protocol: str, k: int, split, eval_source, base, device, size: Size) -> dict:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    loop = Loop(_configs(protocol, k, size), split, device, size, amp=cuda, base=base)
+    _timed(loop.step, size.warmup, device, size.section_s)
+    seconds, done = _timed(loop.step, size.steps, device, size.section_s)
+    train_rate = done * loop.images_per_step() / seconds
+    eval_s = time.perf_counter()
+    evaluate_pack(loop.pack, eval_source.batches(max(256, size.batch)), MEAN, STD, device, use_amp=cuda)
+    eval_rate = size.eval_images / (time.perf_counter() - eval_s)  # images through all K members
+    # One epoch per member: 50,000 training images, then 10,000 test images through the pack.
+    epoch_s = k * CIFAR_TRAIN / train_rate + CIFAR_TEST / eval_rate
+    row = {"images_per_s": k * CIFAR_TRAIN / epoch_s, "train_images_per_s": train_rate,
+           "eval_images_per_s": eval_rate, "steps_timed": done}
+    if cuda:
+        row["mib_per_member"] = (torch.cuda.max_memory_allocated(device) - before) / k / 2**20
+    return row
 
 
 def _attention_kernel(loop: Loop, device: torch.device) -> str:
@@ -227,9 +254,9 @@ def _attention_kernel(loop: Loop, device: torch.device) -> str:
         loop.step()
         _sync(device)
     names = " ".join(e.key.lower() for e in prof.key_averages())
-    for needle, kernel in (("flash", "fused: flash"), ("efficient", "fused: memory-efficient"),
-                           ("fmha", "fused: memory-efficient"), ("cudnn_attention", "fused: cudnn"),
-                           ("_scaled_dot_product_cudnn", "fused: cudnn")):
+    # cuDNN first: its SDPA kernels' names carry "flash" too (cudnn_generated_..._sdpa_..._flash_fprop)
+    for needle, kernel in (("cudnn", "fused: cuDNN"), ("flash", "fused: flash"), ("efficient", "fused: memory-efficient"),
+                           ("fmha", "fused: memory-efficient")):
         if needle in names:
             return kernel
     return "explicit softmax" if "softmax" in names else "unknown"
@@ -288,36 +315,28 @@ def section_separate(device, size: Size, results: dict, args) -> dict:
                                   env={**os.environ, "OUT": ""}) for log in logs]
         failures, rates = [], []
         try:
-            ready = 0
-            deadline = time.monotonic() + (120 if not size.tiny else 300)
-            for proc in procs:  # the barrier: every child set up and warmed up
-                line = ""
-                while not line.startswith("READY") and time.monotonic() < deadline:
-                    line = proc.stdout.readline()
-                    if not line and proc.poll() is not None:
-                        break
-                ready += line.startswith("READY")
-            if ready < n:
-                failures.append(f"{n - ready} of {n} children never got ready")
+            ready = [bool(line) for line in wait_for_lines(procs, "READY", time.monotonic() + size.ready_s)]
+            if sum(ready) < n:  # a silent child holds no barrier: it is killed, the others go on
+                failures.append(f"{n - sum(ready)} of {n} children never got ready within {size.ready_s:.0f} s")
             start_at = time.time() + 0.5  # one wall-clock start for all
-            for proc in procs:
-                if proc.poll() is None:
+            for proc, ok in zip(procs, ready):
+                if ok:
                     proc.stdin.write(f"GO {start_at}\n")
                     proc.stdin.flush()
-            for i, proc in enumerate(procs):
-                try:
-                    stdout, _ = proc.communicate(timeout=size.window_s * 5 + 120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    failures.append(f"child {i} timed out")
-                    continue
-                logs[i].seek(0)
-                stderr = logs[i].read()
-                lines = [line for line in stdout.splitlines() if line.startswith("ALONE ")]
-                if proc.returncode != 0 or not lines:
-                    failures.append(f"child {i} failed (exit {proc.returncode}): {stderr.strip()[-300:]}")
                 else:
-                    rates.append(float(lines[-1].split()[1]))
+                    proc.kill()
+            done = wait_for_lines(procs, "ALONE ", time.monotonic() + 0.5 + size.window_s + 30)
+            for i, (proc, line) in enumerate(zip(procs, done)):
+                if not ready[i]:
+                    continue
+                if not line:
+                    proc.kill()
+                    proc.wait()
+                    logs[i].seek(0)
+                    failures.append(f"child {i} reported no rate within its window (exit {proc.returncode}): "
+                                    f"{logs[i].read().strip()[-300:]}")
+                else:
+                    rates.append(float(line.split()[1]))
         finally:
             for proc, log in zip(procs, logs):
                 if proc.poll() is None:
@@ -327,6 +346,23 @@ def section_separate(device, size: Size, results: dict, args) -> dict:
                                           "children_ok": len(rates), "window_s": size.window_s,
                                           **({"failures": failures} if failures else {})}
     return out
+
+
+def wait_for_lines(procs: list[subprocess.Popen], prefix: str, deadline: float) -> list[str]:
+    """Per child, its first stdout line starting with `prefix`, or "" when it exits or stays silent
+    until `deadline` (time.monotonic()): no read blocks past it."""
+    found = [""] * len(procs)
+    waiting = {proc.stdout.fileno(): i for i, proc in enumerate(procs)}
+    while waiting and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
+        for fd in readable:
+            i = waiting[fd]
+            line = procs[i].stdout.readline()  # a child writes whole lines, flushed
+            if line.startswith(prefix):
+                found[i] = line
+            if line.startswith(prefix) or not line:  # found, or end of file (the child exited)
+                del waiting[fd]
+    return found
 
 
 def run_alone(device, size: Size, window_s: float) -> None:
@@ -420,7 +456,7 @@ def section_deterministic(device, size: Size, results: dict, args) -> dict:
         raise Skipped("CUDA only (CUBLAS_WORKSPACE_CONFIG concerns cuBLAS)")
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OUT": ""}
     cmd = [sys.executable, __file__, "--only-deterministic", "--section-s", str(size.section_s)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     line = [l for l in done.stdout.splitlines() if l.startswith("DETERMINISTIC ")]
     if done.returncode != 0 or not line:
         raise RuntimeError(f"the deterministic child failed (exit {done.returncode}): {done.stderr[-500:]}")
@@ -437,27 +473,33 @@ def section_compile(device, size: Size, results: dict) -> dict:
         raise Skipped("Triton is not installed: torch.compile's CUDA backend needs it")
     if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         raise Skipped("no C compiler (cc, gcc, clang) on PATH: Triton needs one")
-    loop = Loop(_configs("autoaugment+cutmix", 1, size), _split(size.images, device), device, size, amp=True)
-    loop.pack.wrap(lambda m: torch.compile(m, mode="reduce-overhead"))
-    start = time.perf_counter()
-    _timed(loop.step, 3, device, 150)
-    out = {"compile_warmup_s": time.perf_counter() - start}
-    out["compiled_step_images_per_s"] = _rate(loop.step, loop.images_per_step(), device, size.section_s,
-                                              min_reps=3)
+    out = {}
+    for k, mode in ((1, "reduce-overhead"), (8, None)):  # as compile=True trains a lone trial and a pack
+        loop = Loop(_configs("autoaugment+cutmix", k, size), _split(size.images, device), device, size, amp=True)
+        lines = []
+        loop.pack.fast_paths.log = lines.append
+        compile_forward(loop.pack, mode=mode)
+        start = time.perf_counter()
+        _timed(loop.step, 3, device, 60)
+        row = {"compile_warmup_s": time.perf_counter() - start, "fell_back": lines}
+        row["images_per_s"] = _rate(loop.step, loop.images_per_step(), device, size.section_s, min_reps=3)
+        out[f"compiled K={k}"] = row
+        del loop
     return out
 
 
 # (name, function, estimated seconds on an H200 at full size): packing first, compile last.
 SECTIONS = [
-    ("packing", section_packing, 110),
-    ("probe", section_probe, 25),
-    ("separate", section_separate, 70),
-    ("augment", section_augment, 45),
-    ("decode", section_decode, 20),
-    ("step", section_step, 20),
-    ("deterministic", section_deterministic, 40),
-    ("compile", section_compile, 120),
+    ("packing", section_packing, 80),
+    ("probe", section_probe, 20),
+    ("separate", section_separate, 40),
+    ("augment", section_augment, 25),
+    ("decode", section_decode, 12),
+    ("step", section_step, 12),
+    ("deterministic", section_deterministic, 25),
+    ("compile", section_compile, 90),
 ]
+DEADLINE_S = 330.0  # the estimates sum below it (304 s)
 NEEDS_ARGS = {"separate", "deterministic"}
 
 
@@ -486,9 +528,9 @@ def _print_table(results: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the CPU mode CI runs); implied without CUDA")
-    parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 4, tiny 0.2)")
-    parser.add_argument("--deadline-s", type=float, default=450.0,
-                        help="skip sections whose estimate would end past this many seconds (default 450)")
+    parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 3, tiny 0.2)")
+    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                        help=f"skip sections whose estimate would end past this many seconds (default {DEADLINE_S:.0f})")
     parser.add_argument("--keep", nargs="?", const=str(KEEP_PATH), default=None, metavar="PATH",
                         help=f"copy the table to PATH (default {KEEP_PATH.relative_to(ROOT)}), what --dry-run reads")
     parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")

@@ -27,19 +27,34 @@ Two modes, stacked:
   counted, then fail (DynamicOutputShapeException: the fake mode cannot know their size).
 
 The CPU build has no pinned memory: `pin_memory()` is stubbed (the tensor itself, marked
-pinned). Backward needs a CUDA context (hasPrimaryContext), so tests stop at the loss.
+pinned). CUDA autocast is on: `torch.autocast("cuda")` disables itself when it finds no CUDA,
+so inside the mode it is told CUDA (with bf16) is there, and the step runs in bf16 as on a GPU.
+Backward needs a CUDA context (hasPrimaryContext), so fake-CUDA steps stop at the loss; the whole
+step (backward, optimiser, scheduler) is audited on CPU tensors by `DeviceAudit` instead.
 Cached device constants (`images.device_constant`) are cleared on entry and exit, so no fake
 tensor outlives the mode.
+
+`DeviceAudit`, a TorchDispatchMode for real CPU tensors, knows which of them would live on the
+GPU: those it is told about (`mark`: parameters, optimiser state, the batches), those a factory
+makes without a generator (a generator's draws are the host's), and every output of an op with
+such an input. A host read of
+one (`.item()`, `float()`, data-dependent sizes, boolean-mask indexing) is counted; reads of host
+tensors (CutMix and RPT draws, a foreach optimiser's step counters, which PyTorch keeps on the
+host) are not, nor the range checks that a few CPU kernels make on the host where CUDA's do not
+(`HOST_CHECKS_ON_CPU_ONLY`). (`.tolist()` of a CPU tensor reads memory without dispatching: `SyncCounter` on
+fake CUDA sees it, this audit does not.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
+from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
@@ -146,14 +161,99 @@ def clear_device_constants() -> None:
 
 @contextlib.contextmanager
 def fake_cuda(strict: bool = False):
-    """FakeTensorMode + SyncCounter; yields the counter. See the module docstring."""
+    """FakeTensorMode + SyncCounter, CUDA autocast on; yields the counter. See the module docstring."""
     clear_device_constants()
     counter = SyncCounter(strict=strict)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), counter:
+        with mock.patch.object(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False), \
+                mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **kw: True), \
+                FakeTensorMode(allow_non_fake_inputs=True), counter:
             yield counter
     finally:
         clear_device_constants()
+
+
+# Functions whose CPU kernel reads its input on the host to check it and whose CUDA kernel does not
+# (one_hot with num_classes: CUDA relies on a device assert in its scatter).
+HOST_CHECKS_ON_CPU_ONLY = {torch.nn.functional.one_hot}
+
+
+class _CpuOnlyChecks(TorchFunctionMode):
+    """Runs `HOST_CHECKS_ON_CPU_ONLY` with the audit off; their outputs are device tensors when an input is."""
+
+    def __init__(self, audit: DeviceAudit):
+        super().__init__()
+        self.audit = audit
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in HOST_CHECKS_ON_CPU_ONLY:
+            return func(*args, **kwargs)
+        with _disable_current_modes():
+            out = func(*args, **kwargs)
+        if any(self.audit.on_device(t) for t in tree_flatten((args, kwargs))[0]):
+            self.audit.mark(out)
+        return out
+
+
+class DeviceAudit(TorchDispatchMode):
+    """Host reads of would-be device tensors, on real CPU tensors (see the module docstring).
+    `reads`: one line per read; `ops`: ops seen while on."""
+
+    def __init__(self):
+        super().__init__()
+        self._device: dict[int, weakref.ref] = {}  # id -> tensor (tensors compare by value, not identity)
+        self.reads: list[str] = []
+        self.ops = 0
+
+    def __enter__(self):
+        self._checks = _CpuOnlyChecks(self)
+        self._checks.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._checks.__exit__(*exc)
+
+    def mark(self, *tensors) -> None:
+        for t in tree_flatten(tensors)[0]:
+            if isinstance(t, torch.Tensor):
+                self._device[id(t)] = weakref.ref(t)
+
+    def mark_pack(self, pack, optimizer) -> None:
+        """The pack's parameters and buffers, and the optimiser's state: moments always, `step` where
+        the optimiser keeps it with the parameters (fused or capturable; foreach keeps it on the host)."""
+        module = pack.module
+        self.mark(list(pack.params.values()), list(pack.buffers.values()),
+                  [] if module is None else [*module.parameters(), *module.buffers()])
+        for group in optimizer.param_groups:
+            on_device = group.get("fused") or group.get("capturable")
+            for p in group["params"]:
+                self.mark([v for key, v in optimizer.state.get(p, {}).items() if key != "step" or on_device])
+
+    def on_device(self, t) -> bool:
+        ref = self._device.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return ref is not None and ref() is t
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops += 1
+        device = any(self.on_device(t) for t in tree_flatten((args, kwargs))[0])
+        if device and (func is aten._local_scalar_dense.default or func in _DATA_DEPENDENT):
+            self.reads.append(f"{func} of {tuple(args[0].shape)}")
+        if device and func is aten.index.Tensor and any(
+                i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
+            self.reads.append(f"{func} with a boolean mask")
+        out = func(*args, **kwargs)
+        # A factory is a device tensor unless it draws from a generator: the step's host draws (CutMix,
+        # RPT) use CPU generators. (The dispatcher fills in `device` whether the caller passed it or not.)
+        made = not any(isinstance(t, torch.Tensor) for t in tree_flatten(args)[0]) and \
+            kwargs.get("device") is not None and kwargs.get("generator") is None
+        if device or made:
+            self.mark(out)
+        return out
 
 
 # -- the device half of the training step, on fake CUDA ------------------------------------------
@@ -213,7 +313,15 @@ def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img
         pack_epoch(sources, [c.seed for c in cfgs], epoch=1, batch_size=batch, chunk_images=chunk_images)
     warmup_steps = warmup_chunks * max(1, chunk_images // batch)
     counted = 0
-    logits_dtype = None
+    dtypes = []
+    forward = pack.forward
+
+    def recording(*args, **kwargs):  # the logits' dtype only: keeping them would keep their graphs
+        logits = forward(*args, **kwargs)
+        dtypes.append(logits.dtype)
+        return logits
+
+    pack.forward = recording
     for step, batches in enumerate(steps):
         if step == warmup_steps:
             counter.reset()
@@ -221,7 +329,8 @@ def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img
                                       mix_gens=mix_gens, perm_gens=perm_gens, use_amp=True)
         assert losses.shape == (len(cfgs),) and losses.device.type == "cuda" and correct.shape == (len(cfgs),)
         counted += step >= warmup_steps
-    result = {"steps": counted, "step_ops": counter.ops / max(counted, 1),
+    pack.forward = forward
+    result = {"steps": counted, "step_ops": counter.ops / max(counted, 1), "logits_dtypes": set(dtypes),
               "step_copies": counter.blocking_copies, "step_reads": counter.device_reads,
               "events": list(counter.events)}
     # Evaluation: its reads must not grow with the number of batches (one read of the sums at the end).

@@ -95,7 +95,8 @@ def test_each_part_of_a_loaded_checkpoint_moves_where_it_belongs_on_cuda(trained
         slots = list(optimizer.state.values())
         assert slots and all(s["exp_avg"].device.type == "cuda" and s["exp_avg_sq"].device.type == "cuda"
                              for s in slots)
-        assert all(s["step"].device.type == "cpu" for s in slots)  # Adam keeps `step` on the CPU (not fused)
+        # fused AdamW keeps `step` with the parameters (foreach would keep it on the CPU)
+        assert all(s["step"].device.type == "cuda" for s in slots) and optimizer.param_groups[0]["fused"]
         assert all(p.device.type == "cuda" for p in pack.parameters())
     rng = torch.get_rng_state()
     assert rng.dtype == torch.uint8 and rng.device.type == "cpu" and torch.equal(rng, states[0]["torch_rng"])
@@ -121,18 +122,30 @@ def test_saved_checkpoints_and_snapshots_hold_cpu_tensors_only(trained, tmp_path
     assert devices == {"cpu"}, devices
 
 
-def test_the_cuda_rng_state_is_saved_and_restored_when_cuda_is_in_use(monkeypatch):
-    generators = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
-    restored = []
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [g.clone() for g in generators])
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
-    state = checkpoints.rng_state(CUDA)
-    assert [s.tolist() for s in state["cuda_rng"]] == [[1, 2], [3, 4]]
+def test_the_rng_state_of_the_device_in_use_restores_in_a_process_that_sees_one_device(monkeypatch):
+    """Saved on a two-GPU machine by a run on cuda:1; resumed where one GPU is visible (a Ray worker):
+    only the state of the device in use travels, and it lands on the device the resumed run uses."""
+    generators = {0: torch.tensor([1, 2], dtype=torch.uint8), 1: torch.tensor([3, 4], dtype=torch.uint8)}
+
+    def index(device):
+        return torch.device(device).index or 0
+
+    def set_state(state, device="cuda"):
+        if index(device) >= len(generators):
+            raise IndexError(f"device {index(device)} of {len(generators)}")
+        generators[index(device)] = state.clone()
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": generators[index(device)].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    state = checkpoints.rng_state(torch.device("cuda", 1))
+    assert state["cuda_rng"].tolist() == [3, 4]
     assert "cuda_rng" not in checkpoints.rng_state(torch.device("cpu"))
+    del generators[1]  # the resuming process sees one device
+    generators[0] = torch.tensor([0, 0], dtype=torch.uint8)
     checkpoints.restore_rng(state, CUDA)
-    assert [[s.tolist() for s in r] for r in restored] == [[[1, 2], [3, 4]]]
-    checkpoints.restore_rng(state, torch.device("cpu"))  # a GPU checkpoint resumed on a CPU machine
-    assert len(restored) == 1
+    assert list(generators) == [0] and generators[0].tolist() == [3, 4]
+    checkpoints.restore_rng({**state, "cuda_rng": torch.tensor([9, 9], dtype=torch.uint8)}, torch.device("cpu"))
+    assert generators[0].tolist() == [3, 4]  # a GPU checkpoint resumed on a CPU machine leaves the GPU alone
 
 
 def test_snapshot_names_and_the_train_storage_of_earlier_versions():

@@ -1,9 +1,11 @@
 """bench/gpu_suite.py's CPU mode: every section of the code the H200 runs, at a tiny size; one
-section's failure loses no other section's numbers."""
+section's failure, or one packing row's, loses no other numbers; the suite fits its GPU slot."""
 
+import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,7 +14,13 @@ SECTIONS = ["packing", "probe", "separate", "augment", "decode", "step", "determ
 
 def test_gpu_suite_runs_every_section_in_tiny_cpu_mode_without_ray_or_mlflow(tmp_path):
     kept = tmp_path / "measured" / "gpu_suite.json"
-    probe = ("import sys, runpy; sys.argv = ['gpu_suite', '--tiny', '--section-s', '0.05', '--fail-section', "
+    # One packing row fails (crop+flip at K = 2: building its pack raises), injected from here.
+    probe = ("import sys, runpy; from trainables import packed; init = packed.PackedViT.__init__\n"
+             "def failing(self, configs, *a, **kw):\n"
+             "    if len(configs) == 2 and not configs[0].cutmix: raise RuntimeError('injected row failure')\n"
+             "    init(self, configs, *a, **kw)\n"
+             "packed.PackedViT.__init__ = failing\n"
+             "sys.argv = ['gpu_suite', '--tiny', '--section-s', '0.05', '--fail-section', "
              f"'augment', '--keep', {str(kept)!r}]; runpy.run_path('bench/gpu_suite.py', run_name='__main__'); "
              "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'pandas', 'pyarrow')); "
              "assert not bad, bad")
@@ -29,11 +37,13 @@ def test_gpu_suite_runs_every_section_in_tiny_cpu_mode_without_ray_or_mlflow(tmp
     # The injected failure is recorded as a failure; every other section still has its numbers.
     assert result["failed"] == ["augment"] and "injected" in sections["augment"]["error"]
     packing = sections["packing"]
-    for group in ("crop+flip", "autoaugment+cutmix"):  # through the real input path, per protocol group
-        for k in (1, 2):
-            row = packing[f"{group} K={k}"]
-            assert row["images_per_s"] > 0 and row["train_images_per_s"] > 0 and row["eval_images_per_s"] > 0
-    assert result["packing"]["tiny"]["K=1"]["images_per_s"] > 0  # the rows --dry-run estimates from
+    assert "packing" not in result["failed"] and packing["failed rows"] == ["crop+flip K=2"]
+    assert "injected row failure" in packing["crop+flip K=2"]["error"]
+    for group, k in (("crop+flip", 1), ("autoaugment+cutmix", 1), ("autoaugment+cutmix", 2)):  # the others
+        row = packing[f"{group} K={k}"]  # through the real input path, per protocol group
+        assert row["images_per_s"] > 0 and row["train_images_per_s"] > 0 and row["eval_images_per_s"] > 0
+    # The rows --dry-run estimates from: K = 1 (both groups measured); K = 2 has no slower group to take.
+    assert list(result["packing"]["tiny"]) == ["K=1"] and result["packing"]["tiny"]["K=1"]["images_per_s"] > 0
     probe = sections["probe"]
     assert probe["K=1"]["attention"].startswith("fused") and probe["K=2"]["attention"] == "explicit softmax"
     assert probe["K=2"]["attention_selected"] == "explicit" and probe["K=1"]["logits_dtype"] == "float32"
@@ -53,3 +63,32 @@ def test_a_tiny_table_is_never_kept_as_the_measured_one(tmp_path):
                                                        "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 2 and "no GPU measurement" in done.stderr
     assert not (tmp_path / "gpu_suite.json").exists()
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "bench" / "gpu_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_section_estimates_fit_below_the_default_deadline():
+    suite = _suite()
+    assert [name for name, _, _ in suite.SECTIONS] == SECTIONS
+    assert sum(estimate for _, _, estimate in suite.SECTIONS) < suite.DEADLINE_S <= 330
+
+
+def test_a_silent_child_ends_the_barrier_at_its_deadline():
+    suite = _suite()
+    talk = "print('READY', flush=True)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for code in (talk + "; import time; time.sleep(60)", "import time; time.sleep(60)", "pass")]
+    try:
+        start = time.monotonic()
+        found = suite.wait_for_lines(procs, "READY", time.monotonic() + 3)
+        assert time.monotonic() - start < 10  # the silent child did not hold the barrier past its deadline
+        assert found == ["READY\n", "", ""]  # ready; silent; exited without a word
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

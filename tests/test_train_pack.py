@@ -187,21 +187,27 @@ def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, t
     assert [finals[k]["epochs_completed"] for k in (0, 2)] == [2, 2] and finals[0]["error"] is None
 
 
-def test_compile_wraps_the_ddp_module_and_a_pack_refuses_it(monkeypatch, tmp_path):
+def test_compile_wraps_the_ddp_module_and_compiles_a_packs_vmapped_forward(monkeypatch, tmp_path):
     """Compiling the bare module after wrapping it in DDP replaced the DDP wrap: no gradient
-    all-reduce, each rank trained on its own. compile on a pack was silently dropped."""
+    all-reduce, each rank trained on its own. A pack compiles its vmapped forward (no CUDA graphs:
+    its inputs are the stacked leaves); the compile is CUDA-only and can be taken down again."""
+    from trainables.compiled import wrap_forward
     from trainables.packed import PackedViT
 
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids=None: ("ddp", m))
-    monkeypatch.setattr(torch, "compile", lambda m, mode=None: ("compiled", m))
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None, backend=None: ("compiled", mode, m))
     cfg = member(0, compile=True)
     pack = PackedViT([cfg], "cpu")
-    loop.wrap_forward(pack, cfg, torch.device("cuda"), world=2)
-    assert pack.forward_module == ("compiled", ("ddp", pack.module))
-    loop.wrap_forward(pack, cfg, torch.device("cpu"), world=2)  # compiling on the CPU measured slower: off
-    assert pack.forward_module == ("ddp", pack.module)
-    with pytest.raises(ValueError, match=r"compile=True trains the plain module; a pack of 2"):
-        train_pack([cfg, member(1, compile=True)], [tmp_path / "a", tmp_path / "b"], **QUIET)
-    from sweeps.packs import form_packs
-
-    assert [len(p.members) for p in form_packs([cfg, member(1, compile=True)], 8)] == [1, 1]  # the launcher
+    wrap_forward(pack, cfg, torch.device("cuda"), world=2)
+    marked = pack.forward_module  # CUDA graphs: every call marks a new step first
+    assert marked.__closure__[0].cell_contents == ("compiled", "reduce-overhead", ("ddp", pack.module))
+    pack = PackedViT([cfg], "cpu")
+    wrap_forward(pack, cfg, torch.device("cpu"), world=2)  # compiling on the CPU measured slower: off
+    assert pack.forward_module == ("ddp", pack.module) and not pack.fast_paths.unproven
+    pack = PackedViT([cfg, member(1, compile=True)], "cpu")
+    eager = pack.forward_stacked
+    wrap_forward(pack, cfg, torch.device("cuda"), world=1)
+    assert pack.forward_stacked == ("compiled", None, eager)
+    [(name, fallback, take_down)] = pack.fast_paths.unproven
+    take_down()
+    assert pack.forward_stacked == eager and "torch.compile" in name and fallback == "the eager forward"

@@ -194,22 +194,23 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
 
 # -- random state --------------------------------------------------------------------------------------
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """The process's random state: torch's CPU generator, Python's, and on CUDA every device's
-    generator (dropout masks and other device draws), all as CPU ByteTensors / plain data."""
+    """The process's random state: torch's CPU generator, Python's, and on CUDA the generator of the
+    device in use (dropout masks and other device draws), all as CPU ByteTensors / plain data. Only
+    that device's: a run resumes on a machine that sees any number of GPUs (a Ray worker sees one)."""
     state: dict[str, Any] = {"torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
     if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
     return state
 
 
 def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     """Undo `rng_state` from a loaded checkpoint. The states must be CPU ByteTensors, which
-    `load` guarantees; a CUDA state is restored only when this run uses CUDA (a checkpoint moves
-    between a GPU and a CPU machine)."""
+    `load` guarantees; the saved CUDA state goes to the device this run uses, whichever it was
+    saved from, and only when this run uses CUDA (a checkpoint moves between a GPU and a CPU machine)."""
     torch.set_rng_state(state["torch_rng"])
     random.setstate(_as_python_state(state["python_rng"]))
-    if device.type == "cuda" and state.get("cuda_rng"):
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if device.type == "cuda" and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
 def _as_python_state(value: Any) -> tuple:

@@ -23,7 +23,8 @@ every run-config field except `PACK_FREE_FIELDS`.
 Care under vmap:
   * attention: fused `scaled_dot_product_attention` where the device's fused kernels have a vmap
     batching rule (CUDA), the explicit softmax path where they have none (CPU: vmap would fall back
-    to a per-member loop), chosen in one place, `fused_attention_under_vmap`;
+    to a per-member loop), chosen in one place, `fused_attention_under_vmap`; a fused call that fails
+    on the first step falls back to the explicit path (`pack.fast_paths`, `trainables.fast_paths`);
   * precision: under autocast the Linear parameters enter the vmapped forward as bf16 copies
     (`_autocast_params`), so Linear outputs are bf16 as in the plain module;
   * RPT: members differ (no RPT, one permutation per batch (N,), one per image (B, N)), so every
@@ -40,7 +41,8 @@ applied to the stacked leaves would decay them.
 
 K = 1 is the plain module itself (`pack.module`; `pack.stacked` is False): fused attention, DDP and
 torch.compile through `pack.wrap`, and bit for bit the numbers of the unpacked loop; the same calls
-below only add the leading K = 1 axis. So one loop serves K = 1 (and DDP) and K > 1.
+below only add the leading K = 1 axis. So one loop serves K = 1 (and DDP) and K > 1. For K > 1
+`pack.wrap` wraps the vmapped forward (`torch.compile`, `trainables.compiled`).
 
 API for the training loop (the loop keeps per-member lists indexed like `pack.configs`):
 
@@ -73,6 +75,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from trainables.config import RunConfig
+from trainables.fast_paths import FastPaths
 from trainables.images import to_device
 from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key  # noqa: F401  (public here)
 from trainables.vit import ViT
@@ -91,18 +94,22 @@ def init_member(cfg: RunConfig) -> ViT:
 @contextlib.contextmanager
 def mixed_precision(device: torch.device, enabled: bool):
     """The step's and the evaluation's precision, in one place: bf16 autocast when `enabled`, and
-    on CUDA TF32 for whatever fp32 matmuls and convolutions remain (restored on exit)."""
+    on CUDA TF32 for whatever fp32 matmuls and convolutions remain (restored on exit), set through
+    the per-backend `fp32_precision` API (the `allow_tf32` flags are deprecated)."""
     device = torch.device(device)
     cuda = enabled and device.type == "cuda"
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if cuda else None
+    backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+    saved = [b.fp32_precision for b in backends] if cuda else None
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        for backend in backends:
+            backend.fp32_precision = "tf32"
     try:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled):
             yield
     finally:
         if saved is not None:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+            for backend, value in zip(backends, saved):
+                backend.fp32_precision = value
 
 
 def fused_attention_under_vmap(device: torch.device | str) -> bool:
@@ -126,7 +133,8 @@ class PackedViT:
     """K same-shaped ViTs (one per RunConfig) as stacked parameters; see the module docstring."""
 
     def __init__(
-        self, configs: Sequence[RunConfig], device: str | torch.device = "cpu", *, models: Sequence[ViT] | None = None
+        self, configs: Sequence[RunConfig], device: str | torch.device = "cpu", *, models: Sequence[ViT] | None = None,
+        log: Callable[[str], None] = print,
     ):
         if not configs:
             raise ValueError("a pack needs at least one member config")
@@ -143,6 +151,7 @@ class PackedViT:
             raise ValueError(f"a pack holds each trial once; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
         self.device = torch.device(device)
         self.configs = list(configs)
+        self.fast_paths = FastPaths(log)
         models = [init_member(c) for c in configs] if models is None else list(models)
         if len(models) != len(configs):
             raise ValueError(f"{len(models)} models for {len(configs)} member configs")
@@ -165,6 +174,11 @@ class PackedViT:
         self.template = copy.deepcopy(models[0])
         self.params, self.buffers = stack_module_state(models)  # {name: (K, *shape)}
         self.base = base
+        self.forward_stacked: Callable[..., torch.Tensor] = self._vmapped
+        self.explicit_attention = not fused_attention_under_vmap(self.device)
+        if not self.explicit_attention:
+            self.fast_paths.add("the fused attention under vmap", "the explicit softmax attention",
+                                lambda: setattr(self, "explicit_attention", True))
         # What autocast runs in low precision inside the plain module and vmap hides from it: Linear.
         self._low_precision = {f"{name}.{leaf}" for name, module in self.base.named_modules()
                                if isinstance(module, nn.Linear) for leaf, _ in module.named_parameters()}
@@ -194,12 +208,15 @@ class PackedViT:
         (self.base if self.stacked else self.module).train(mode)
         return self
 
-    def wrap(self, wrapper: Callable[[nn.Module], Callable[..., Any]]) -> None:
-        """K = 1 only: run the forward through `wrapper(module)` (DDP, torch.compile); checkpoints still
-        come from the unwrapped module."""
-        if self.stacked:
-            raise ValueError(f"a pack of K={self.k} runs the vmapped forward; DDP and compile wrap K = 1 only")
-        self.forward_module = wrapper(self.module)
+    def wrap(self, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+        """Run the forward through `wrapper(forward)`: K = 1 the module's (DDP, then torch.compile),
+        K > 1 the vmapped forward (`forward_stacked(params, buffers, images, perm, explicit)`:
+        torch.compile). Checkpoints still come from the unwrapped parameters. Returns what undoes
+        this wrap (a fast path's fallback)."""
+        name = "forward_stacked" if self.stacked else "forward_module"
+        before = getattr(self, name)
+        setattr(self, name, wrapper(before))
+        return lambda: setattr(self, name, before)
 
     def eval(self) -> PackedViT:
         return self.train(False)
@@ -231,15 +248,19 @@ class PackedViT:
             else:
                 perm = torch.stack([_full_perm(p, batch, self._n_patches, images.device) for p in perm])
 
-        explicit = not fused_attention_under_vmap(images.device)
+        return self.forward_stacked(self._autocast_params(images.device), self.buffers, images, perm,
+                                    self.explicit_attention)
 
+    def _vmapped(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], images: torch.Tensor,
+                 perm: torch.Tensor | None, explicit: bool) -> torch.Tensor:
+        """The members' forward: stacked params and buffers (K, ...), images (K, B, 3, S, S) or shared
+        (B, 3, S, S), perm (K, B, N) or None -> logits (K, B, C). What `wrap` compiles: one graph."""
         def member(params, buffers, x, p):
             out = functional_call(self.base, (params, buffers), (x,), {"perm": p, "explicit_attention": explicit})
             return out.logits
 
-        in_dims = (0, 0, None if shared else 0, None if perm is None else 0)
-        return vmap(member, in_dims=in_dims, randomness="error")(self._autocast_params(images.device), self.buffers,
-                                                                 images, perm)
+        in_dims = (0, 0, None if images.ndim == 4 else 0, None if perm is None else 0)
+        return vmap(member, in_dims=in_dims, randomness="error")(params, buffers, images, perm)
 
     def _autocast_params(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The stacked parameters as the forward should see them. Under autocast the plain module's
@@ -337,9 +358,15 @@ class PackedViT:
         for group, saved in zip(optimizer.param_groups, state["param_groups"]):
             # lr (set by the scheduler), initial_lr, betas...: one schedule for the whole pack.
             group.update({key: value for key, value in saved.items() if key != "params"})
+        group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         for i, slot in state["state"].items():
             p = params[int(i)]
             mine = optimizer.state[p]
+            # `step` where Optimizer.load_state_dict puts it: the parameter's device for a fused (or
+            # capturable) optimiser, whose kernels read it there; else the host, where foreach reads it.
+            on_device = group_of[id(p)].get("fused") or group_of[id(p)].get("capturable")
+            slot = {key: value.to(p.device, torch.float32) if key == "step" and on_device and torch.is_tensor(value)
+                    else value for key, value in slot.items()}
             for key, value in slot.items():
                 if torch.is_tensor(value) and tuple(value.shape) == tuple(p.shape[1:]):
                     if key not in mine:

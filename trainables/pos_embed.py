@@ -86,9 +86,21 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     """Rotate each channel pair (a, b) of q or k by its angle phi: (a cos phi - b sin phi, b cos phi + a sin phi).
 
     x: (B, H, T, hd); cos, sin: (T, hd) or (H, T, hd), the angle repeated on both members of its pair.
-    Tables are float32; the result is cast back so bf16 q/k stay bf16 (as timm's `apply_rot_embed`).
+    Tables come in the step's dtype (`step_dtype`); the result is cast back so q/k keep their dtype
+    whatever the tables' (as timm's `apply_rot_embed`).
     """
     return (x * cos + rotate_pairs(x) * sin).to(x.dtype)
+
+
+def step_dtype(cos: torch.Tensor, sin: torch.Tensor) -> Rotation:
+    """Rotation tables in the dtype q and k have in the step: autocast's (bf16) when it is on for the
+    tables' device, else as they are (fp32). fp32 tables would promote bf16 q and k to fp32 in every
+    block and cast them back: two fp32 passes over q and k for no precision the bf16 result keeps."""
+    device = cos.device.type
+    if not torch.is_autocast_enabled(device):
+        return cos, sin
+    dtype = torch.get_autocast_dtype(device)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def pair_tables(angles: torch.Tensor) -> Rotation:
@@ -194,7 +206,7 @@ class Rope2d(PositionalEncoding):
 
     def rotations(self, pe_scale: float = 1.0) -> list[Rotation]:
         rotation = (self.cos, self.sin) if pe_scale == 1.0 else pair_tables(self.angles * pe_scale)
-        return [rotation] * self.depth
+        return [step_dtype(*rotation)] * self.depth
 
 
 class RopeMixed(PositionalEncoding):
@@ -233,7 +245,7 @@ class RopeMixed(PositionalEncoding):
         theta = nn.functional.pad(theta, (0, 0, 1, 0))  # (L, H, T, hd/2), CLS angle 0
         if pe_scale != 1.0:
             theta = theta * pe_scale
-        cos, sin = pair_tables(theta)  # (L, H, T, hd) each
+        cos, sin = step_dtype(*pair_tables(theta))  # (L, H, T, hd) each
         return list(zip(cos.unbind(0), sin.unbind(0)))
 
 

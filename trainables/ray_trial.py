@@ -10,7 +10,8 @@ Tune *function* trainable that launches a ``TorchTrainer`` and forwards its repo
     members not yet finished (their rows)         members still "running" (a retry skips closed ones)
     per member: MLflow run, row "running"         each member's stored checkpoint, if any; members
       (lifecycle.open_trials)                       grouped by its epoch, each group one pack
-    TorchTrainer(name=<pack id>).fit()            per epoch, per member -> epochs/<id>, MLflow metrics,
+    TorchTrainer(name=<pack id>).fit()            per epoch, per member -> epochs/<id>, MLflow metrics
+                                                    (background thread: trainables.epoch_records),
                                                     snapshots + checkpoint upload (background thread)
                                                   a member whose loss turns non-finite: closed failed
                                                     at once; the others go on
@@ -41,6 +42,7 @@ from typing import Any
 from records import files, tables, tracking
 from trainables import checkpoints, lifecycle
 from trainables.config import RunConfig
+from trainables.epoch_records import EpochRecords
 from trainables.lifecycle import LaunchSettings
 
 # Reported (instead of raised) by a worker whose data set is missing, or by a lone trial whose loss
@@ -181,6 +183,8 @@ class PackWorker:
         # upload is atomic, so a kill mid-upload leaves the previous checkpoint to resume from.
         self.uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitsweep-upload")
         self.in_flight: list[Future] = []
+        self.records = EpochRecords(settings.results, settings.study, settings.mlflow_uri, self.run_ids,
+                                    self.histories, self.logged)
         self.t0 = time.perf_counter()
 
     def restore(self) -> None:
@@ -214,6 +218,7 @@ class PackWorker:
                 self.settle()  # every member's last checkpoint is on storage before any is closed as finished
             except BaseException:
                 self.settle(quiet=True)
+                self.records.flush(quiet=True)
                 raise
             for cfg, final in zip(cfgs, finals):
                 self.close(cfg, final)
@@ -232,15 +237,9 @@ class PackWorker:
         keyed: dict[str, Any] = {"epoch": entries[0][1]["epoch"]}
         for trial_id, metrics, checkpoint_dir in entries:
             if self.rank == 0:
-                epoch = metrics["epoch"]
-                # An epoch trained again (a retry from an older checkpoint) replaces its row.
-                self.histories[trial_id] = [h for h in self.histories[trial_id] if h["epoch"] < epoch] + [metrics]
-                tables.write_epochs(self.settings.results, self.settings.study, trial_id, self.histories[trial_id])
-                if epoch not in self.logged[trial_id]:
-                    tracking.log_epoch_metrics(self.settings.mlflow_uri, self.run_ids[trial_id],
-                                               {k: v for k, v in metrics.items() if k != "epoch"}, epoch)
-                    self.logged[trial_id].add(epoch)
-                self.in_flight.append(self.uploads.submit(self.upload, trial_id, checkpoint_dir is not None, epoch))
+                self.records.add(trial_id, metrics)  # written in the background, in order
+                self.in_flight.append(self.uploads.submit(self.upload, trial_id, checkpoint_dir is not None,
+                                                          metrics["epoch"]))
             # A lone trial reports plain metric names (a scheduler such as ASHA reads them); a pack's
             # are keyed by member.
             keyed.update({k: v for k, v in metrics.items() if k != "epoch"} if self.solo else
@@ -273,6 +272,7 @@ class PackWorker:
         trial_id = cfg.trial_id
         if self.rank != 0 or trial_id in self.closed:
             return
+        self.records.flush()  # its epochs are recorded before its row says it ended (a failed write raises)
         self.closed.add(trial_id)
         error, run_id = final.get("error"), self.run_ids[trial_id]
         try:
@@ -299,6 +299,7 @@ class PackWorker:
 
     def cleanup(self) -> None:
         self.uploads.shutdown(wait=True)
+        self.records.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -9,8 +9,8 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   device; folder-backed ones are decoded by workers or on the GPU), then CutMix
   (soft targets; a share ``cutmix_prob`` of the batches), normalisation, RPT (a
   fresh patch permutation through the model's ``perm``), cross-entropy with
-  optional label smoothing; bf16 autocast on CUDA, no host sync per step, and
-  ``torch.compile`` with CUDA graphs when ``compile`` is set (CUDA, K = 1 only);
+  optional label smoothing; bf16 autocast on CUDA, no host sync per step, fused
+  AdamW, and ``torch.compile`` when ``compile`` is set (CUDA; ``trainables.compiled``);
 * per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
@@ -59,8 +59,10 @@ from records.vocab import did_not_learn
 from trainables import checkpoints
 from trainables.augment import augmentation
 from trainables.checkpoints import CorruptCheckpointError, load_model  # noqa: F401  (their old home)
+from trainables.compiled import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
+from trainables.fast_paths import is_out_of_memory
 from trainables.images import to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
 from trainables.packed import PackedViT, mixed_precision
@@ -103,7 +105,9 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
     (``ViT.no_weight_decay``), as in timm/DeiT. ``none``: every parameter decays, which
     with ``adam`` is the literal ``torch.optim.Adam(model.parameters(), weight_decay=wd)``
     of Study P's table. ``adam`` adds the decay to the gradient (coupled L2); ``adamw``
-    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``."""
+    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``.
+    Fused where torch has the kernel for the device (CUDA, CPU): a few launches per step instead of
+    foreach's ~50, and its step counters live on the device (foreach reads them on the host)."""
     skip = model.no_weight_decay() if cfg.decay_exempt == "timm" else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -111,9 +115,8 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
             exempt = cfg.decay_exempt == "timm" and (p.ndim <= 1 or name in skip)
             (no_decay if exempt else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr)
-    return torch.optim.Adam(groups, lr=cfg.lr)
+    fused = next(model.parameters()).device.type in ("cuda", "cpu")
+    return (torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam)(groups, lr=cfg.lr, fused=fused)
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -136,21 +139,36 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     CutMix (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives
     each member exactly its own gradient. Returns the losses (K,) and the counts of images whose
     soft-target argmax (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them
-    would sync the device."""
-    losses, correct = step_losses(pack, cfgs, batches, num_classes=num_classes, mean=mean, std=std,
-                                  mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
-    optimizer.zero_grad(set_to_none=True)
-    losses.sum().backward()
+    would sync the device. Until a step succeeds, a fast path that fails takes itself down
+    (`pack.fast_paths`) and the forward and backward run again on the same inputs (drawn once)."""
+    x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
+                                   perm_gens=perm_gens)
+
+    def forward_backward() -> tuple[torch.Tensor, torch.Tensor]:
+        losses, correct = member_losses(pack, x, target, perms, use_amp=use_amp)
+        optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        return losses.detach(), correct
+
+    losses, correct = pack.fast_paths.run(forward_backward)
     optimizer.step()
-    return losses.detach(), correct
+    return losses, correct
 
 
 def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
                 mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
                 use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The device half of `pack_step` up to the loss (what tests/fake_cuda.py runs on fake CUDA
-    tensors): per member CutMix, normalisation, RPT; the forward under `mixed_precision`; the
-    losses (K,) (differentiable) and the correct counts (K,). Nothing here reads a device value."""
+    tensors): `step_inputs`, then `member_losses`. Nothing here reads a device value."""
+    x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
+                                   perm_gens=perm_gens)
+    return member_losses(pack, x, target, perms, use_amp=use_amp)
+
+
+def step_inputs(cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
+                mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator]):
+    """Per member CutMix, normalisation and the RPT permutation (the step's host draws): images
+    (K, B, 3, S, S), soft targets (K, B, C), K permutations or None."""
     xs, targets, perms = [], [], []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
         images, target = mix_batch(cfg, images, labels, num_classes, mix_gen)
@@ -158,11 +176,15 @@ def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_clas
         targets.append(target)
         perms.append(to_device(random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
                                                   generator=perm_gen), images.device) if cfg.rpt else None)
-    # (K, B, C) and (K, B, 3, S, S); a pack of one takes a view, not a copy of its batch
+    # a pack of one takes a view, not a copy of its batch
     target = targets[0].unsqueeze(0) if len(targets) == 1 else torch.stack(targets)
     x = xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)
-    if x.is_cuda:  # a new step for CUDA graphs (a compiled forward); nothing when eager
-        torch.compiler.cudagraph_mark_step_begin()
+    return x, target, perms
+
+
+def member_losses(pack: PackedViT, x: torch.Tensor, target: torch.Tensor, perms, *,
+                  use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward under `mixed_precision`: the losses (K,) (differentiable) and the correct counts (K,)."""
     with mixed_precision(x.device, use_amp):
         logits = pack(x, perms)  # (K, B, C)
     losses = pack.losses(logits, target)  # (K,)
@@ -246,9 +268,6 @@ def train_pack(
     rank, world = _rank(), (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
     if world > 1 and len(cfgs) > 1:
         raise ValueError(f"a pack of {len(cfgs)} trials cannot run under DDP ({world} workers); DDP trials train alone")
-    if len(cfgs) > 1 and any(c.compile for c in cfgs):
-        raise ValueError(f"compile=True trains the plain module; a pack of {len(cfgs)} runs the vmapped forward, "
-                         "which is not compiled: train compiled trials alone (the launcher does)")
     random.seed(cfg.seed)
 
     # The holdout split is fixed per data set (seed 0) so every trial tunes on the same images.
@@ -265,7 +284,7 @@ def train_pack(
     batch_size = max(1, cfg.batch_size // world)
     inputs = input_record(data, train_split, cfg, device)  # the data set and device, for each member's run
 
-    pack = PackedViT(cfgs, device)  # each member initialised from its own seed (init_member)
+    pack = PackedViT(cfgs, device, log=log)  # each member initialised from its own seed (init_member)
     optimizer = pack.optimizer(build_optimizer, cfg)
     steps_per_epoch = base.steps(batch_size, num_replicas=world)
     if steps_per_epoch == 0:
@@ -397,41 +416,6 @@ def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfi
     final["epochs_completed"] = len(history)
     final["history"] = list(history)
     return final
-
-
-def wrap_forward(pack: PackedViT, cfg: RunConfig, device: torch.device, world: int) -> None:
-    """The forward of a pack of one, wrapped for DDP (``world`` > 1) and/or ``torch.compile`` (CUDA),
-    in that order: compile wraps the DDP module, so DDP's gradient all-reduce hooks stay in the
-    step (compiling the bare module under DDP would train each rank on its own). CUDA graphs (mode
-    "reduce-overhead") replay the whole step's kernels: batch shapes are fixed (partial batches
-    dropped). On CPU compiling measured slower, so it stays off there. A pack of several is never
-    compiled (train_pack refuses the combination before training)."""
-    wrappers = []
-    if world > 1:
-        wrappers.append(lambda m: torch.nn.parallel.DistributedDataParallel(
-            m, device_ids=[device.index] if device.type == "cuda" else None))
-    if cfg.compile and device.type == "cuda":
-        wrappers.append(lambda m: torch.compile(m, mode="reduce-overhead"))
-    if not wrappers:
-        return
-
-    def chain(module):
-        for wrapper in wrappers:
-            module = wrapper(module)
-        return module
-
-    pack.wrap(chain)
-
-
-# RuntimeErrors (not torch.cuda.OutOfMemoryError) by which cuBLAS, cuDNN and the caching allocator
-# say the device ran out of memory.
-_OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
-                 "cudnn_status_not_enough_workspace")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MESSAGES))
 
 
 def train_pack_fitting(
