@@ -282,7 +282,7 @@ def test_offline_cifar_fails_the_launch_before_any_trial(tmp_path, capsys, monke
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["analyze", "demo", "--eval-size", "0"], r"^error: --eval-size must be an integer >= 1, got 0$"),
+        (["analyze", "demo", "--eval-size", "-1"], r"^error: --eval-size must be an integer >= 0, got -1$"),
         (["analyze", "demo", "--mlflow-uri", "http://127.0.0.1:1"], r"^error: MLflow tracking server"),
         (["sweep", "demo", "--epochs", "0"], r"^error: --epochs must be an integer >= 1"),
     ],
