@@ -33,12 +33,12 @@ how far decay has moved the N(0, 1) table depends on the number of steps, not on
 
 Budgets: ``smoke`` (the default without CUDA) runs 4 steps of 8 images per arm and scores 64
 holdout images: it proves the script, it decides nothing. ``cpu`` (the run that decided Study P's
-default: README, "Protocol choices") trains Study P's model at Tiny-ImageNet's native 64 px with
+default: docs/studies.md, "Protocol choices") trains Study P's model at Tiny-ImageNet's native 64 px with
 16 px patches, 3 epochs of 8,000 images (batch 64, 375 steps), a fifth of the subset held out
 (2,000 images): ~36 min for the four arms on 2 idle cores (~44 img/s). ``gpu`` runs 20 epochs of the 9,500
 training images per arm (batch 128, 74 steps an epoch, 1,480 steps, 2 warm-up epochs, bf16
 autocast), about 190,000 images per arm: estimated (not yet measured) at ~3,000 img/s for ViT-S
-on one H200, about 5 minutes for the four arms. The measured decision table (README, "Protocol
+on one H200, about 5 minutes for the four arms. The measured decision table (docs/studies.md, "Protocol
 choices") came from arms a-c before study_p followed Study P's code (CLS N(0, 1), Linear default
 init, no final LayerNorm).
 """

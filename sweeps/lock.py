@@ -25,7 +25,8 @@ How the lock file is created, per storage:
   conditional put (S3 ``If-None-Match``, GCS ``ifGenerationMatch``), so the
   lease object is written unconditionally and read back: a second launch
   started later is refused, but two launches started within the same moment
-  can both pass. Documented limitation (README, "Security notes and limits");
+  can both pass. Documented limitation (docs/operations.md,
+  "Faults, security and storage");
   use a results folder on the head node or NFS for a strict lock.
 """
 
