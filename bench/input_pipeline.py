@@ -41,7 +41,8 @@ import torch
 from torch.utils.data import default_collate
 
 from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys
-from trainables.datasets import TensorImages, load_dataset
+from trainables.datasets import load_dataset
+from trainables.images import TensorImages
 from trainables.protocols import PROTOCOLS
 from trainables.reference import Augmented, SeededSampler, prepare_batch, train_transform
 from trainables.shapes import make_shapes
@@ -103,7 +104,8 @@ def time_batched(split, protocol_name: str, like: str, img_size: int, num_classe
 def time_model_step(img_size: int, num_classes: int, batch_size: int, steps: int) -> dict[str, float] | None:
     """CPU seconds per image of the Study L training step, or None when trainables.vit is missing."""
     try:
-        from trainables.vit import ViT, ViTConfig
+        from trainables.vit import ViT
+        from trainables.vit_config import ViTConfig
     except ImportError:
         return None
     cfg = ViTConfig.preset("study_l", img_size=img_size, patch_size=img_size // 8, num_classes=num_classes)

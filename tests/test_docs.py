@@ -21,7 +21,8 @@ from analysis.interventions import DEFAULT_LEVELS, INTERVENTIONS
 from records import schema
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import PROTOCOLS
-from trainables.vit import ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "studies.md"

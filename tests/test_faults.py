@@ -7,7 +7,7 @@ import torch
 
 from sweeps.faults import close_unfinished, report_storage_faults
 from trainables.config import RunConfig
-from trainables.train import CorruptCheckpointError, load_model
+from trainables.checkpoints import CorruptCheckpointError, load_model
 from trainables.vit import ViT
 
 

@@ -7,8 +7,9 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader
 
-from trainables.datasets import TensorImages
-from trainables.protocols import LABEL_SMOOTHING, PROTOCOLS, Protocol, cutmix_batch, normalize, soft_targets
+from trainables.images import TensorImages
+from trainables.protocol_spec import LABEL_SMOOTHING, Protocol
+from trainables.protocols import PROTOCOLS, cutmix_batch, normalize, soft_targets
 from trainables.reference import Augmented, SeededSampler, eval_transform, prepare_batch, train_transform
 from trainables.shapes import make_shapes
 

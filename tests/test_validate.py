@@ -37,7 +37,7 @@ BAD_SETS = {
 def test_the_field_table_matches_the_run_config():
     from trainables import config
     from trainables.pos_embed import APE_INITS
-    from trainables.vit import ViTConfig
+    from trainables.vit_config import ViTConfig
 
     flat = config.RunConfig().to_flat()
     assert set(validate.FIELDS) == set(flat)

@@ -46,8 +46,10 @@ import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
-from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
-from trainables.protocols import COLOR_JITTER, Protocol, augmentation_for
+from trainables.data_roots import LARGE_IMAGE_SIZE
+from trainables.images import device_constant, to_device
+from trainables.protocol_spec import Protocol
+from trainables.protocols import COLOR_JITTER, augmentation_for
 
 CHUNK_IMAGES = 1024  # images per `apply` call in the training loop: per-call costs dominate below ~1,000
 RESIZED_CROP_SCALE = (0.08, 1.0)  # torchvision's RandomResizedCrop defaults (ImageNet practice)

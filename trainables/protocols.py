@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 
 from records import vocab
-from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
-from trainables.protocol_spec import LABEL_SMOOTHING, Protocol  # noqa: F401  (public here)
+from trainables.data_roots import LARGE_IMAGE_SIZE
+from trainables.images import device_constant, to_device
+from trainables.protocol_spec import Protocol
 
 CUTMIX_BETA = 1.0
 COLOR_JITTER = 0.4  # brightness, contrast and saturation: Study L's AutoAugment stand-in on Tiny-ImageNet
