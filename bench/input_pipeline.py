@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -40,12 +41,14 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys
-from trainables.datasets import load_dataset
-from trainables.images import TensorImages
-from trainables.protocols import PROTOCOLS
-from trainables.reference import Augmented, SeededSampler, prepare_batch, train_transform
-from trainables.shapes import make_shapes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-image reference lives there
+from reference import Augmented, SeededSampler, prepare_batch, train_transform  # noqa: E402
+
+from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys  # noqa: E402
+from trainables.datasets import load_dataset  # noqa: E402
+from trainables.images import TensorImages  # noqa: E402
+from trainables.protocols import PROTOCOLS  # noqa: E402
+from trainables.shapes import make_shapes  # noqa: E402
 
 PROTOCOL_NAMES = [n for n in PROTOCOLS if n != "modern"]
 

@@ -6,7 +6,7 @@
     out = apply(spec, images, params)                          # uint8 (n, 3, S, S) on any device -> same
 
 Every random choice is made per image from its own key, as torchvision makes
-it for one image (`reference.TrainTransform`, kept as the per-image
+it for one image (`TrainTransform` of tests/reference.py, the per-image
 reference for tests and benchmarks): pad-and-crop offsets and the flip;
 AutoAugment's sub-policy, each op's apply flag and sign; ColorJitter's three
 factors and their order. A key depends only on (seed, epoch, image index),
@@ -88,7 +88,7 @@ class Augmentation:
 
 
 def augmentation(protocol: Protocol | str, dataset_name: str, img_size: int, crop_padding: int = 0) -> Augmentation:
-    """The batched counterpart of `reference.train_transform(protocol, dataset_name, img_size)`;
+    """The batched counterpart of `train_transform(protocol, dataset_name, img_size)` of tests/reference.py;
     crop_padding: the run config's (0: img_size // 8)."""
     protocol = Protocol.from_name(protocol) if isinstance(protocol, str) else protocol
     strong = augmentation_for(dataset_name, img_size) if protocol.autoaugment else None

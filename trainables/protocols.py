@@ -28,7 +28,7 @@ Data path (uint8 until the model; B batch, C classes, S image side):
 
 The augmentation itself is trainables/augment.py (drawn per image on the
 host, applied batched on the device); the per-image torchvision pipeline it is
-checked against is trainables/reference.py, which training does not use.
+checked against is tests/reference.py, which training does not use.
 
 Seeding. Every (seed, epoch, index) has its own 63-bit key (`item_seed`), so
 an image's augmentation is the same whatever the number of workers and after
