@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.labels import canonical_protocol, model_label
+from analysis.labels import model_label
 from analysis.paper_numbers import (
     PAPER_L_ACC_GAIN,
     PAPER_L_CUTMIX_MAX,
@@ -22,7 +22,7 @@ from analysis.paper_numbers import (
     PAPER_P_MODELS,
 )
 from analysis.seedstats import ALPHA, Comparison, compare, one_sample
-from records.vocab import DATASET_SIZES
+from records.vocab import DATASET_SIZES, canonical_protocol
 
 if TYPE_CHECKING:
     from analysis.claims import Claim

@@ -37,8 +37,9 @@ from analysis.claim_tests import (
     precondition,
     verdict,
 )
-from analysis.labels import METRIC_LABELS, MODERN, SWITCHES, group_label
+from analysis.labels import METRIC_LABELS, group_label
 from analysis.seedstats import holm
+from records.vocab import MODERN, SWITCHES
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData

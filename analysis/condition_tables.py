@@ -15,15 +15,14 @@ from analysis.labels import (
     FACTORS,
     METRIC_LABELS,
     SWITCH_LABELS,
-    SWITCHES,
     model_key,
     model_label,
     protocol_key,
     protocol_label,
-    protocol_switches,
 )
 from analysis.paper_numbers import PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN, condition_numbers
 from analysis.seedstats import INTERVAL, mean_ci, mean_std, seed_summary
+from records.vocab import SWITCHES, protocol_switches
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.labels import FACTORS, SWITCHES, canonical_protocol, model_label, protocol_label, protocol_switches
-from records.vocab import EXECUTION_FIELDS, did_not_learn
+from analysis.labels import FACTORS, model_label, protocol_label
+from records.vocab import EXECUTION_FIELDS, SWITCHES, canonical_protocol, did_not_learn, protocol_switches
 from records.schema import TRIAL_FIELDS
 
 TRIAL_KEYS = ("trial_id", *FACTORS, "seed", "model", *SWITCHES)

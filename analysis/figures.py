@@ -33,7 +33,7 @@ from analysis.figures_p import (
     ssdc_clean,
     ssdc_rpi,
 )
-from analysis.plotting import NoData, Plot, display_px, render_pdf, render_png, render_svg  # noqa: F401 - entry points
+from analysis.plotting import Plot
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData

@@ -8,9 +8,7 @@ switches and their parsing) and the PE order are ``records.vocab``'s.
 
 from __future__ import annotations
 
-# The protocol vocabulary (switches and parsing) is records.vocab's; imported here for the modules that
-# read their words from labels.
-from records.vocab import MODERN, PES, SWITCHES, canonical_protocol, protocol_switches  # noqa: F401
+from records.vocab import MODERN, PES, SWITCHES, canonical_protocol
 
 
 FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` makes it a trial

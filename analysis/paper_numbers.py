@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.labels import MODERN, protocol_label
+from analysis.labels import protocol_label
+from records.vocab import MODERN
 
 # Study P, "Reported results (4 seeds, mean)": ImageNet-100 at 224 px; FS at JPEG q5 and blur k5 s2.5.
 PAPER_P_SETTING = "paper (224 px)"

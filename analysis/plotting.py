@@ -29,8 +29,9 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
-from analysis.labels import MODERN, canonical_protocol, model_key, model_label, protocol_label
+from analysis.labels import model_key, model_label, protocol_label
 from analysis.seedstats import INTERVAL, seed_summary
+from records.vocab import MODERN, canonical_protocol
 
 FONT = 10  # axis labels and panel titles
 SMALL = 9  # legends and tick labels: the floor for a printed figure
@@ -114,10 +115,6 @@ def colour(pe: str = "ape", rpt: bool = False, protocol: str = "baseline") -> st
 
 def model_style(pe: str, rpt: bool, protocol: str = "baseline") -> dict:
     return {"color": colour(pe, rpt, protocol), "ls": "--" if rpt else "-", "marker": "s" if rpt else "o"}
-
-
-def protocol_colour(name: str, pe: str = "ape") -> str:
-    return colour(pe, False, name)
 
 
 # -- what a figure drew: the caption says that and no more --------------------------------------

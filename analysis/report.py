@@ -48,12 +48,12 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     out.mkdir(parents=True, exist_ok=True)
 
     body = {key: [] for key in page.SECTIONS}
-    from analysis import figures  # matplotlib: imported when figures are drawn, not for --help
+    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
 
     for section, title, draw in figures.FIGURES:
         try:
             plots = draw(data)
-        except figures.NoData as missing:
+        except plotting.NoData as missing:
             body[section].append(page.omitted(f"{title}: omitted ({missing})."))
             continue
         except Exception as err:  # noqa: BLE001 - one broken figure must not cost the whole report
@@ -62,13 +62,13 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
             continue
         for plot in plots:
             name = page.slug(plot.title)
-            png = figures.render_png(plot.figure)
+            png = plotting.render_png(plot.figure)
             (out / f"{name}.png").write_bytes(png)
-            (out / f"{name}.svg").write_bytes(figures.render_svg(plot.figure))
-            (out / f"{name}.pdf").write_bytes(figures.render_pdf(plot.figure))
+            (out / f"{name}.svg").write_bytes(plotting.render_svg(plot.figure))
+            (out / f"{name}.pdf").write_bytes(plotting.render_pdf(plot.figure))
             # Shown at a fixed scale (plotting.PX_PER_IN), so every figure's text renders at one size.
             body[section].append(page.figure_html(plot.title, plot.caption, name, png,
-                                                  figures.display_px(plot.figure)))
+                                                  plotting.display_px(plot.figure)))
     body["L"].extend(page.ablation_html(data))
     body["T"].insert(0, page.conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)

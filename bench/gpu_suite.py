@@ -70,9 +70,9 @@ from trainables.config import RunConfig
 from trainables.images import TensorImages
 from trainables.inputs import EvalSource, TrainSource, decode_on_device, pack_epoch
 from trainables.packed import PackedViT, fused_attention_under_vmap
-from trainables.protocols import Protocol
+from trainables.protocol_spec import Protocol
 from trainables.train import build_optimizer, epoch_seed, evaluate_pack, pack_step
-from trainables.vit import ViTConfig
+from trainables.vit_config import ViTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP_PATH = ROOT / "bench" / "measured" / "gpu_suite.json"

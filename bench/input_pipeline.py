@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -40,11 +41,14 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys
-from trainables.datasets import TensorImages, load_dataset
-from trainables.protocols import PROTOCOLS
-from trainables.reference import Augmented, SeededSampler, prepare_batch, train_transform
-from trainables.shapes import make_shapes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-image reference lives there
+from reference import Augmented, SeededSampler, prepare_batch, train_transform  # noqa: E402
+
+from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys  # noqa: E402
+from trainables.datasets import load_dataset  # noqa: E402
+from trainables.images import TensorImages  # noqa: E402
+from trainables.protocols import PROTOCOLS  # noqa: E402
+from trainables.shapes import make_shapes  # noqa: E402
 
 PROTOCOL_NAMES = [n for n in PROTOCOLS if n != "modern"]
 
@@ -103,7 +107,8 @@ def time_batched(split, protocol_name: str, like: str, img_size: int, num_classe
 def time_model_step(img_size: int, num_classes: int, batch_size: int, steps: int) -> dict[str, float] | None:
     """CPU seconds per image of the Study L training step, or None when trainables.vit is missing."""
     try:
-        from trainables.vit import ViT, ViTConfig
+        from trainables.vit import ViT
+        from trainables.vit_config import ViTConfig
     except ImportError:
         return None
     cfg = ViTConfig.preset("study_l", img_size=img_size, patch_size=img_size // 8, num_classes=num_classes)

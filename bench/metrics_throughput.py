@@ -31,7 +31,8 @@ import scipy.stats
 import torch
 
 from analysis import metrics
-from trainables.vit import ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import ViTConfig
 
 
 def model_outputs(num_images: int, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
-from trainables.vit import ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import ViTConfig
 
 
 def build_models(device: torch.device) -> dict[str, torch.nn.Module]:

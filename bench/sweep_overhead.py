@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sweeps import options  # noqa: E402
 from sweeps import run as launcher  # noqa: E402
 from trainables.train import train, train_pack  # noqa: E402
 
@@ -43,13 +44,13 @@ def main() -> None:
     args = parser.parse_args()
 
     p = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(p)
+    options.add_arguments(p)
     with tempfile.TemporaryDirectory() as tmp:
         sweep_args = p.parse_args(["demo", "--results", f"{tmp}/ray", "--max-concurrent", "1", *SETTINGS,
                                    "--seeds", str(args.seeds), "--pack", str(args.pack)])
-        configs = launcher.build_trials(sweep_args)
+        configs = options.build_trials(sweep_args)
         configs = configs[: args.trials] if args.trials else configs
-        packs = launcher.build_packs(sweep_args, configs)
+        packs = options.build_packs(sweep_args, configs)
 
         t0 = time.perf_counter()
         for pack in packs:

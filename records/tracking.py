@@ -26,7 +26,7 @@ open its training layout (``experiment_url``, ``run_url``).
 
 Stores, and the checks that run before any trial, are in ``records.stores``;
 the client and its retries in ``records.client``; provenance in
-``records.provenance``; a local MLflow server in ``records.server``.
+``records.provenance``.
 
 Use (launcher, then each trial)::
 

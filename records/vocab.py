@@ -14,7 +14,7 @@ same names, switches and rules from here, so no two copies can drift.
     results_location(path)                the results-path rule: a URI as it is, a local path made absolute
 
 The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
-`trainables.datasets.DATASETS`, `trainables.vit.PRESETS`) call `check_registry` at import: a key
+`trainables.datasets.DATASETS`, `trainables.vit_config.PRESETS`) call `check_registry` at import: a key
 one of them has and the vocabulary lacks (or the other way round, or another order) fails the import
 with a message naming the key. So a new PE is its subclass, its line in `POS_EMBEDS` and its name in
 `PES` below; a PE defined outside the product (a test, a notebook) by

@@ -20,6 +20,7 @@ import textwrap
 
 from records import vocab
 from sweeps import STUDIES
+from sweeps import options
 from sweeps import run as launcher
 from sweeps.validate import OneLineParser
 
@@ -68,7 +69,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Run a study on Ray Tune + Ray Train.",
         epilog=f"example: {EXAMPLES['sweep']}",
     )
-    launcher.add_arguments(sweep)
+    options.add_arguments(sweep)
 
     analyze = sub.add_parser(
         "analyze",

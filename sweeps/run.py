@@ -36,8 +36,6 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
 from records import vocab
 from sweeps import faults, options, progress, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-from sweeps.faults import close_unfinished, report_storage_faults  # noqa: F401  (the launcher's epilogue)
-from sweeps.options import add_arguments, build_packs, build_trials  # noqa: F401  (the launcher's API)
 
 log = logging.getLogger("vitsweep")
 
@@ -246,7 +244,7 @@ def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
     packs = []
     if launch.spec.planned:  # packs form by resume epoch, so a resumed sweep re-forms them
         epochs = resume_epochs(settings.results, args.study, settings.storage, [c.trial_id for c in todo])
-        packs = build_packs(args, todo, epochs)
+        packs = options.build_packs(args, todo, epochs)
     members = {p.pack_id: p.trial_ids for p in packs}
     runs = [*members, *(c.trial_id for c in todo)]  # the Train runs this launch may continue
     for line in faults.set_aside_truncated_train_state(settings.storage, args.study, runs):
@@ -339,8 +337,8 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                           f"; {interrupts.reason}" if interrupts.received else "")
             reason = ("storage fault: " + watch.found[0]) if watch.found else interrupts.reason or \
                 "the launch ended before the trial finished (its driver was killed)"
-            unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
-                                        reason, tracking_down=watch.tracking_down)
+            unclosed = faults.close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id,
+                                               stopped, reason, tracking_down=watch.tracking_down)
             faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
             if launch.spec.planned:  # one training summary, after the epilogue: the trials table's counts
                 print(lines.summary() + stopped_by, flush=True)
@@ -430,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
         epilog="example: python sweeps/run.py demo --stage all   |   python sweeps/run.py study_l --dry-run",
     )
-    add_arguments(parser)
+    options.add_arguments(parser)
     return run(parser.parse_args(argv))
 
 
@@ -470,8 +468,8 @@ def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         return 2
 
     def prepare():
-        configs = build_trials(args)
-        build_packs(args, configs)
+        configs = options.build_trials(args)
+        options.build_packs(args, configs)
         mlflow_uri = resolve_tracking(args, results)
         if args.stage in ("train", "all"):
             check_data(configs)
@@ -510,7 +508,7 @@ def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report_storage_faults(fault.lines, fault.log_path, then)
+    faults.report_storage_faults(fault.lines, fault.log_path, then)
     return 1
 
 

@@ -97,11 +97,12 @@ def demo_results(ray_local, tmp_path_factory):
     The demo's evaluation cap is lowered to ``FAST_EVAL_SIZE`` for this run only (the launcher reads
     it from the study module, ``sweeps.demo.EVAL_SIZE``, as it reads any study's)."""
     from sweeps import demo
+    from sweeps import options
     from sweeps import run as launcher
 
     results = tmp_path_factory.mktemp("demo-results")
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args(["demo", "--stage", "all", "--results", str(results), *FAST_DEMO])
     with terminal(results / "console.txt", results / "console-err.txt"), pytest.MonkeyPatch.context() as patch:
         patch.setattr(demo, "EVAL_SIZE", FAST_EVAL_SIZE)

@@ -267,8 +267,8 @@ def member_configs(protocols, *, dataset: str = "cifar10", img_size: int = 32, b
                    rpt_per_image: bool = False, preset: str = "tiny", rpt: bool | None = None):
     """RunConfigs, one per protocol name (seeds 0, 1, ...); RPT on every other member (rpt=None) or all/none."""
     from trainables.config import RunConfig
-    from trainables.protocols import Protocol
-    from trainables.vit import ViTConfig
+    from trainables.protocol_spec import Protocol
+    from trainables.vit_config import ViTConfig
 
     model = ViTConfig.preset(preset, img_size=img_size, patch_size=img_size // 8, num_classes=10)
     cfgs = []

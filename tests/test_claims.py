@@ -16,6 +16,7 @@ from scipy import stats
 
 from analysis import claim_tests, claims, seedstats
 from analysis.study_data import StudyData
+from sweeps import options
 from sweeps import run as launcher
 
 PAIRS = 5
@@ -269,8 +270,8 @@ def test_a_claim_whose_precondition_is_not_met_is_untestable_at_this_scale():
 # -- seeds that can decide ------------------------------------------------------------------------
 def _planned(*argv) -> list:
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
-    return launcher.build_trials(parser.parse_args([*argv, "--dry-run"]))
+    options.add_arguments(parser)
+    return options.build_trials(parser.parse_args([*argv, "--dry-run"]))
 
 
 # Per metric, each condition's rank k: a trial's value is base + k * unit * (3 + z_seed), z standardised

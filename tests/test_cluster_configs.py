@@ -326,6 +326,8 @@ def test_the_slurm_script_starts_the_head_first_then_workers_then_a_sweep_that_p
     head's address, and the sweep it launches parses and plans (`--dry-run`) with a GPU per trial."""
     import argparse
 
+    from sweeps import options
+
     from sweeps import run as launcher
 
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
@@ -353,7 +355,7 @@ def test_the_slurm_script_starts_the_head_first_then_workers_then_a_sweep_that_p
     (sweep,) = [c for c in calls if c.startswith("vitsweep ")]
     argv = shlex.split(sweep)[1:]
     parser = argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args(argv[1:])
     assert (args.study, args.address, args.gpus_per_trial, args.stage) == ("study_l", "auto", 1.0, "all")
     assert args.mlflow_uri == "http://10.0.0.7:5000" and args.results == str(tmp_path / "shared" / "results")

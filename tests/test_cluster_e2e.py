@@ -43,8 +43,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import server
 
-from records import server, tracking
+from records import tracking
 from trainables import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,20 +19,10 @@ import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables import shapes
-from trainables.datasets import (
-    DATASETS,
-    IMAGENET100_WNIDS,
-    DataRootError,
-    ImageFiles,
-    TensorImages,
-    capped_subset,
-    check_root,
-    dataset_info,
-    holdout_split,
-    link_imagenet100,
-    load_dataset,
-    patch_size_for,
-)
+from trainables.data_roots import DataRootError, patch_size_for
+from trainables.datasets import DATASETS, capped_subset, check_root, dataset_info, holdout_split, load_dataset
+from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
+from trainables.images import ImageFiles, TensorImages
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec (not a dependency yet):
 # one warning per decoded file would make pytest record ~10^5 of them.

@@ -21,7 +21,8 @@ from analysis.interventions import DEFAULT_LEVELS, INTERVENTIONS
 from records import schema
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import PROTOCOLS
-from trainables.vit import ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "studies.md"
@@ -233,6 +234,7 @@ ASSUMED_RATES = {"device": "A10G", "packing": {
 
 def test_the_cluster_cost_table_is_what_the_estimate_gives_for_each_sweeps_packs():
     from sweeps import estimate
+    from sweeps import options
     from sweeps import run as launcher
     from sweeps.packs import Pack
 
@@ -250,10 +252,10 @@ def test_the_cluster_cost_table_is_what_the_estimate_gives_for_each_sweeps_packs
 
     for sweep, trials, packs, alone, packed, *_ in rows:
         parser = launcher.argparse.ArgumentParser()
-        launcher.add_arguments(parser)
+        options.add_arguments(parser)
         args = parser.parse_args([*sweep.strip("`").split(), "--gpus-per-trial", "1", "--dry-run"])
-        configs = launcher.build_trials(args)
-        planned = launcher.build_packs(args, configs)
+        configs = options.build_trials(args)
+        planned = options.build_packs(args, configs)
         assert (int(trials), int(packs)) == (len(configs), len(planned)), sweep
         lone = [Pack(pack_id=c.trial_id, members=(c,)) for c in configs]
         assert hours(estimate.estimate(configs, lone, ASSUMED_RATES)) == alone, sweep

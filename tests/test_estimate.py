@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from sweeps import estimate
+from sweeps import options
 from sweeps import run as launcher
 from sweeps.packs import Pack
 
 
 def _plan(*argv):
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args([*argv, "--dry-run"])
-    configs = launcher.build_trials(args)
-    return configs, launcher.build_packs(args, configs)
+    configs = options.build_trials(args)
+    return configs, options.build_packs(args, configs)
 
 
 def test_gpu_hours_from_the_measured_rate_of_each_pack_size():

@@ -14,9 +14,10 @@ from analysis import metrics
 from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset, pes_scaled_by
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
-from trainables.datasets import TensorImages
+from trainables.images import TensorImages
 from trainables.protocols import normalize
-from trainables.vit import ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import ViTConfig
 
 GRID = 8
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)

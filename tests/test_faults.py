@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from sweeps.faults import close_unfinished, report_storage_faults
 from trainables.config import RunConfig
-from trainables.train import CorruptCheckpointError, load_model
+from trainables.checkpoints import CorruptCheckpointError, load_model
 from trainables.vit import ViT
 
 
@@ -99,7 +100,6 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
     """The launcher's epilogue after a storage fault: rows it cannot write are reported,
     and every MLflow run still ends (FAILED), instead of a raw OSError leaving them RUNNING."""
     from records import stores, tables, tracking
-    from sweeps import run as launcher
 
     results = str(tmp_path / "results")
     uri = stores.default_tracking_uri(results)
@@ -109,7 +109,7 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
         tables.write_trial(results, "demo", {"lr": 1e-3}, {"trial_id": t, "study": "demo", "status": "running"})
     freezable(tmp_path / "results" / "demo" / "trials")
 
-    faults = launcher.close_unfinished(results, "demo", uri, experiment, stopped=set())
+    faults = close_unfinished(results, "demo", uri, experiment, stopped=set())
     assert [f.split(":")[0] for f in faults] == ["cannot write the trials row of a", "cannot write the trials row of b"]
     statuses = tracking.search_trial_runs(uri, "demo").set_index("trial_id")["status"].to_dict()
     assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
@@ -118,7 +118,7 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
     runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
     assert runs.loc["a", "tags.vitsweep.error"] == "the launch ended before the trial finished"
 
-    launcher.report_storage_faults(faults, "/x/launch.log")
+    report_storage_faults(faults, "/x/launch.log")
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "error" in x]  # (MLflow logs there too)
     assert line.startswith("error: storage fault: cannot write the trials row of a: ")
     assert "(and 1 more); details in /x/launch.log; fix the storage, then launch again with --resume" in line
@@ -129,7 +129,6 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
     its run; a trial whose row says finished has its run FINISHED even when the run was left RUNNING or
     an earlier epilogue called it an orphan; a continued run loses the stopped-early tag."""
     from records import stores, tables, tracking
-    from sweeps import run as launcher
 
     results = str(tmp_path / "results")
     uri = stores.default_tracking_uri(results)
@@ -145,8 +144,8 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
     tracking.end_trial_run(uri, runs["orphaned_done"], "FAILED")  # what the old epilogue did
     tracking.end_trial_run(uri, runs["broken"], "FAILED")
 
-    assert launcher.close_unfinished(results, "demo", uri, experiment, stopped={"asha"},
-                                     reason="storage fault: OSError: [Errno 28] No space left on device") == []
+    assert close_unfinished(results, "demo", uri, experiment, stopped={"asha"},
+                            reason="storage fault: OSError: [Errno 28] No space left on device") == []
     got = {r["trial_id"]: r for r in tables.read_table(results, "demo", "trials").to_pylist()}
     assert {t: r["status"] for t, r in got.items()} == {
         "done": "finished", "orphaned_done": "finished", "cut": "failed", "asha": "stopped", "broken": "failed"}
@@ -377,12 +376,11 @@ def test_a_tracking_server_that_stops_answering_stops_the_sweep_after_the_budget
 
 def test_with_the_tracking_server_gone_the_epilogue_closes_rows_and_leaves_mlflow_alone(tmp_path):
     from records import tables
-    from sweeps import run as launcher
 
     results = str(tmp_path / "results")
     tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
-    faults = launcher.close_unfinished(results, "demo", "http://127.0.0.1:9", "0", set(), "storage fault: gone",
-                                       tracking_down=True)  # port 9: a call would be refused, and retried
+    faults = close_unfinished(results, "demo", "http://127.0.0.1:9", "0", set(), "storage fault: gone",
+                              tracking_down=True)  # port 9: a call would be refused, and retried
     assert faults == ["the MLflow runs of the unfinished trials are left for the next launch to close "
                       "(the tracking server does not answer)"]
     row = tables.read_trial(results, "demo", "a")
@@ -480,13 +478,15 @@ def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, mo
 def test_an_unreachable_ray_address_is_refused_in_one_line_before_anything_is_planned(tmp_path, capsys):
     import socket
 
+    from sweeps import options
+
     from sweeps import run as launcher
 
     with socket.socket() as sock:  # a loopback port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args(["demo", "--address", f"127.0.0.1:{port}", "--gpus-per-trial", "0",
                               "--results", str(tmp_path / "results")])
     assert launcher.run(args) == 2

@@ -22,6 +22,7 @@ from test_report import LAYERS, N_IMAGES, write_study
 from analysis import figures, labels, page, seedstats
 from analysis import plotting as pl
 from analysis.study_data import StudyData
+from records import vocab
 
 PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
 MODELS = [("none", False), ("ape", False), ("ape", True)]
@@ -60,14 +61,14 @@ def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
     from trainables.protocols import PROTOCOLS as REGISTRY
 
     pes = {pe: pl.named_colour(pe) for pe in POS_EMBEDS}
-    protocols = {labels.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
+    protocols = {vocab.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
     assert set(POS_EMBEDS) <= set(pl.COLOURS) and set(protocols) <= set(pl.COLOURS)  # none falls to the default
     assert len(set(pes.values())) == len(pes)
     assert len(set(protocols.values())) == len(protocols)
     # PE and protocol series meet only at the reference condition (ape, baseline): one colour in both.
     assert set(pes.values()) & set(protocols.values()) == {pes["ape"]} == {protocols["baseline"]}
     assert pl.colour("ape", True) not in (pes["ape"], *pes.values(), *protocols.values())  # RPT: its own shade
-    assert pl.colour("ape", False, "modern") == protocols[labels.MODERN]
+    assert pl.colour("ape", False, "modern") == protocols[vocab.MODERN]
     # A name the map has not seen: the same default in another process (no salted hash()).
     here = pl.named_colour("my_new_pe")
     code = "from analysis import plotting; print(plotting.named_colour('my_new_pe'))"
@@ -125,8 +126,8 @@ def test_text_renders_at_one_size_whatever_the_panel_count(one_seed):
         fig = draw(data)[0].figure
         panels = [ax for ax in fig.axes if ax.get_visible()]
         panel_counts.add(len(panels))
-        asked = figures.display_px(fig)  # the <img> width the report gives it
-        with Image.open(io.BytesIO(figures.render_png(fig))) as png:
+        asked = pl.display_px(fig)  # the <img> width the report gives it
+        with Image.open(io.BytesIO(pl.render_png(fig))) as png:
             assert png.size[0] * pl.PX_PER_IN / pl.DPI == pytest.approx(asked, abs=1)
         shown = min(asked, pl.PAGE_IN * pl.PX_PER_IN)  # a wider one is shrunk to the page, text with it
         for ax in panels:
@@ -164,18 +165,16 @@ def _letters(ax) -> list[str]:
 def test_svg_text_is_editable_and_every_figure_has_a_pdf(one_seed):
     (plot,) = figures.ssdc_clean(one_seed)
     before = matplotlib.rcParams["svg.fonttype"]
-    svg = figures.render_svg(plot.figure).decode()
+    svg = pl.render_svg(plot.figure).decode()
     assert "<text" in svg and "layer l (input of block l)" in svg  # text, not glyph outlines
-    pdf = figures.render_pdf(plot.figure)
+    pdf = pl.render_pdf(plot.figure)
     assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf  # embedded TrueType: text stays text
     assert matplotlib.rcParams["svg.fonttype"] == before  # scoped to the rendering
-    assert figures.render_png(plot.figure).startswith(b"\x89PNG")  # back on the raster canvas
+    assert pl.render_png(plot.figure).startswith(b"\x89PNG")  # back on the raster canvas
 
 
 def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
     from trainables import datasets, shapes
-
-    from records import vocab
 
     sizes = {name: s.test_images for name, s in vocab.DATASET_SIZES.items() if s.test_images}
     for name, n in sizes.items():  # the vocabulary's sizes agree with the data sets' own descriptions

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 import torchvision.io
+from reference import SeededSampler
 
 from trainables.augment import Augmentation
 from trainables.images import ImageFiles, TensorImages, decode
 from trainables.inputs import EvalSource, TrainSource, decode_on_device, default_workers
-from trainables.reference import SeededSampler
 from trainables.shapes import make_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

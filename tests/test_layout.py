@@ -114,13 +114,34 @@ def test_the_closure_follows_lazy_and_from_package_imports():
     assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
 
 
-def test_no_product_module_uses_the_per_image_reference_pipeline():
-    # trainables/reference.py is what the batched path is checked against (tests, bench/), not a second
-    # training path: a product module that imported it would train two ways.
-    bad = [f"{path.relative_to(ROOT)}" for package in PACKAGES for path in _modules(package)
-           if path != ROOT / "trainables" / "reference.py" and "trainables.reference" in _project_imports(path)]
-    assert not bad, "only tests and bench/ import trainables.reference:\n" + "\n".join(bad)
-    assert "trainables.reference" in _project_imports(ROOT / "bench" / "input_pipeline.py")  # the walk sees it
+def test_no_product_module_re_exports_a_name():
+    """Each name has one home: a module imports only what it reads. An import kept for others to import
+    from it (a re-export, often marked ``noqa: F401``) gives a name a second home."""
+    bad = []
+    for package in PACKAGES:
+        for path in _modules(package):
+            source = path.read_text()
+            tree = ast.parse(source, filename=str(path))
+            read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.asname or alias.name} and never reads it"
+                    for node in ast.walk(tree)
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", "") != "__future__"
+                    for alias in node.names if (alias.asname or alias.name.split(".")[0]) not in read]
+            bad += [f"{path.relative_to(ROOT)}:{n}: noqa: F401" for n, line in enumerate(source.splitlines(), 1)
+                    if "noqa: F401" in line]
+    assert not bad, "re-exports (import the name from its home instead):\n" + "\n".join(bad)
+
+
+# What tests (and bench/) need but no launch runs: the per-image pipeline the batched augmentation is
+# checked against (in a product package it would be a second training path) and a local MLflow server.
+TEST_HELPERS = ("reference.py", "server.py")
+
+
+def test_test_helpers_live_with_the_tests():
+    bad = [str(path.relative_to(ROOT)) for package in PACKAGES for path in _modules(package)
+           if path.name in TEST_HELPERS]
+    assert not bad, "test helpers belong in tests/:\n" + "\n".join(bad)
+    assert all((ROOT / "tests" / name).is_file() for name in TEST_HELPERS)
 
 
 def test_no_analysis_module_hides_a_module_behind_another_name():

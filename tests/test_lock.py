@@ -13,6 +13,7 @@ import pytest
 
 from sweeps import cli
 from sweeps import lock as lock_module
+from sweeps import options
 from sweeps import run as launcher
 from sweeps.lock import LaunchLock, LaunchLockError, lock_uri
 
@@ -37,7 +38,7 @@ def test_second_launch_is_refused_naming_the_holder_then_a_dead_holder_is_taken_
     holder = _hold_in_subprocess(results)
     try:
         parser = launcher.argparse.ArgumentParser()
-        launcher.add_arguments(parser)
+        options.add_arguments(parser)
         assert launcher.run(parser.parse_args(["demo", "--results", str(results)])) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: another launch of study 'demo' into ") and len(err.strip().splitlines()) == 1

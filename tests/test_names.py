@@ -72,7 +72,8 @@ def test_a_data_set_size_that_disagrees_with_the_registry_fails_its_import():
 
 
 def test_protocol_names_parse_one_way_everywhere():
-    from trainables.protocols import PROTOCOLS, Protocol
+    from trainables.protocol_spec import Protocol
+    from trainables.protocols import PROTOCOLS
 
     for name in vocab.PROTOCOLS:
         switches = vocab.protocol_switches(name)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from trainables.config import RunConfig
-from trainables.packed import PACK_FREE_FIELDS, PackedViT, init_member, pack_blocker, pack_key
+from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
+from trainables.packed import PackedViT, init_member
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import cutmix_batch, soft_targets
 from trainables.checkpoints import SNAPSHOT_DIR, load

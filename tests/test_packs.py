@@ -5,19 +5,21 @@ from collections import Counter
 
 import pytest
 
+from sweeps import options
+
 from sweeps import run as launcher
 from sweeps.packs import form_packs, pack_of, pack_size
 
 
 def _args(*argv):
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     return parser.parse_args([*argv, "--dry-run"])
 
 
 def packs(*argv):
     args = _args(*argv)
-    return launcher.build_packs(args, launcher.build_trials(args))
+    return options.build_packs(args, options.build_trials(args))
 
 
 def sizes_by_dataset(found):
@@ -56,7 +58,7 @@ def test_pack_counts(argv, count):
 
 
 def test_trials_resuming_from_different_epochs_never_share_a_pack():
-    configs = launcher.build_trials(_args("study_l", "--seeds", "5", "--datasets", "cifar10"))
+    configs = options.build_trials(_args("study_l", "--seeds", "5", "--datasets", "cifar10"))
     assert len(form_packs(configs, 8)) == 2
     resumed = form_packs(configs, 8, resume_epochs={configs[0].trial_id: 3, configs[1].trial_id: 3})
     assert sorted(len(p.members) for p in resumed) == [2, 8]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
+from reference import Augmented, SeededSampler, eval_transform, prepare_batch, train_transform
 from torch.utils.data import DataLoader
 
-from trainables.datasets import TensorImages
-from trainables.protocols import LABEL_SMOOTHING, PROTOCOLS, Protocol, cutmix_batch, normalize, soft_targets
-from trainables.reference import Augmented, SeededSampler, eval_transform, prepare_batch, train_transform
+from trainables.images import TensorImages
+from trainables.protocol_spec import LABEL_SMOOTHING, Protocol
+from trainables.protocols import PROTOCOLS, cutmix_batch, normalize, soft_targets
 from trainables.shapes import make_shapes
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)

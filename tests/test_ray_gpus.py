@@ -18,9 +18,10 @@ PROBE = r"""
 import json, sys, ray
 ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, _temp_dir=sys.argv[2], log_to_driver=False)
 gpus = ray.cluster_resources().get("GPU")
+from sweeps import options
 from sweeps import run as launcher
 parser = launcher.argparse.ArgumentParser()
-launcher.add_arguments(parser)
+options.add_arguments(parser)
 rc = launcher.run(parser.parse_args(["demo", "--results", sys.argv[1], "--set", "epochs=1"]))
 print(json.dumps({"rc": rc, "gpus": gpus}))
 """

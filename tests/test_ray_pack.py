@@ -10,6 +10,7 @@ import pytest
 from test_ray_resume import ROOT, kill_ray_under
 
 from records import stores, tables, tracking
+from sweeps import options
 from sweeps import run as launcher
 from trainables import checkpoints
 
@@ -30,9 +31,9 @@ def launch(*argv, ray_tmp: str, env: dict | None = None, timeout: int = 600, rc:
 
 def planned_packs():
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args([*SWEEP, "--dry-run"])
-    return launcher.build_packs(args, launcher.build_trials(args))
+    return options.build_packs(args, options.build_trials(args))
 
 
 def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished_once(tmp_path):

@@ -169,11 +169,12 @@ def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path)
     assert len(runs) == 2 and set(runs["status"]) <= {"FINISHED"}
 
     # Another study's plan picks the file up (in-process: the dry run's JSON is tests/test_sweeps.py's).
+    from sweeps import options
     from sweeps import run as sweep_launcher
 
     parser = sweep_launcher.argparse.ArgumentParser()
-    sweep_launcher.add_arguments(parser)
-    configs = [c.to_flat() for c in sweep_launcher.build_trials(
+    options.add_arguments(parser)
+    configs = [c.to_flat() for c in options.build_trials(
         parser.parse_args(["study_l", "--dry-run", "--defaults-from", str(best)]))]
     assert all(c["lr"] == pytest.approx(doc["best_config"]["lr"]) for c in configs)
     assert all(c["weight_decay"] == pytest.approx(doc["best_config"]["weight_decay"]) for c in configs)

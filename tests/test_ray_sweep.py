@@ -104,10 +104,11 @@ def test_report_was_built(demo_results):
 
 def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):
     from analysis.job import analyze
+    from sweeps import options
     from sweeps import run as launcher
 
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     before = {p.name: p.stat().st_mtime_ns for p in (demo_results / "demo" / "trials").iterdir()}
     args = parser.parse_args(["demo", "--results", str(demo_results), *FAST_DEMO])
     assert launcher.run(args) == 0

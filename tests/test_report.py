@@ -23,14 +23,15 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from analysis import claims, labels, paper_numbers, seedstats
+from analysis import claims, paper_numbers, seedstats
 from analysis.figures import FIGURES
 from analysis.report import build_report, main
 from analysis.study_data import StudyData
+from records import vocab
 from records.tables import write_epochs, write_measurements, write_trial
 
 LAYERS, HEADS = 6, 4
-PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(labels.SWITCHES, r)]
+PROTOCOLS = ["+".join(c) or "baseline" for r in range(4) for c in itertools.combinations(vocab.SWITCHES, r)]
 P_MODELS = [("none", False), ("ape", False), ("sincos2d", False), ("rope2d", False), ("ape", True)]
 N_IMAGES = 2000
 FS_JPEG = {"none": 0.65, "ape": 0.44, "sincos2d": 0.44, "rope2d": 0.30, "ape+RPT": 0.63}
@@ -43,7 +44,7 @@ def _conditions(protocols, models):
 
 def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool) -> list[dict]:
     """Measurement rows of one checkpoint; progress in [0, 1] moves values from untrained to trained."""
-    sw = labels.protocol_switches(protocol)
+    sw = vocab.protocol_switches(protocol)
     rows = []
     for layer, head in itertools.product(range(LAYERS), range(HEADS)):
         mad = 0.30 + 0.03 * layer + 0.04 * rng.random()
@@ -95,7 +96,7 @@ def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS
     """Write a synthetic study with the real writer (records.tables); ``tables`` picks which to write."""
     for (pe, rpt, protocol), seed in itertools.product(_conditions(protocols, models), range(seeds)):
         rng = np.random.default_rng(zlib.crc32(f"{pe}{rpt}{protocol}{seed}".encode()))
-        sw = labels.protocol_switches(protocol)
+        sw = vocab.protocol_switches(protocol)
         trial_id = f"{dataset}-{pe}{'-rpt' if rpt else ''}-{protocol}-s{seed}"
         acc = 0.50 + 0.06 * sw["cutmix"] + 0.06 * sw["autoaugment"] + 0.01 * rng.standard_normal()
         config = {"dataset": dataset, "pe": pe, "rpt": rpt, **sw, "protocol": protocol, "seed": seed,
@@ -132,7 +133,7 @@ def write_collapsed_trial(results: str, study: str) -> str:
     """A sixth baseline ape seed that stayed at chance, flagged did_not_learn, with a degenerate minimum
     MAD far below every CutMix run: counted in a claim, it would break the CutMix separation."""
     trial_id = "cifar100-ape-baseline-s5-collapsed"
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **vocab.protocol_switches("baseline"),
               "protocol": "baseline", "seed": 5, "img_size": 32, "patch_size": 4, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": 10,
               "code_version": "abc1234"}
     write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
@@ -268,7 +269,7 @@ def test_missing_tables_give_notes_not_errors(tmp_path, tables):
 
 def test_rope_scale_rows_stay_off_the_pe_scaling_axes_and_claims():
     """RoPE angle scaling is position interpolation: its own figure, never Study P's PE scaling."""
-    from analysis import figures
+    from analysis import figures, plotting
 
     trials = pd.DataFrame({"trial_id": ["r0", "r1"], "dataset": "cifar10", "pe": "rope2d", "rpt": False,
                            "protocol": "baseline", "seed": [0, 1], "status": "finished", "test_acc": 0.5})
@@ -276,7 +277,7 @@ def test_rope_scale_rows_stay_off_the_pe_scaling_axes_and_claims():
                                                                          np.random.default_rng(0), 1.0, True)]
     data = StudyData.from_frames("s", trials, pd.DataFrame(), pd.DataFrame(rows).assign(checkpoint_epoch=4))
     assert set(data.measurements["intervention"]) >= {"rope_scale"} and data.select("pe_scale", "dssdc").empty
-    with pytest.raises(figures.NoData, match="no pe_scale rows"):
+    with pytest.raises(plotting.NoData, match="no pe_scale rows"):
         figures.pe_scaling(data)
     (plot,) = figures.rope_scaling(data)
     assert "position interpolation" in plot.title and "rope2d" in plot.figure.axes[0].get_legend_handles_labels()[1][0]
@@ -365,7 +366,7 @@ def test_tuning_trials_show_no_test_accuracy(tmp_path):
     """A holdout-scored (hparam) trial's test accuracy stays empty, though the analysis measured the test split."""
     results = str(tmp_path)
     write_study(results, "hp", seeds=2, protocols=["baseline"], models=[], checkpoints=(4,))
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **vocab.protocol_switches("baseline"),
               "protocol": "baseline", "seed": 7, "img_size": 32, "depth": LAYERS, "heads": HEADS, "lr": 1e-3,
               "epochs": 4, "eval_split": "holdout", "code_version": "abc1234"}
     write_trial(results, "hp", config, {"trial_id": "hp-tuning", "study": "hp", "status": "finished",

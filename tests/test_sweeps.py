@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sweeps import options
+
 from sweeps import run as launcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def dry(*argv):
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
-    return launcher.build_trials(parser.parse_args([*argv, "--dry-run"]))
+    options.add_arguments(parser)
+    return options.build_trials(parser.parse_args([*argv, "--dry-run"]))
 
 
 @pytest.mark.parametrize(
@@ -227,7 +229,7 @@ def test_bad_input_fails_before_ray_with_a_clear_message(argv, message, tmp_path
 
     ray_was_up = ray.is_initialized()  # the session's shared Ray may already run
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args([*argv] + ([] if "--results" in argv else ["--results", str(tmp_path)]))
     assert launcher.run(args) == 2
     err = capsys.readouterr().err
@@ -247,7 +249,7 @@ def test_results_or_storage_that_is_a_file_is_named(tmp_path, capsys):
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder")
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     assert launcher.run(parser.parse_args(["demo", "--results", str(a_file)])) == 2
     assert capsys.readouterr().err == f"error: --results {a_file} is a file; pass a folder (created when missing) " \
                                       "or a URI (s3://...)\n"
@@ -268,7 +270,7 @@ def test_offline_cifar_fails_the_launch_before_any_trial(tmp_path, capsys, monke
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     args = parser.parse_args(["demo", "--datasets", "cifar10", "--data-root", str(tmp_path / "data"),
                               "--results", str(tmp_path / "results")])
     assert launcher.run(args) == 2

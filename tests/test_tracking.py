@@ -26,9 +26,10 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import server
 from mlflow.tracking import MlflowClient
 
-from records import client, measurements, provenance, server, stores, tracking
+from records import client, measurements, provenance, stores, tracking
 from records.stores import TrackingError
 
 

@@ -37,7 +37,7 @@ BAD_SETS = {
 def test_the_field_table_matches_the_run_config():
     from trainables import config
     from trainables.pos_embed import APE_INITS
-    from trainables.vit import ViTConfig
+    from trainables.vit_config import ViTConfig
 
     flat = config.RunConfig().to_flat()
     assert set(validate.FIELDS) == set(flat)
@@ -100,12 +100,13 @@ def test_bad_values_and_a_refused_launch_answer_in_one_line_before_torch(tmp_pat
 
 
 def test_defaults_from_values_are_checked_too(tmp_path, capsys):
+    from sweeps import options
     from sweeps import run as launcher
 
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"best_config": {"lr": float("nan")}}))
     parser = launcher.argparse.ArgumentParser()
-    launcher.add_arguments(parser)
+    options.add_arguments(parser)
     assert launcher.run(parser.parse_args(["demo", "--defaults-from", str(best), "--dry-run"])) == 2
     assert capsys.readouterr().err == "error: lr must be a finite number > 0, got nan\n"
 

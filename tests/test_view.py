@@ -13,14 +13,14 @@ import pytest
 from PIL import Image
 from test_report import _measure, write_study
 
-from analysis import claims, condition_tables, figures, labels, trial_record
+from analysis import claims, condition_tables, figures, trial_record
 from analysis.report import build_report
 from analysis.study_data import StudyData
-from records import stores, tables, tracking
+from records import stores, tables, tracking, vocab
 
 
 def _add_trial(results, study, trial_id, seed, *, lr=1e-3, test_acc=0.9, epochs=4):
-    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **labels.protocol_switches("baseline"),
+    config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **vocab.protocol_switches("baseline"),
               "protocol": "baseline", "seed": seed, "img_size": 32, "patch_size": 4, "depth": 6, "heads": 4, "lr": lr,
               "epochs": epochs, "code_version": "abc1234"}
     tables.write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",

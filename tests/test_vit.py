@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from trainables.pos_embed import APE_INITS, POS_EMBEDS, apply_rotation
-from trainables.vit import PRESETS, ViT, ViTConfig
+from trainables.vit import ViT
+from trainables.vit_config import PRESETS, ViTConfig
 
 ALL_PES = sorted(POS_EMBEDS)
 ROTARY_PES = ["rope2d", "rope2d_mixed"]

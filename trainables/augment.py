@@ -6,7 +6,7 @@
     out = apply(spec, images, params)                          # uint8 (n, 3, S, S) on any device -> same
 
 Every random choice is made per image from its own key, as torchvision makes
-it for one image (`reference.TrainTransform`, kept as the per-image
+it for one image (`TrainTransform` of tests/reference.py, the per-image
 reference for tests and benchmarks): pad-and-crop offsets and the flip;
 AutoAugment's sub-policy, each op's apply flag and sign; ColorJitter's three
 factors and their order. A key depends only on (seed, epoch, image index),
@@ -46,8 +46,10 @@ import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
-from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
-from trainables.protocols import COLOR_JITTER, Protocol, augmentation_for
+from trainables.data_roots import LARGE_IMAGE_SIZE
+from trainables.images import device_constant, to_device
+from trainables.protocol_spec import Protocol
+from trainables.protocols import COLOR_JITTER, augmentation_for
 
 CHUNK_IMAGES = 1024  # images per `apply` call in the training loop: per-call costs dominate below ~1,000
 RESIZED_CROP_SCALE = (0.08, 1.0)  # torchvision's RandomResizedCrop defaults (ImageNet practice)
@@ -86,7 +88,7 @@ class Augmentation:
 
 
 def augmentation(protocol: Protocol | str, dataset_name: str, img_size: int, crop_padding: int = 0) -> Augmentation:
-    """The batched counterpart of `reference.train_transform(protocol, dataset_name, img_size)`;
+    """The batched counterpart of `train_transform(protocol, dataset_name, img_size)` of tests/reference.py;
     crop_padding: the run config's (0: img_size // 8)."""
     protocol = Protocol.from_name(protocol) if isinstance(protocol, str) else protocol
     strong = augmentation_for(dataset_name, img_size) if protocol.autoaugment else None

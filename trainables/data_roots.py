@@ -34,7 +34,7 @@ OBTAIN = {
     "tinyimagenet": "Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
     "(the root may be tiny-imagenet-200/ itself or its parent).",
     "imagenet100": "Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
-    "then build the root with trainables.datasets.link_imagenet100(IMAGENET_ROOT, ROOT).",
+    "then build the root with trainables.formats.link_imagenet100(IMAGENET_ROOT, ROOT).",
     "folder": "Put one folder per class of image files under train/ and test/ (or val/) in the root.",
 }
 

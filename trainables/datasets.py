@@ -56,20 +56,9 @@ from torch.utils.data import Dataset
 
 from records import vocab
 from trainables import data_roots, formats, shapes
-from trainables.formats import IMAGENET100_WNIDS, Loaded, link_imagenet100  # noqa: F401  (public here)
-from trainables.images import (  # noqa: F401  (re-exported: the data set API in one place)
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    LARGE_IMAGE_SIZE,
-    DataRootError,
-    ImageFiles,
-    TensorImages,
-    channel_stats,
-    eval_view,
-    first_image_size,
-    patch_size_for,
-    resize_center_crop,
-)
+from trainables.data_roots import patch_size_for
+from trainables.formats import Loaded
+from trainables.images import IMAGENET_MEAN, IMAGENET_STD
 
 DEFAULT_DATA_ROOT = data_roots.DEFAULT_DATA_ROOT
 SPLIT_NAMES = ("train", "holdout", "test")
@@ -137,7 +126,7 @@ def dataset_info(name: str, root: str | os.PathLike | None = None, *, img_size: 
     if name == "folder":
         num_classes, first_size = data_roots.folder_size(root)
         size = img_size or first_size
-        return replace(info, num_classes=num_classes, img_size=size, in_memory=formats.folder_in_memory(size))
+        return replace(info, num_classes=num_classes, img_size=size, in_memory=data_roots.folder_in_memory(size))
     if img_size is not None:
         patch_size_for(img_size)  # raises on a size without the studies' grid
         info = replace(info, img_size=img_size)
@@ -298,32 +287,32 @@ DATASETS: dict[str, DatasetInfo] = {
     "shapes": DatasetInfo(
         "shapes", shapes.NUM_CLASSES, 32, None, None, True,
         "procedural shapes and layouts, 10 classes, 10,000 train / 2,000 test (trainables/shapes.py)",
-        formats.OBTAIN["shapes"], load=formats.load_shapes, check=lambda root: root,
+        data_roots.OBTAIN["shapes"], load=formats.load_shapes, check=lambda root: root,
     ),
     "cifar10": DatasetInfo(
         "cifar10", 10, 32, *formats.STATS["cifar10"], True,
         "CIFAR-10, 50,000 train / 10,000 test, 32 px",
-        formats.OBTAIN["cifar10"], load=formats.load_cifar("cifar10"), check=formats.check_cifar("cifar10"),
+        data_roots.OBTAIN["cifar10"], load=formats.load_cifar("cifar10"), check=data_roots.check_cifar("cifar10"),
     ),
     "cifar100": DatasetInfo(
         "cifar100", 100, 32, *formats.STATS["cifar100"], True,
         "CIFAR-100 (fine labels), 50,000 train / 10,000 test, 32 px",
-        formats.OBTAIN["cifar100"], load=formats.load_cifar("cifar100"), check=formats.check_cifar("cifar100"),
+        data_roots.OBTAIN["cifar100"], load=formats.load_cifar("cifar100"), check=data_roots.check_cifar("cifar100"),
     ),
     "tinyimagenet": DatasetInfo(
         "tinyimagenet", 200, 64, *formats.STATS["tinyimagenet"], True,
         "Tiny-ImageNet, 200 classes, 100,000 train / 10,000 val (used as test), 64 px",
-        formats.OBTAIN["tinyimagenet"], load=formats.load_tinyimagenet, check=formats.check_tinyimagenet,
+        data_roots.OBTAIN["tinyimagenet"], load=formats.load_tinyimagenet, check=data_roots.check_tinyimagenet,
     ),
     "imagenet100": DatasetInfo(
         "imagenet100", 100, 224, IMAGENET_MEAN, IMAGENET_STD, False,
         "ImageNet-100 (CMC's 100 ILSVRC-2012 classes), ~126,000 train / 5,000 val (used as test), 224 px",
-        formats.OBTAIN["imagenet100"], load=formats.load_imagenet100, check=formats.check_imagenet100,
+        data_roots.OBTAIN["imagenet100"], load=formats.load_imagenet100, check=data_roots.check_imagenet100,
     ),
     "folder": DatasetInfo(
         "folder", None, None, None, None, True,
         "any ImageFolder root: train/<class>/*, test/<class>/* (or val/); size from the first image",
-        formats.OBTAIN["folder"], load=formats.load_folder, check=formats.check_folder,
+        data_roots.OBTAIN["folder"], load=formats.load_folder, check=data_roots.check_folder,
     ),
 }
 

@@ -21,13 +21,9 @@ import torchvision
 import torchvision.transforms.v2.functional as TF
 
 from trainables import shapes
-from trainables.data_roots import (  # noqa: F401  (the root checks and OBTAIN: public here, as before)
+from trainables.data_roots import (
     OBTAIN,
     DataRootError,
-    check_cifar,
-    check_folder,
-    check_imagenet100,
-    check_tinyimagenet,
     find_classes,
     first_image_size,
     folder_in_memory,

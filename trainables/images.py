@@ -21,17 +21,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS as _TORCHVISION_EXTENSION
 from torchvision.datasets.folder import make_dataset
 from torchvision.io import ImageReadMode, decode_image, read_file
 
-from trainables.data_roots import (  # noqa: F401  (public here too: the torch-free root rules)
-    DEFAULT_DATA_ROOT,
-    IMG_EXTENSIONS,
-    IN_MEMORY_MAX_IMAGES,
-    IN_MEMORY_MAX_SIZE,
-    LARGE_IMAGE_SIZE,
-    DataRootError,
-    find_classes,
-    first_image_size,
-    patch_size_for,
-)
+from trainables.data_roots import IMG_EXTENSIONS, LARGE_IMAGE_SIZE, DataRootError
 
 if tuple(_TORCHVISION_EXTENSIONS) != IMG_EXTENSIONS:  # the torch-free copy lists what make_dataset accepts
     raise ValueError(f"trainables.data_roots.IMG_EXTENSIONS {IMG_EXTENSIONS} differ from torchvision's "

@@ -77,7 +77,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from trainables.config import RunConfig
 from trainables.fast_paths import FastPaths
 from trainables.images import to_device
-from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key  # noqa: F401  (public here)
+from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
 from trainables.vit import ViT
 
 OptimizerFactory = Callable[[nn.Module, RunConfig], torch.optim.Optimizer]

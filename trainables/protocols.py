@@ -28,7 +28,7 @@ Data path (uint8 until the model; B batch, C classes, S image side):
 
 The augmentation itself is trainables/augment.py (drawn per image on the
 host, applied batched on the device); the per-image torchvision pipeline it is
-checked against is trainables/reference.py, which training does not use.
+checked against is tests/reference.py, which training does not use.
 
 Seeding. Every (seed, epoch, index) has its own 63-bit key (`item_seed`), so
 an image's augmentation is the same whatever the number of workers and after
@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 
 from records import vocab
-from trainables.images import LARGE_IMAGE_SIZE, device_constant, to_device
-from trainables.protocol_spec import LABEL_SMOOTHING, Protocol  # noqa: F401  (public here)
+from trainables.data_roots import LARGE_IMAGE_SIZE
+from trainables.images import device_constant, to_device
+from trainables.protocol_spec import Protocol
 
 CUTMIX_BETA = 1.0
 COLOR_JITTER = 0.4  # brightness, contrast and saturation: Study L's AutoAugment stand-in on Tiny-ImageNet

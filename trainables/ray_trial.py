@@ -138,7 +138,8 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on each Ray Train worker: restore each member, train, report, close each member."""
     import ray.train
 
-    from trainables.datasets import DataRootError, prepare_root
+    from trainables.data_roots import DataRootError
+    from trainables.datasets import prepare_root
 
     settings = LaunchSettings(**loop_config["settings"])
     cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]

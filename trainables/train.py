@@ -58,7 +58,6 @@ import torch.nn.functional as F
 from records.vocab import did_not_learn
 from trainables import checkpoints
 from trainables.augment import augmentation
-from trainables.checkpoints import CorruptCheckpointError, load_model  # noqa: F401  (their old home)
 from trainables.compiled import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset

@@ -23,7 +23,7 @@ from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 from torch import nn
 
 from trainables.pos_embed import Rotation, apply_rotation, build_pos_embed
-from trainables.vit_config import PRESETS, ViTConfig  # noqa: F401  (public here: the model's config)
+from trainables.vit_config import ViTConfig
 
 
 @dataclass

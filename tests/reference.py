@@ -27,10 +27,11 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.images import LARGE_IMAGE_SIZE, eval_view
+from trainables.data_roots import LARGE_IMAGE_SIZE
+from trainables.images import eval_view
+from trainables.protocol_spec import Protocol
 from trainables.protocols import (
     COLOR_JITTER,
-    Protocol,
     augmentation_for,
     cutmix_batch,
     epoch_order,

@@ -1,4 +1,4 @@
-"""A local MLflow server, for tests and single-machine sweeps that want one (the cluster YAMLs start their own)."""
+"""A local MLflow server for the tests (the cluster YAMLs start their own)."""
 
 from __future__ import annotations
 
