@@ -533,7 +533,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
     if args.stage in ("train", "all"):
         status = train_stage(args, configs, results, storage, mlflow_uri, interrupts)
     if status == INTERRUPTED_EXIT:  # no later stage: the closing lines say where the launch stopped
-        print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_exists(results, args.study)),
+        print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_of(results, args.study)),
               flush=True)
         return status
     if args.stage in ("analyze", "all"):
