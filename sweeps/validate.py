@@ -65,6 +65,8 @@ SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
 APE_INITS = ("normal", "trunc_normal")
+CLS_INITS = ("timm", "normal")
+LINEAR_INITS = ("timm", "torch")
 
 # Every field of RunConfig.to_flat() (run fields, the derived protocol, the ViT's fields).
 FIELDS: dict[str, Field] = {
@@ -84,6 +86,7 @@ FIELDS: dict[str, Field] = {
     "dim": _POSITIVE_INT, "depth": _POSITIVE_INT, "heads": _POSITIVE_INT, "mlp_ratio": Field(float, 0, False),
     "pe": Field(str, choices=vocab.PES), "drop_rate": _RATE, "attn_drop_rate": _RATE, "proj_drop_rate": _RATE,
     "drop_path_rate": _RATE, "ape_init": Field(str, choices=APE_INITS), "rope_base": Field(float, 0, False),
+    "cls_init": Field(str, choices=CLS_INITS), "linear_init": Field(str, choices=LINEAR_INITS), "final_norm": Field(bool),
 }
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
