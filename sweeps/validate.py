@@ -26,6 +26,7 @@ from typing import Any
 
 from records import vocab
 from sweeps import STUDIES
+from trainables.vit_config import CLS_INITS, LINEAR_INITS  # torch-free
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ SCHEDULES = ("cosine", "constant")
 EVAL_SPLITS = ("test", "holdout")
 DEVICES = ("auto", "cpu", "cuda")
 APE_INITS = ("normal", "trunc_normal")
-CLS_INITS = ("timm", "normal")
-LINEAR_INITS = ("timm", "torch")
 
 # Every field of RunConfig.to_flat() (run fields, the derived protocol, the ViT's fields).
 FIELDS: dict[str, Field] = {
