@@ -335,7 +335,10 @@ def test_the_slurm_script_starts_the_head_first_then_workers_then_a_sweep_that_p
     stubs = {
         "scontrol": 'printf "gpu-01\\ngpu-02\\ngpu-03\\n"',
         "srun": 'for a in "$@"; do [ "$a" = hostname ] && { echo "10.0.0.7 172.17.0.1"; exit 0; }; done',
-        "ray": "", "mlflow": "", "curl": "", "vitsweep": "",
+        # `ray status` answers only once the head's srun has run, as a real GCS would: the script's
+        # background srun calls race, and its wait loop is what orders the workers after the head.
+        "ray": f'[ "$1" != status ] || grep -q "ray start --head" {log}',
+        "mlflow": "", "curl": "", "vitsweep": "",
     }
     for name, body in stubs.items():
         (bin_dir / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n{body}\n')
