@@ -26,6 +26,18 @@ FAST_DEMO = ["--set", "epochs=2", "--set", "max_train_images=1024"]
 FAST_EVAL_SIZE = 100
 
 
+@pytest.fixture
+def diverge(monkeypatch):
+    """``diverge(trial_id, epoch)``: that pack member's weights turn non-finite at the start of that
+    epoch, in this process (``tests/trialfaults/sitecustomize.py``, which does it in a sweep's workers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trialfaults", ROOT / "tests" / "trialfaults" / "sitecustomize.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    return lambda trial_id, epoch: faults.diverge(trial_id, epoch, monkeypatch.setattr)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A real local Ray instance with its own temp dir (never another session's)."""

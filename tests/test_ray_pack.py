@@ -1,6 +1,7 @@
-"""Packed trials on a real local Ray (a launcher process of its own, so the test-only fault hooks reach
-its workers): two packs of four, each one Tune trial, each member still its own trial's records, a member that
-diverges is closed at once and never rejoins, a killed worker's retry finishes the others once."""
+"""Packed trials on a real local Ray (a launcher process of its own, so the fault wrappers of
+tests/trialfaults/ reach its workers): two packs of four, each one Tune trial, each member still its own
+trial's records, a member that diverges is closed at once and never rejoins, a killed worker's retry
+finishes the others once."""
 
 import os
 from pathlib import Path
@@ -44,7 +45,8 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
     four = packs[0]
     survivor, diverged = four.trial_ids[0], four.trial_ids[1]
     marker = tmp_path / "killed"
-    hooks = {"VITSWEEP_TEST_DIVERGE": f"{diverged}:2",  # NaN weights at the start of epoch 2
+    hooks = {"PYTHONPATH": f"{ROOT / 'tests' / 'trialfaults'}{os.pathsep}{ROOT}",  # the fault wrappers
+             "VITSWEEP_TEST_DIVERGE": f"{diverged}:2",  # NaN weights at the start of epoch 2
              "VITSWEEP_TEST_DIE": f"{survivor}:3:{marker}"}  # SIGKILL the pack's worker at epoch 3, once
     ray_tmp = tempfile.mkdtemp(prefix="vsp-", dir="/tmp")
     try:

@@ -8,7 +8,7 @@ import torch
 import trainables.train as loop
 from trainables.config import RunConfig
 from trainables.checkpoints import SNAPSHOT_DIR, load, local_checkpoint
-from trainables.train import DIVERGE_ENV, train, train_pack
+from trainables.train import train, train_pack
 
 
 def member(seed, protocol="baseline", **fields):
@@ -88,9 +88,9 @@ def test_a_pack_killed_mid_epoch_resumes_to_the_uninterrupted_result(packed, tmp
             assert ours[key] == pytest.approx(theirs[key], abs=1e-5), key
 
 
-def test_an_injected_divergence_fails_one_member_alone(packed, tmp_path, monkeypatch):
+def test_an_injected_divergence_fails_one_member_alone(packed, tmp_path, diverge):
     _, reference, _ = packed
-    monkeypatch.setenv(DIVERGE_ENV, f"{MEMBERS[1].trial_id}:2")
+    diverge(MEMBERS[1].trial_id, 2)
     finals = train_pack(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], **QUIET)
     assert "epoch 2" in finals[1]["error"] and finals[1]["epochs_completed"] == 1 and finals[1]["test_acc"] is None
     assert state(tmp_path / MEMBERS[1].trial_id)["epoch"] == 1  # its last good checkpoint stays
@@ -166,9 +166,9 @@ def test_the_oom_retry_starts_once_the_failed_attempt_is_gone(monkeypatch, tmp_p
     assert sorted(seen) == sorted((c.trial_id, 1) for c in members)
 
 
-def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, tmp_path):
+def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, tmp_path, diverge):
     members = [member(seed, epochs=2, warmup_epochs=0, max_train_images=128) for seed in range(3)]
-    monkeypatch.setenv(DIVERGE_ENV, f"{members[1].trial_id}:1")
+    diverge(members[1].trial_id, 1)
     real_evaluate = loop.evaluate_pack
     calls = {"n": 0}
 

@@ -28,9 +28,7 @@ retry in halves) replace their ``epochs`` rows and are not logged to MLflow twic
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Mapping
@@ -50,10 +48,6 @@ from trainables.lifecycle import LaunchSettings
 # trial ends failed without retries (the launcher counts it as a failure).
 UNRETRIABLE = "vitsweep_unretriable_error"
 SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc")
-# Test-only fault injection (not a RunConfig field): "TRIAL_ID:EPOCH:MARKER" SIGKILLs the Train worker
-# of TRIAL_ID's pack when it reports EPOCH, after the uploads of the epoch before are done, once
-# (while the file MARKER does not exist), so Train retries the worker.
-DIE_ENV = "VITSWEEP_TEST_DIE"
 
 
 def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict | None,
@@ -234,7 +228,6 @@ class PackWorker:
     def report(self, entries: list[tuple[str, dict[str, Any], str | None]], report_to_train) -> None:
         """Once per epoch: every member's metrics to its records (rank 0), one report to Train."""
         self.settle()
-        _inject_death([trial_id for trial_id, _, _ in entries], entries[0][1]["epoch"])
         keyed: dict[str, Any] = {"epoch": entries[0][1]["epoch"]}
         for trial_id, metrics, checkpoint_dir in entries:
             if self.rank == 0:
@@ -302,13 +295,3 @@ class PackWorker:
         self.uploads.shutdown(wait=True)
         self.records.close()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _inject_death(trial_ids: list[str], epoch: int) -> None:
-    spec = os.environ.get(DIE_ENV)
-    if not spec:
-        return
-    trial_id, at, marker = spec.split(":", 2)
-    if trial_id in trial_ids and int(at) == epoch and not os.path.exists(marker):
-        Path(marker).touch()
-        os.kill(os.getpid(), signal.SIGKILL)

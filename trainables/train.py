@@ -316,7 +316,6 @@ def train_pack(
 
     for epoch in range(start_epoch, cfg.epochs + 1):
         pack.train()
-        _inject_divergence(pack, epoch)
         mix_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
         perm_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
         # Sums stay on the device: a per-step .item() would stall the GPU every step.
@@ -525,23 +524,6 @@ def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
     totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
     n = max(totals[-1], 1)
     return [(totals[k] / n, totals[pack.k + k] / n) for k in range(pack.k)]
-
-
-# Test-only fault injection (not a RunConfig field): "TRIAL_ID:EPOCH" makes that member's weights
-# non-finite at the start of that epoch, so its loss diverges and it must leave its pack alone.
-DIVERGE_ENV = "VITSWEEP_TEST_DIVERGE"
-
-
-def _inject_divergence(pack: PackedViT, epoch: int) -> None:
-    spec = os.environ.get(DIVERGE_ENV)
-    if not spec:
-        return
-    trial_id, _, at = spec.rpartition(":")
-    if int(at) == epoch and trial_id in pack.trial_ids:
-        k = pack.trial_ids.index(trial_id)
-        state = pack.member_state_dict(k)
-        state["head.weight"] = torch.full_like(state["head.weight"], float("inf"))
-        pack.load_member_state_dict(k, state)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
