@@ -1,14 +1,18 @@
-"""A launch interrupted and storage faults mid-sweep on a real local Ray, each launcher a real process
-with its own Ray, then the analysis stage under the same faults.
+"""A launch interrupted, killed and out of storage mid-sweep on a real local Ray, each launcher a real
+process with its own Ray, then the analysis stage under the same faults. The faults of one sweep take
+turns in one test (each launch of it costs a Ray start and Train workers).
 
 A real SIGTERM mid-training ends the launch as Ctrl-C does: exit code 130, every unfinished trial
 ``failed`` with the reason, no MLflow run RUNNING, the closing lines, and ``vitsweep status`` says
-the launch was interrupted. A storage wrapper (``tests/faultfs/sitecustomize.py``, in every process
-of the sweep) makes each Parquet write under the results folder raise ``OSError(ENOSPC)`` from the
-moment the test says so: the launcher ends with one ``error: storage fault`` line, last on stderr,
-naming the log that keeps Ray's and Tune's tracebacks, exit code 1, no MLflow run RUNNING, no trial
-called stopped. With the storage fixed (and Tune's and Train's own state truncated), ``--resume`` finishes
-exactly the unfinished trials, each MLflow step logged once. ``vitsweep analyze`` on a full disk ends in
+the launch was interrupted. A resumed launch SIGKILLed while a trial's checkpoint lags its epochs
+table leaves its lock to the next launch; a second launch meanwhile is refused before its Ray, and
+every socket of the running one listens on loopback only. A storage wrapper
+(``tests/faultfs/sitecustomize.py``, in every process of the sweep) makes each Parquet write under the
+results folder raise ``OSError(ENOSPC)`` from the moment the test says so: the launcher ends with one
+``error: storage fault`` line, last on stderr, naming the log that keeps Ray's and Tune's tracebacks,
+exit code 1, no MLflow run RUNNING, no trial called stopped. With the storage fixed (and Tune's and
+Train's own state truncated), ``--resume`` in packs finishes exactly the unfinished trials from their
+own checkpoints, each epoch and MLflow step recorded once. ``vitsweep analyze`` on a full disk ends in
 the same one line; run again, it measures every checkpoint once, each MLflow point logged once."""
 
 import os
@@ -29,7 +33,58 @@ from records import stores, tables, tracking
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = ["demo", "--set", "epochs=2", "--set", "max_train_images=1024", "--max-failures", "0"]
+# Checkpoints at epochs 2 and 4 only: during epoch 4 the epochs table (3) runs ahead of the checkpoint (2),
+# as with GPU checkpoints throttled by checkpoint_interval_s.
+SWEEP = ["demo", "--set", "epochs=4", "--set", "checkpoint_every=2", "--set", "max_train_images=512",
+         "--max-concurrent", "2", "--max-failures", "0"]
+
+
+def finished(results: Path) -> dict:
+    table = tables.read_table(str(results), "demo", "trials")
+    return {} if table is None else {r["trial_id"]: r for r in table.to_pylist() if r["status"] == "finished"}
+
+
+def lagging(results: Path) -> dict[str, int]:
+    """Unfinished trials whose epochs table runs ahead of their stored checkpoint (epoch >= 2):
+    trial id -> the checkpoint's epoch."""
+    from records import files
+    from trainables import checkpoints
+
+    table = tables.read_table(str(results), "demo", "epochs")
+    if table is None:
+        return {}
+    done, storage, lag = finished(results), str(results / "storage"), {}
+    for trial_id in set(table.column("trial_id").to_pylist()) - set(done):
+        ran = max(e for t, e in zip(table.column("trial_id").to_pylist(), table.column("epoch").to_pylist())
+                  if t == trial_id)
+        stored = files.read_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", trial_id)))
+        if stored and 2 <= stored["epoch"] < ran:
+            lag[trial_id] = stored["epoch"]
+    return lag
+
+
+def assert_listens_on_loopback_only(pid: int) -> None:
+    """From the OS socket table: no listening socket of the launcher or any process it
+    started (GCS, raylet, dashboard and its agent, Ray workers, Train workers) is bound
+    beyond loopback (0.0.0.0, ::, or an address of this machine)."""
+    import ipaddress
+
+    import psutil  # the test extra (pyproject.toml); `make test` installs it
+    root = psutil.Process(pid)
+    listening = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            listening += [(p.name(), c.laddr) for c in p.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    assert len(listening) >= 5, listening  # GCS, raylet, dashboard, agents: the scan saw Ray
+
+    def loopback(ip: str) -> bool:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+        return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+    assert all(loopback(laddr.ip) for _, laddr in listening), [x for x in listening if not loopback(x[1].ip)]
 
 
 def _launch(results: Path, *extra: str, ray_tmp: str, out: Path,
@@ -64,12 +119,18 @@ def _written_after(results: Path, table: str, since: float) -> bool:
     return any(p.stat().st_mtime > since for p in (results / "demo" / table).glob("*.parquet"))
 
 
-def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_path):
+def _output(out: Path) -> str:
+    return out.with_suffix(".out").read_text() + out.with_suffix(".err").read_text()
+
+
+def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes_each_trial_once(tmp_path):
+    """One sweep, four launches, each fault in its own: SIGTERM, SIGKILL while a checkpoint lags the
+    epochs table, a full disk; then a resume in packs finishes exactly the unfinished trials."""
     from sweeps import status
 
     results = tmp_path / "results"
     fault = results / ".fault"
-    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(3)]
+    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(5)]
     try:
         # 1. SIGTERM (what `timeout`, systemd and SLURM send) once trials train (their rows say running).
         proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
@@ -88,9 +149,36 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
         assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
             status.study_status(str(results), "demo"))
 
-        # 2. Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
+        # 2. Resumed, then SIGKILLed (a real SIGKILL to the launcher's process group) once a trial finished
+        # and a running trial's checkpoint (epoch 2) lags its epochs table (epoch 3).
+        deadline = time.time() + 420
+        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "killed")
+        while not finished(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
+        assert proc.poll() is None, f"it ended before it could be killed:\n{_output(tmp_path / 'killed')[-3000:]}"
+        # While it runs: a second launch of the study is refused at once, before its Ray...
+        second = _launch(results, ray_tmp=temps[2], out=tmp_path / "refused")
+        assert second.wait(timeout=120) == 2, _output(tmp_path / "refused")[-3000:]
+        out = _output(tmp_path / "refused")
+        assert f"another launch of study 'demo' into {results} is running" in out and f"pid {proc.pid}," in out
+        assert not Path(temps[2], "ray").exists()  # no Ray was started
+        # ...and every socket the launch's Ray listens on is bound to loopback.
+        assert_listens_on_loopback_only(proc.pid)
+        assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
+        while not lagging(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed = proc.pid
+        kill_ray_under(temps[1])
+        done_before, lag = finished(results), lagging(results)
+        assert 1 <= len(done_before) < 4 and lag, (done_before.keys(), lag)
+        stamps = {t: (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns for t in done_before}
+        trained = pq.read_table(results / "demo" / "epochs").to_pandas().set_index(["trial_id", "epoch"])
+
+        # 3. Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
         started = time.time()
-        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "full")
+        proc = _launch(results, "--resume", ray_tmp=temps[3], out=tmp_path / "full")
         while proc.poll() is None and time.time() < deadline + 300:
             if _written_after(results, "trials", started):
                 fault.write_text("ENOSPC")
@@ -99,8 +187,9 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
         assert proc.wait(timeout=420) == 1
         _assert_one_fault_line(tmp_path / "full", "No space left on device")
         _no_run_running(results)
+        assert f"pid {killed} is no longer running" in _output(tmp_path / "full")  # the killed launch's lock, taken
 
-        # 3. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
+        # 4. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
         fault.unlink()
         states = list((results / "storage" / "demo").glob("tune-*/experiment_state-*.json"))
         assert states
@@ -115,7 +204,9 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
             cut.write_bytes(b"")
         before = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
                   if r["status"] == "finished"}
-        proc = _launch(results, "--resume", ray_tmp=temps[2], out=tmp_path / "fixed")
+        # Resumed in packs of two: the unfinished trials, trained alone so far, re-form by the epoch of
+        # their checkpoints (not of the epochs table) and each finds its own checkpoint.
+        proc = _launch(results, "--resume", "--pack", "2", ray_tmp=temps[4], out=tmp_path / "fixed")
         assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
 
     finally:
@@ -127,15 +218,24 @@ def test_sigterm_then_a_full_disk_mid_sweep_then_resume_finishes_the_rest(tmp_pa
     assert f"demo: {4 - len(before)} of {4 - len(before)} trials ended" in (tmp_path / "fixed.out").read_text()
     trials = pq.read_table(results / "demo" / "trials").to_pandas()
     assert len(trials) == 4 and set(trials["status"]) == {"finished"}
+    for t, stamp in stamps.items():  # trials finished before the kill were not run again
+        assert (results / "demo" / "trials" / f"{t}.parquet").stat().st_mtime_ns == stamp
+    epochs = pq.read_table(results / "demo" / "epochs").to_pandas()
+    assert not epochs.duplicated(["trial_id", "epoch"]).any()
+    assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3, 4]] * 4
+    by_epoch = epochs.set_index(["trial_id", "epoch"])
+    for trial_id, stored in lag.items():  # nothing restarted from epoch 1: the checkpointed epochs stay as run
+        for epoch in range(1, stored + 1):
+            assert by_epoch.loc[(trial_id, epoch), "wall_time_s"] == trained.loc[(trial_id, epoch), "wall_time_s"]
     uri = stores.default_tracking_uri(str(results))
     runs = tracking.search_trial_runs(uri, "demo")
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"]) and set(runs["status"]) == {"FINISHED"}
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
-    for run_id in runs["run_id"]:  # each step once, across the three launches
-        assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2]
-        assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [2]
+    for run_id in runs["run_id"]:  # each step once, across the four launches (concurrent trials on SQLite)
+        assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2, 3, 4]
+        assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [4]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 
 
