@@ -114,12 +114,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def _install() -> None:
     hooks = {}
     if os.environ.get(DIVERGE):
-        trial_id, _, at = os.environ[DIVERGE].rpartition(":")
+        member, _, at = os.environ[DIVERGE].rpartition(":")
         hooks["trainables.packed"] = track_packs
-        hooks["trainables.inputs"] = lambda module: poison_epoch(module, trial_id, int(at))
+        hooks["trainables.inputs"] = lambda module: poison_epoch(module, member, int(at))
     if os.environ.get(DIE):
-        trial_id, at, marker = os.environ[DIE].split(":", 2)
-        hooks["trainables.ray_trial"] = lambda module: die(module, trial_id, int(at), marker)
+        victim, when, marker = os.environ[DIE].split(":", 2)
+        hooks["trainables.ray_trial"] = lambda module: die(module, victim, int(when), marker)
     if hooks:
         sys.meta_path.insert(0, _AfterImport(hooks))
 
