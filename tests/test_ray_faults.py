@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_EVAL_SIZE
-from test_ray_resume import kill_ray_under
+from test_ray_resume import assert_listens_on_loopback_only, kill_ray_under
 
 from records import stores, tables, tracking
 
@@ -61,30 +61,6 @@ def lagging(results: Path) -> dict[str, int]:
         if stored and 2 <= stored["epoch"] < ran:
             lag[trial_id] = stored["epoch"]
     return lag
-
-
-def assert_listens_on_loopback_only(pid: int) -> None:
-    """From the OS socket table: no listening socket of the launcher or any process it
-    started (GCS, raylet, dashboard and its agent, Ray workers, Train workers) is bound
-    beyond loopback (0.0.0.0, ::, or an address of this machine)."""
-    import ipaddress
-
-    import psutil  # the test extra (pyproject.toml); `make test` installs it
-    root = psutil.Process(pid)
-    listening = []
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            listening += [(p.name(), c.laddr) for c in p.net_connections(kind="inet")
-                          if c.status == psutil.CONN_LISTEN]
-        except psutil.NoSuchProcess:
-            continue
-    assert len(listening) >= 5, listening  # GCS, raylet, dashboard, agents: the scan saw Ray
-
-    def loopback(ip: str) -> bool:
-        addr = ipaddress.ip_address(ip.split("%")[0])
-        return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
-
-    assert all(loopback(laddr.ip) for _, laddr in listening), [x for x in listening if not loopback(x[1].ip)]
 
 
 def _launch(results: Path, *extra: str, ray_tmp: str, out: Path,

@@ -1,5 +1,6 @@
 """The hparam study end to end, its launcher a real process with its own local Ray; the helpers that
-run and clean up such launchers (a SIGKILLed sweep resumed in packs: tests/test_ray_faults.py)."""
+run, check and clean up such launchers (the loopback-only socket check runs during the SIGKILLed sweep
+of tests/test_ray_faults.py)."""
 
 import os
 import subprocess
@@ -25,6 +26,30 @@ def launcher(*argv, ray_tmp: str):
 def kill_ray_under(ray_tmp: str) -> None:
     """Kill whatever a killed launcher's Ray left behind, found by its own temp dir (never `ray stop`)."""
     subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
+
+
+def assert_listens_on_loopback_only(pid: int) -> None:
+    """From the OS socket table: no listening socket of the launcher or any process it
+    started (GCS, raylet, dashboard and its agent, Ray workers, Train workers) is bound
+    beyond loopback (0.0.0.0, ::, or an address of this machine)."""
+    import ipaddress
+
+    import psutil  # the test extra (pyproject.toml); `make test` installs it
+    root = psutil.Process(pid)
+    listening = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            listening += [(p.name(), c.laddr) for c in p.net_connections(kind="inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    assert len(listening) >= 5, listening  # GCS, raylet, dashboard, agents: the scan saw Ray
+
+    def loopback(ip: str) -> bool:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+        return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+    assert all(loopback(laddr.ip) for _, laddr in listening), [x for x in listening if not loopback(x[1].ip)]
 
 
 def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path):
