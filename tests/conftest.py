@@ -2,7 +2,8 @@
 
 Starting Ray and training the demo study cost tens of seconds on a 2-core
 machine, so the suite pays for them once; tests that only read the demo's
-Parquet tables, MLflow runs or report reuse its output.
+Parquet tables, MLflow runs or report reuse its output. Also ``diverge``, a pack member's
+divergence injected in-process (the wrappers of ``tests/trialfaults/``).
 """
 
 from __future__ import annotations
