@@ -114,6 +114,55 @@ def test_the_closure_follows_lazy_and_from_package_imports():
     assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
 
 
+def _module_level_imports(path: Path) -> set[str]:
+    """Project modules the file imports at its top level (not inside a def; ``if TYPE_CHECKING`` excluded)."""
+    found = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PACKAGES:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names
+                                      if _module_path(f"{node.module}.{a.name}") is not None}
+    return {name for name in found if _module_path(name) is not None}
+
+
+def _import_cycles() -> list[list[str]]:
+    """Every import circle among the product's modules (module-level imports), as the modules on it."""
+    graph = {f"{path.relative_to(ROOT).with_suffix('')}".replace("/", ".").removesuffix(".__init__"): path
+             for package in PACKAGES for path in _modules(package)}
+    edges = {name: sorted(_module_level_imports(path) & set(graph)) for name, path in graph.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for other in edges[name]:
+            if state.get(other) == "open":
+                path = stack + [name]
+                cycles.append(path[path.index(other):])
+            elif other not in state:
+                visit(other, stack + [name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    return cycles
+
+
+def test_the_product_has_no_import_circle():
+    # A circle makes what a module holds depend on which of the two was imported first.
+    assert _import_cycles() == []
+
+
+def test_the_circle_walk_sees_a_circle(tmp_path, monkeypatch):
+    for name, body in (("a", "from trainables import b\n"), ("b", "import trainables.a\n")):
+        (tmp_path / "trainables").mkdir(exist_ok=True)
+        (tmp_path / "trainables" / f"{name}.py").write_text(body)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _import_cycles() == [["trainables.a", "trainables.b"]]
+
+
 def test_no_product_module_re_exports_a_name():
     """Each name has one home: a module imports only what it reads. An import kept for others to import
     from it (a re-export, often marked ``noqa: F401``) gives a name a second home."""
@@ -228,7 +277,7 @@ GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "fact
 OWNED = {
     ("trainables/pos_embed.py", "POS_EMBEDS"), ("trainables/datasets.py", "DATASETS"),
     ("trainables/vit_config.py", "PRESETS"),
-    ("trainables/vit_config.py", "PE_CHECKS"),  # each PE's geometry rule, torch-free (POS_EMBEDS' validate)
+    ("trainables/vit_config.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
     ("trainables/formats.py", "_CIFAR"), ("trainables/data_roots.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
     ("trainables/data_roots.py", "CHECKS"),  # each set's root check, torch-free
