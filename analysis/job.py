@@ -41,6 +41,7 @@ import numpy as np
 
 from records import files, stores, tables, tracking
 from records.vocab import results_location
+from trainables.data_roots import DATASET_SPECS
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -255,8 +256,6 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
     same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
     import pyarrow.dataset as pads
 
-    from records.vocab import DATASET_SIZES
-
     fs, root = tables.filesystem(tables.table_path(results, study, "measurements"))
     if not rows or fs.get_file_info(root).type.name != "Directory":
         return
@@ -268,7 +267,7 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
         dataset = dataset_of.get(trial_id)
         if n is None or dataset not in {r["dataset"] for r in rows}:
             continue
-        whole = DATASET_SIZES[dataset].test_images
+        whole = DATASET_SPECS[dataset].test_images
         want = whole if eval_size is None else min(eval_size, whole or eval_size)
         if want is not None and want != n:
             asked = "the whole test split" if eval_size is None else f"--eval-size {eval_size}"

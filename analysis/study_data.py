@@ -31,6 +31,7 @@ from records import vocab
 from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from records.tables import filesystem, list_studies, read_table, table_path
+from trainables.data_roots import DATASET_SPECS
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
 # A head whose patch queries give CLS at least this share of their mass is a CLS sink: its renormalised
@@ -130,7 +131,7 @@ class StudyData:
         and fs_blur (sigma 2.5): the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_*
         when the severity grid lacks the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
         standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
-        on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
+        on (``trainables.data_roots.DATASET_SPECS``; test_acc_se_on_subset marks one over n_images instead: split size
         unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
         method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
         measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean
@@ -191,7 +192,7 @@ class StudyData:
         acc_clean = measured.combine_first(out["test_acc"])
         # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
         # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
-        split = out["dataset"].map(lambda name: vocab.DATASET_SIZES[name].test_images if name in vocab.DATASET_SIZES else None).where(acc.notna()).astype(float)
+        split = out["dataset"].map(lambda name: DATASET_SPECS[name].test_images if name in DATASET_SPECS else None).where(acc.notna()).astype(float)
         out["test_images"] = split
         out["test_acc_se_on_subset"] = split.isna() & out["n_images"].notna() & out["test_acc"].notna()
         out["test_acc_se"] = binomial_se(out["test_acc"], split.fillna(out["n_images"]))

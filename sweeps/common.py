@@ -47,9 +47,9 @@ def all_protocols() -> tuple[Protocol, ...]:
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:
-    from trainables.config import dataset_size
+    from trainables.data_roots import dataset_spec
 
-    size = dataset_size(dataset, data_root).img_size
+    size = dataset_spec(dataset, data_root).img_size
     return NATIVE_PRESETS.get(size, "study_l")
 
 

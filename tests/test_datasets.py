@@ -19,8 +19,9 @@ import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables import shapes
-from trainables.data_roots import DataRootError, patch_size_for
-from trainables.datasets import DATASETS, capped_subset, check_root, dataset_info, holdout_split, load_dataset
+from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, patch_size_for
+from trainables.data_roots import dataset_spec as dataset_info
+from trainables.datasets import DATASETS, capped_subset, holdout_split, load_dataset
 from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
 from trainables.images import ImageFiles, TensorImages
 
@@ -240,7 +241,7 @@ def test_cifar_pickles(name, tmp_path):
     assert data.classes[3] == f"class_{3}"
     assert torch.equal(data.train.images, written["train"][0]) and torch.equal(data.train.labels, written["train"][1])
     assert torch.equal(data.test.images, written["test"][0]) and torch.equal(data.test.labels, written["test"][1])
-    assert data.mean == DATASETS[name].mean
+    assert data.mean == DATASET_SPECS[name].mean
     resized = load_dataset(name, tmp_path, holdout_fraction=0.0, img_size=64)
     assert resized.train.images.shape[1:] == (3, 64, 64) and resized.patch_size == 8
 
@@ -335,7 +336,7 @@ def test_real_cifar10_jpeg_as_folder(real_data):
     # Class-ordered: a cap of the first 20,000 rows would hold 4 classes; the stratified cap holds all 10.
     assert data.train.labels[:20_000].unique().tolist() == [0, 1, 2, 3]
     assert torch.bincount(data.train.labels[capped_subset(data.train.labels, 20_000)]).tolist() == [2000] * 10
-    assert abs(data.mean[0] - DATASETS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
+    assert abs(data.mean[0] - DATASET_SPECS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
 
 
 def test_real_tinyimagenet_subset(real_data):

@@ -7,7 +7,7 @@
 count too: a lazy import is still a dependency. A module's private names (a
 leading underscore) are its own: no other module imports them. The checkpoint
 layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
-names, the protocol switches, the did-not-learn rule, the headline severities, the data-set sizes and the
+names, the protocol switches, the did-not-learn rule, the headline severities and the
 results-path rule are defined in `records/vocab.py` only (standard library imports only), and no other
 module lists two registry names but the registries, the studies' grids and the papers' numbers.
 """
@@ -269,7 +269,8 @@ def test_the_checkpoint_layout_is_named_in_one_module():
 
 # -- one vocabulary --------------------------------------------------------------------------------
 # The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
-# the headline severities, the data-set sizes and the results-path rule live in records/vocab.py only.
+# the headline severities and the results-path rule live in records/vocab.py only (a data set's sizes: its
+# one row, trainables/data_roots.py).
 VOCABULARY = ROOT / "records" / "vocab.py"
 # The studies' grids pick names from the vocabulary: that is what a study is.
 GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
@@ -279,8 +280,8 @@ OWNED = {
     ("trainables/vit_config.py", "PRESETS"),
     ("trainables/vit_config.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
-    ("trainables/formats.py", "_CIFAR"), ("trainables/data_roots.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
-    ("trainables/data_roots.py", "CHECKS"),  # each set's root check, torch-free
+    ("trainables/formats.py", "_CIFAR"),
+    ("trainables/data_roots.py", "DATASET_SPECS"),  # each set's one row, torch-free
     ("sweeps/__init__.py", "STUDIES"),  # study names: two of them are also preset names
     # The colour map, keyed by vocabulary names, with a colour for names it has not seen.
     ("analysis/plotting.py", "PE_COLOURS"), ("analysis/plotting.py", "PROTOCOL_COLOURS"),
@@ -406,7 +407,7 @@ def test_the_vocabulary_is_defined_once():
            if (rel, name) not in PENDING_DEFINITIONS and not _is_registry(rel, name)]
     assert not bad, "import these from records.vocab:\n" + "\n".join(bad)
     assert set(VOCABULARY_DEFINITIONS) - {"HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "TEST_SPLIT_IMAGES",
-                                          "TRAIN_IMAGES"} <= _definitions(VOCABULARY)
+                                          "TRAIN_IMAGES", "DATASET_SIZES"} <= _definitions(VOCABULARY)
 
 
 def _is_registry(rel: str, name: str) -> bool:

@@ -12,7 +12,7 @@ flattens to scalar key/values and rebuilds from them:
 Model fields (``ViTConfig``) are flattened beside the run fields without a
 prefix; the two sets of names never clash (checked at import). Nothing here
 imports torch (``ViTConfig`` is ``trainables/vit_config.py``, ``Protocol``
-``trainables/protocol_spec.py``, the data-set sizes ``dataset_size``), so
+``trainables/protocol_spec.py``, the data-set rows ``trainables/data_roots.py``), so
 building and listing a sweep's trials is quick.
 
 Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3,
@@ -193,12 +193,11 @@ class RunConfig:
         return RunConfig.from_flat(flat)
 
     @classmethod
-    def for_dataset(cls, dataset: str, *, preset: str, info=None, **overrides: Any) -> "RunConfig":
+    def for_dataset(cls, dataset: str, *, preset: str, **overrides: Any) -> "RunConfig":
         """A run config whose model fits ``dataset``: preset architecture with the data
-        set's image size, patch size (the study's 8x8 or 14x14 grid) and class count.
-
-        ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to ``dataset_size``'s numbers)."""
-        info = info or dataset_size(dataset, overrides.get("data_root"))
+        set's image size, patch size (the study's 8x8 or 14x14 grid) and class count (its row,
+        ``trainables.data_roots.DATASET_SPECS``; a ``folder`` set's read from ``data_root``)."""
+        info = data_roots.dataset_spec(dataset, overrides.get("data_root"))
         model = ViTConfig.preset(
             preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
         )
@@ -219,22 +218,6 @@ def _id_value(value: Any) -> str:
         text = str(value).lower() if isinstance(value, bool) else str(value)
         return "_" + "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
     return f"{value:g}"
-
-
-def dataset_size(dataset: str, data_root: str | None = None) -> vocab.DatasetSize:
-    """A data set's image size, patch size and class count (and split sizes), without loading it.
-
-    The registry's sets come from the torch-free table ``records.vocab.DATASET_SIZES`` (which
-    ``trainables.datasets`` checks its registry against), so planning a sweep imports no torch;
-    ``folder`` reads its classes and image size from ``data_root`` (``trainables.data_roots.folder_size``,
-    torch-free too). An unknown name raises ValueError listing the names."""
-    if dataset not in vocab.DATASET_SIZES:
-        raise ValueError(f"unknown data set {dataset!r}; valid: {sorted(vocab.DATASETS)}")
-    if dataset != "folder":
-        return vocab.DATASET_SIZES[dataset]
-    num_classes, img_size = data_roots.folder_size(data_root)
-    return dataclasses.replace(vocab.DATASET_SIZES[dataset], img_size=img_size,
-                               patch_size=data_roots.patch_size_for(img_size), num_classes=num_classes)
 
 
 def _defaults() -> dict[str, Any]:

@@ -31,8 +31,6 @@ if tuple(_TORCHVISION_EXTENSIONS) != IMG_EXTENSIONS:  # the torch-free copy list
 # yet); the warning would fire once per decoded file under `-W default`.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
 
 # -- geometry --------------------------------------------------------------------------------
 
