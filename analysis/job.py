@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from records import files, stores, tables, tracking
-from records.vocab import results_location
+from records.layout import filesystem, is_uri, results_location, table_path
 from trainables.data_roots import DATASET_SPECS
 
 log = logging.getLogger("vitsweep.analyze")
@@ -54,7 +54,7 @@ def list_checkpoints(results: str, study: str, which: str = "final") -> list[dic
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
     if trials is None:
-        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study "
+        raise ValueError(f"no trials table under {table_path(results, study, 'trials')}: train the study "
                          f"first; studies under {results}: {tables.list_studies(results) or '(none)'}")
     rows = []
     for t in trials.to_pylist():
@@ -152,7 +152,7 @@ class Measurer:
                     note = (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at "
                             f"checkpoint epoch {epoch} ({', '.join(sorted({k for k, *_ in changed})[:4])}"
                             f"{', ...' if len({k for k, *_ in changed}) > 4 else ''}), which this measurement "
-                            f"changed; the new values are in {tables.table_path(self.results, self.study, 'measurements')}")
+                            f"changed; the new values are in {table_path(self.results, self.study, 'measurements')}")
         tables.write_measurements(self.results, self.study, trial_id, epoch, rows)  # last: it marks it measured
         return len(rows), note
 
@@ -165,7 +165,7 @@ def _storage_side(exc: Exception) -> bool:
 
 def _fetch(path: str) -> str:
     """A local copy of a checkpoint file (object stores are downloaded)."""
-    if "://" not in path:
+    if not is_uri(path):
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return path
@@ -256,7 +256,7 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
     same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
     import pyarrow.dataset as pads
 
-    fs, root = tables.filesystem(tables.table_path(results, study, "measurements"))
+    fs, root = filesystem(table_path(results, study, "measurements"))
     if not rows or fs.get_file_info(root).type.name != "Directory":
         return
     had = pads.dataset(root, filesystem=fs, format="parquet").to_table(columns=["trial_id", "n_images"])

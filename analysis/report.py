@@ -30,6 +30,7 @@ from analysis import page
 from analysis.claims import evaluate_claims
 from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
+from records.layout import report_dir, tracking_db
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,10 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     """Write the report of ``study`` and return the path of its ``index.html``.
 
     results: the results folder (or a pyarrow URI such as ``s3://bucket/results``). out_dir: where the
-    report goes (default: ``default_out_dir``). mlflow_uri: where
+    report goes (default: ``records.layout.report_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
-    out_dir = default_out_dir(results, study) if out_dir is None else out_dir
+    out_dir = report_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,15 +101,6 @@ def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
     return files
 
 
-def default_out_dir(results: str, study: str) -> Path:
-    """Where the report goes unless told: ``<results>/<study>/report``; for remote results (``s3://``,
-    ``gs://``) the local folder ``<study>-report`` where the command runs (the launch's closing lines
-    name it, and with a tracking store it is also the run ``<study>-report``'s artifacts)."""
-    if "://" in results and not results.startswith("file://"):
-        return Path(f"{study}-report").resolve()
-    return Path(results.removeprefix("file://")) / study / "report"
-
-
 def _experiment(uri: str | None, study: str) -> str | None:
     """The study's MLflow experiment id (created if missing), or None without a URI or store."""
     if not uri:
@@ -161,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     uri = args.mlflow_uri
-    if uri is None and "://" not in args.results and (Path(args.results) / "mlflow.db").exists():
+    if uri is None and (db := tracking_db(args.results)) is not None and db.exists():
         from records.stores import default_tracking_uri
 
         uri = default_tracking_uri(args.results)

@@ -30,7 +30,8 @@ from analysis.labels import REFERENCE
 from records import vocab
 from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
-from records.tables import filesystem, list_studies, read_table, table_path
+from records.layout import filesystem, study_dir, table_path
+from records.tables import list_studies, read_table
 from trainables.data_roots import DATASET_SPECS
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
@@ -63,7 +64,7 @@ class StudyData:
 
     @classmethod
     def load(cls, results: str, study: str) -> StudyData:
-        fs, root = filesystem(f"{results.rstrip('/')}/{study}")
+        fs, root = filesystem(study_dir(results, study))
         if fs.get_file_info(root).type != pafs.FileType.Directory:
             raise ValueError(f"no study {study!r} under {results!r}; studies there: {list_studies(results)}")
         tables, notes = {}, []

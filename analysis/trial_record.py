@@ -192,9 +192,9 @@ def _plain(v: Any) -> Any:
 def _drop_stale_summaries(results: str, study: str, keep: set[str]) -> None:
     from pyarrow import fs as pafs
 
-    from records import tables
+    from records import layout
 
-    fs, root = tables.filesystem(tables.table_path(results, study, "summary"))
+    fs, root = layout.filesystem(layout.table_path(results, study, "summary"))
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
         if info.base_name.endswith(".parquet") and info.base_name.removesuffix(".parquet") not in keep:
             fs.delete_file(info.path)

@@ -36,6 +36,8 @@ import os
 import urllib.parse
 from pathlib import Path
 
+from records.layout import tracking_db
+
 VALID_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 SQL_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 CONNECT_TIMEOUT_S = 5.0  # check_tracking_uri: how long an unreachable server may take to fail
@@ -67,7 +69,7 @@ def default_tracking_uri(results: str | os.PathLike) -> str:
             f"live (object stores have no file locking or in-place writes); pass --mlflow-uri "
             f"with {_REMOTE_HINT}."
         )
-    path = Path(text).expanduser().resolve() / "mlflow.db"
+    path = tracking_db(text)
     return f"sqlite:///{path.as_posix()}"
 
 

@@ -10,7 +10,6 @@ same names, switches and rules from here, so no two copies can drift.
     EXECUTION_FIELDS                      run-config fields that say where a run executes, not what it computes
     CHANCE_MARGIN, did_not_learn(acc, classes)   the collapsed-run rule
     JPEG_HEADLINE, BLUR_HEADLINE          Study P's headline severities of the fragility score
-    results_location(path)                the results-path rule: a URI as it is, a local path made absolute
 
 The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
 `trainables.datasets.DATASETS`, `trainables.vit_config.PRESETS`) call `check_registry` at import: a key
@@ -24,7 +23,6 @@ orders names it does not know after these.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 
 # -- the registries' names ------------------------------------------------------------------------
@@ -111,10 +109,3 @@ def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
 # Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.interventions`' grids).
 JPEG_HEADLINE = 5  # quality
 BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
-
-
-# -- where results live ---------------------------------------------------------------------------
-def results_location(path: str) -> str:
-    """The results-path rule: a URI (``s3://...``, anything with ``://``) as it is, a local path
-    made absolute, so every process of a sweep names the same folder whatever its working directory."""
-    return path if "://" in path else os.path.abspath(path)

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from records import layout
+
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 300.0
 POLL_S = 2.0  # a local results folder: a file-info and a small read per running unit
@@ -295,7 +297,7 @@ class RecordReader:
             ends = [r["ended_at"].timestamp() for r in live if r.get("ended_at") is not None]
             ended = max(ends) if ends else None
         probe = (open_ids or [r["trial_id"] for r in live])[0]
-        fs, root = tables.filesystem(tables.table_path(self.results, self.study, "epochs"))
+        fs, root = layout.filesystem(layout.table_path(self.results, self.study, "epochs"))
         path = f"{root}/{probe}.parquet"
         info = fs.get_file_info(path)
         fields = {}

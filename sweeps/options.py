@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from records import vocab
+from records import layout, vocab
 from sweeps import STUDIES, study
 from sweeps.validate import check_args, check_study, check_value
 
@@ -128,7 +128,7 @@ def build_trials(args: argparse.Namespace):
             preset=defaults.preset if args.preset is None else args.preset,
             overrides={**overrides, **dict(zip(swept, values)), **swept_label(swept)},
             # Absolute: every Ray worker process has its own working directory.
-            data_root=vocab.results_location(os.path.expanduser(args.data_root)),
+            data_root=layout.results_location(os.path.expanduser(args.data_root)),
         )
         configs += spec.trials(options, args)
     ids = [c.trial_id for c in configs]

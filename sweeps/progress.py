@@ -51,6 +51,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from records.layout import TABLES, is_uri, logs_dir, study_dir
 from sweeps.live import format_duration
 
 
@@ -203,7 +204,7 @@ def quiet_console(results: str, study: str, verbose: bool):
     if verbose:
         return contextlib.nullcontext()
     name = f"console-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    folder = os.path.join(results, study, "logs") if "://" not in results else None
+    folder = logs_dir(results, study)
     if folder is None or not _writable(folder):
         from sweeps.faults import private_log_folder
 
@@ -265,7 +266,7 @@ class TrialProgress:
         flats = {c.trial_id: c.to_flat() for c in configs}
         plan = live.plan_units(self.members, flats) if flats else {}
         self.clock = clock
-        poll_s = live.REMOTE_POLL_S if "://" in results else live.POLL_S
+        poll_s = live.REMOTE_POLL_S if is_uri(results) else live.POLL_S
         self.live = (live.LiveProgress(plan, live.RecordReader(results, study, self.members, plan), poll_s=poll_s)
                      if plan else None)
 
@@ -401,7 +402,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | No
         planned = f" of {now['planned']} planned" if now["planned"] is not None else ""
         counts = {s: n for s, n in sorted(now["counts"].items()) if n}
         lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
+    lines.append(f"  Parquet tables: {study_dir(results, study)}/{{{','.join(TABLES)}}}/")
     if report:
         lines.append(f"  report:         {report}")
     lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")

@@ -33,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from records import vocab
+from records import layout
 from sweeps import faults, options, progress, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 
@@ -62,10 +62,10 @@ def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
 
 def resolve_paths(args: argparse.Namespace) -> tuple[str, str]:
     """(results, storage), validated, without importing torch, Ray or MLflow."""
-    results = vocab.results_location(args.results)
-    storage = vocab.results_location(args.storage or f"{results.rstrip('/')}/storage")
+    results = layout.results_location(args.results)
+    storage = layout.results_location(args.storage or layout.default_storage(results))
     for flag, uri in (("--results", results), ("--storage", storage)):
-        if "://" not in uri and os.path.exists(uri) and not os.path.isdir(uri):
+        if not layout.is_uri(uri) and os.path.exists(uri) and not os.path.isdir(uri):
             raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
         _check_uri(uri)
     return results, storage
@@ -80,10 +80,8 @@ def resolve_tracking(args: argparse.Namespace, results: str) -> str:
 
 
 def _check_uri(uri: str) -> None:
-    from records.tables import filesystem
-
     try:
-        filesystem(uri)
+        layout.filesystem(uri)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own wording
         raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
 
@@ -199,7 +197,7 @@ def check_address(address: str | None) -> None:
 
     if not address or address == "auto":
         return
-    where = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
+    where = urllib.parse.urlsplit(address if layout.is_uri(address) else f"ray://{address}")
     try:
         host, port = where.hostname, where.port
     except ValueError as exc:
@@ -283,7 +281,7 @@ def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: se
     setup = study.TuneSetup(
         args=args, base=configs[0], trainable=trainable, max_concurrent=max_concurrent(args), stopped=stopped,
         run_config={"name": f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
-                    "storage_path": f"{launch.settings.storage.rstrip('/')}/{args.study}",
+                    "storage_path": layout.storage_dir(launch.settings.storage, args.study),
                     "verbose": progress.tune_verbosity(args.verbose),
                     "callbacks": [watch.callback()], "stop": watch.stopper()})
     if launch.spec.tuner is not None:
@@ -560,9 +558,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
 
 def _report_of(results: str, study_name: str) -> str | None:
     """The study's report written by an earlier launch, where ``build_report`` puts it; None: none."""
-    from analysis.report import default_out_dir
-
-    index = default_out_dir(results, study_name) / "index.html"
+    index = layout.report_dir(results, study_name) / "index.html"
     return str(index) if index.exists() else None
 
 

@@ -138,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from records.vocab import results_location
+    from records.layout import results_location
 
     results = results_location(args.results)
     try:

@@ -7,9 +7,10 @@
 count too: a lazy import is still a dependency. A module's private names (a
 leading underscore) are its own: no other module imports them. The checkpoint
 layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
-names, the protocol switches, the did-not-learn rule, the headline severities and the
-results-path rule are defined in `records/vocab.py` only (standard library imports only), and no other
-module lists two registry names but the registries, the studies' grids and the papers' numbers.
+names, the protocol switches, the did-not-learn rule and the headline severities are defined in
+`records/vocab.py` only (standard library imports only), and no other module lists two registry names
+but the registries, the studies' grids and the papers' numbers. Every results path and the test for a
+URI are `records/layout.py`'s; the product has no import circle.
 """
 
 from __future__ import annotations
@@ -269,8 +270,8 @@ def test_the_checkpoint_layout_is_named_in_one_module():
 
 # -- one vocabulary --------------------------------------------------------------------------------
 # The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
-# the headline severities and the results-path rule live in records/vocab.py only (a data set's sizes: its
-# one row, trainables/data_roots.py).
+# the headline severities live in records/vocab.py only (a data set's sizes: its one row,
+# trainables/data_roots.py; the results-path rule: records/layout.py).
 VOCABULARY = ROOT / "records" / "vocab.py"
 # The studies' grids pick names from the vocabulary: that is what a study is.
 GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
@@ -292,13 +293,11 @@ OWNED = {
 PAPER_TABLES = {"PAPER_P_MODELS": "model", "PAPER_L_MIN_MAD": "protocol"}
 PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
-PENDING_PATH_RULE: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
     "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",
     "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE", "BLUR_HEADLINE",
     "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES", "TRAIN_IMAGES",
-    "results_location",
 )
 
 
@@ -416,23 +415,52 @@ def _is_registry(rel: str, name: str) -> bool:
                            ("trainables/vit_config.py", "PRESETS")}
 
 
-def _path_rules(path: Path) -> list[int]:
-    """Lines of every `x if "://" in x else abspath(x)` (or `if "://" not in x: x = abspath(x)`)."""
+# -- one storage layout ----------------------------------------------------------------------------
+LAYOUT = ROOT / "records" / "layout.py"
+
+
+def _is_study(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id.endswith(("study", "study_name"))) or (
+        isinstance(node, ast.Attribute) and node.attr == "study")
+
+
+def _layout_rules(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every test for "://" (`"://" in x`) and every path built under a study: an
+    f-string with a study between slashes, `os.path.join(..., study, ...)` or `path / study`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, (ast.IfExp, ast.If)) and any(
-                isinstance(c, ast.Constant) and c.value == "://" for c in ast.walk(node.test)):
-            branches = [node.body, node.orelse] if isinstance(node, ast.IfExp) else [*node.body, *node.orelse]
-            if any(isinstance(c, ast.Attribute) and c.attr == "abspath" for b in branches for c in ast.walk(b)):
-                found.append(node.lineno)
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and any(
+                isinstance(c, ast.Constant) and c.value == "://" for c in [node.left, *node.comparators]):
+            found.append((node.lineno, 'a "://" test'))
+        elif isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for i, part in enumerate(parts):
+                beside = [p.value for p in parts[max(i - 1, 0):i + 2:2] if isinstance(p, ast.Constant)]
+                if isinstance(part, ast.FormattedValue) and _is_study(part.value) and any(
+                        b.startswith("/") or b.endswith("/") for b in beside):
+                    found.append((node.lineno, "a <root>/<study> f-string"))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "join" \
+                and any(_is_study(a) for a in node.args[1:]):
+            found.append((node.lineno, "a join under a study"))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _is_study(node.right):
+            found.append((node.lineno, "a Path / study"))
     return found
 
 
-def test_the_results_path_rule_is_written_once():
-    bad = [f"{rel}:{line}" for package in PACKAGES for path in _modules(package) if path != VOCABULARY
-           for rel in [str(path.relative_to(ROOT))] if rel not in PENDING_PATH_RULE for line in _path_rules(path)]
-    assert not bad, "use records.vocab.results_location:\n" + "\n".join(bad)
-    assert _path_rules(VOCABULARY)
+def test_only_the_layout_builds_results_paths_or_tests_for_a_uri():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {what}" for package in PACKAGES for path in _modules(package)
+           if path != LAYOUT for line, what in _layout_rules(path)]
+    assert not bad, "name results paths through records.layout:\n" + "\n".join(bad)
+    assert len(_layout_rules(LAYOUT)) >= 2  # the walk sees the real thing
+
+
+def test_the_layout_walk_sees_each_form(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('import os\nfrom pathlib import Path\n'
+                      'a = "://" in uri\nb = f"{results.rstrip(\'/\')}/{study}/logs"\n'
+                      'c = os.path.join(results, args.study, "logs")\nd = Path(results) / study_name\n'
+                      'e = f"{study}-report"\n')
+    assert [line for line, _ in _layout_rules(module)] == [3, 4, 5, 6]
 
 
 def test_the_vocabulary_imports_only_the_standard_library():

@@ -74,8 +74,10 @@ def test_protocol_names_parse_one_way_everywhere():
 
 def test_the_results_path_rule(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert vocab.results_location("s3://bucket/x") == "s3://bucket/x"
-    assert vocab.results_location("results") == str(tmp_path / "results")
+    from records import layout
+
+    assert layout.results_location("s3://bucket/x") == "s3://bucket/x"
+    assert layout.results_location("results") == str(tmp_path / "results")
 
 
 def test_help_imports_no_heavy_library_and_lists_the_names():
