@@ -200,7 +200,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
-    from analysis.trial_record import write_summary_table
+    from analysis.study_data import write_summary_table
 
     rows = list_checkpoints(results, study, checkpoints)
     if not force:

@@ -9,6 +9,7 @@ same names, switches and rules from here, so no two copies can drift.
     protocol_name(...), canonical_protocol(name)
     EXECUTION_FIELDS                      run-config fields that say where a run executes, not what it computes
     CHANCE_MARGIN, did_not_learn(acc, classes)   the collapsed-run rule
+    CLS_SINK_MASS                         the CLS-sink rule of minimum MAD
     JPEG_HEADLINE, BLUR_HEADLINE          Study P's headline severities of the fragility score
 
 The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
@@ -102,6 +103,13 @@ def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
     if eval_acc is None or math.isnan(eval_acc):
         return None
     return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
+
+
+# -- CLS sinks -------------------------------------------------------------------------------------
+# A head whose patch queries give CLS at least this share of their mass is a CLS sink: its renormalised
+# MAD describes the little left on the patches (uniform, for a head that spreads it), not locality, so
+# minimum MAD (the report's, and a checkpoint's MLflow scalar) leaves it out and counts it (``cls_sink_heads``).
+CLS_SINK_MASS = 0.5
 
 
 # -- Study P's headline severities ----------------------------------------------------------------

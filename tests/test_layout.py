@@ -106,8 +106,15 @@ def _import_closure(name: str) -> set[str]:
 def test_the_measuring_job_imports_neither_the_report_nor_the_page():
     # The Ray Data job reads the data model (analysis.study_data), never the HTML report.
     closure = _import_closure("analysis.job")
-    assert "analysis.study_data" in closure  # the walk reaches it (through trial_record's summary table)
+    assert "analysis.study_data" in closure  # the walk reaches it (the summary table, written last)
     assert not closure & {"analysis.report", "analysis.page"}, sorted(closure & {"analysis.report", "analysis.page"})
+
+
+@pytest.mark.parametrize("module", ["analysis.evaluate", "analysis.trial_record"])
+def test_measuring_a_checkpoint_needs_neither_the_data_model_nor_the_loops_protocols(module):
+    # What a Ray Data actor runs on one checkpoint: the measurement and its MLflow record.
+    reached = _import_closure(module) & {"analysis.study_data", "trainables.protocols", "analysis.report"}
+    assert not reached, sorted(reached)
 
 
 def test_the_closure_follows_lazy_and_from_package_imports():
@@ -295,7 +302,7 @@ PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
-    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",
+    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol", "protocol_switches",
     "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE", "BLUR_HEADLINE",
     "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES", "TRAIN_IMAGES",
 )

@@ -65,7 +65,7 @@ SPLIT_NAMES = ("train", "holdout", "test")
 
 @dataclass(frozen=True, eq=False)
 class DatasetSplits:
-    """A loaded data set. mean/std: per channel, for `protocols.normalize` on [0, 1] pixels.
+    """A loaded data set. mean/std: per channel, for `images.normalize` on [0, 1] pixels.
 
     holdout_indices: int64, rows of the official training set that form `holdout`
     (ascending); `train` holds the others, in their original order.

@@ -90,6 +90,20 @@ def clear_device_constants() -> None:
     _DEVICE_CONSTANTS.clear()
 
 
+def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    # (2, 3, 1, 1): mean and std on the 0-255 scale; built once per device (`device_constant`).
+    stats = torch.tensor([mean, std], dtype=torch.float32).mul(255).view(2, 3, 1, 1)
+    return to_device(stats, device)
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (B, 3, S, S) or (3, S, S) -> float32 (x / 255 - mean) / std, on the images' device."""
+    mean, std = tuple(map(float, mean)), tuple(map(float, std))
+    m, s = device_constant(("pixel_stats", mean, std, images.device),
+                           lambda: _pixel_stats(mean, std, images.device)).unbind(0)
+    return images.float().sub_(m).div_(s)
+
+
 # -- splits ----------------------------------------------------------------------------------
 
 
