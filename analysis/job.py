@@ -38,10 +38,14 @@ import time
 from typing import Any
 
 import numpy as np
+import pyarrow.dataset as pads
 
-from records import files, stores, tables, tracking
+from analysis.study_data import write_summary_table
+from analysis.trial_record import log_checkpoint
+from records import files, manifest, stores, tables, tracking
 from records.layout import filesystem, is_uri, results_location, table_path
 from trainables.data_roots import DATASET_SPECS
+from trainables.ray_start import init_ray
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -145,8 +149,6 @@ class Measurer:
         if self.mlflow_uri:
             run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
             if run_id is not None:
-                from analysis.trial_record import log_checkpoint
-
                 changed = log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
                 if changed:
                     note = (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at "
@@ -200,8 +202,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
-    from analysis.study_data import write_summary_table
-
     rows = list_checkpoints(results, study, checkpoints)
     if not force:
         done = tables.measured(results, study)
@@ -211,7 +211,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     if not rows:
         write_summary_table(results, study)
         return []
-    from trainables.ray_start import init_ray
 
     init_ray(address, log_to_driver=verbose)
     # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
@@ -227,7 +226,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         num_cpus=cpu_each,
         num_gpus=gpu_each or None,
     )
-    from records import manifest
 
     statuses, ended = [], []
     # `vitsweep status` shows the stage, and what continues it when it is cut short
@@ -254,8 +252,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
 def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_size: int | None) -> None:
     """Refuse to measure ``rows`` on another number of images than the study's measured rows of the
     same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
-    import pyarrow.dataset as pads
-
     fs, root = filesystem(table_path(results, study, "measurements"))
     if not rows or fs.get_file_info(root).type.name != "Directory":
         return

@@ -30,7 +30,9 @@ from analysis import page
 from analysis.claims import evaluate_claims
 from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
+from records import tracking
 from records.layout import report_dir, tracking_db
+from records.stores import default_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +45,14 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     report goes (default: ``records.layout.report_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
+    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
+
     out_dir = report_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     body = {key: [] for key in page.SECTIONS}
-    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
 
     for section, title, draw in figures.FIGURES:
         try:
@@ -105,7 +108,6 @@ def _experiment(uri: str | None, study: str) -> str | None:
     """The study's MLflow experiment id (created if missing), or None without a URI or store."""
     if not uri:
         return None
-    from records import tracking
 
     try:
         return tracking.ensure_experiment(uri, study)
@@ -119,15 +121,12 @@ def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
     run id + ``suffix`` is ``records.tracking.run_url``, the run's page in the training layout."""
     if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
         return {}
-    from records import tracking
 
     base, suffix = tracking.run_url(uri, experiment_id, "RUN").split("RUN", 1)
     return {"base": base, "suffix": suffix}
 
 
 def _log_report(uri: str, experiment_id: str, study: str, index: Path, tables: list[Path]) -> None:
-    from records import tracking
-
     try:
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
@@ -154,8 +153,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     uri = args.mlflow_uri
     if uri is None and (db := tracking_db(args.results)) is not None and db.exists():
-        from records.stores import default_tracking_uri
-
         uri = default_tracking_uri(args.results)
     index = build_report(args.results, args.study, out_dir=args.out, mlflow_uri=uri)
     print(index)

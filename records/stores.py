@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import urllib.parse
 from pathlib import Path
 
@@ -133,8 +134,6 @@ def reroot_artifacts(uri: str) -> str | None:
     ``<folder it was made in>/mlartifacts/`` (``records.tracking``'s default) under the folder it is
     in now, for a copied or moved results folder; returns one line saying so, or None when nothing
     had to move. MLflow offers no call to change a location, so it is changed in its tables."""
-    import sqlite3
-
     path = sqlite_path(uri)
     if not path.is_file() or path.stat().st_size == 0:
         return None

@@ -32,7 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from records import layout
+import pyarrow.parquet as pq
+
+from records import layout, tables
 
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 300.0
@@ -269,10 +271,6 @@ class RecordReader:
         return [self.unit(n, n in running) for n in names if n in self.members]
 
     def unit(self, name: str, running: bool = False) -> Unit:
-        import pyarrow.parquet as pq
-
-        from records import tables
-
         if name in self.ended:
             return self.ended[name]
         plan = self.plan.get(name, {})

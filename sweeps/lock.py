@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from records.layout import filesystem, is_uri, lock_path
+from records.manifest import boot_id, proc_start, process_alive
 
 log = logging.getLogger("vitsweep")
 HEARTBEAT_S = 30.0
@@ -58,14 +59,10 @@ class LaunchLockError(ValueError):
 
 
 def _proc_start(pid: int) -> str | None:
-    from records.manifest import proc_start
-
     return proc_start(pid)
 
 
 def _boot_id() -> str | None:
-    from records.manifest import boot_id
-
     return boot_id()
 
 
@@ -81,7 +78,6 @@ def _alive(holder: dict[str, Any]) -> tuple[bool, str]:
         age = float("inf")
     if holder.get("unreadable"):  # a lock being created is unreadable for a moment only
         return (age < UNREADABLE_GRACE_S), "its lock file is not readable JSON"
-    from records.manifest import process_alive  # the same check as `vitsweep status`
 
     alive, why = process_alive(holder)
     if alive is not None:  # on this machine: the pid tells

@@ -158,6 +158,19 @@ def _import_cycles() -> list[list[str]]:
     return cycles
 
 
+MAX_IMPORTS_IN_FUNCTIONS = 79
+
+
+def test_imports_sit_at_the_top_but_where_they_keep_a_heavy_stack_out():
+    # An import inside a function hides a dependency from the reader; it earns its place only where it keeps
+    # torch, Ray or MLflow (or the report's stack) out of a path that does not need them.
+    found = [(path, node.lineno) for package in PACKAGES for path in _modules(package)
+             for fn in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert len(set(found)) <= MAX_IMPORTS_IN_FUNCTIONS, len(set(found))
+
+
 def test_the_product_has_no_import_circle():
     # A circle makes what a module holds depend on which of the two was imported first.
     assert _import_cycles() == []

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from PIL import Image, UnidentifiedImageError
+
 from records import vocab
 
 DEFAULT_DATA_ROOT = os.environ.get("VITSWEEP_DATA_ROOT", "data")
@@ -69,8 +71,6 @@ def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int
 
 def first_image_size(folder: Path) -> int:
     """The shorter side (px) of the first image of the first class folder, from its header."""
-    from PIL import Image, UnidentifiedImageError
-
     classes, _ = find_classes(folder)
     first = Path(folder) / classes[0]
     for dirpath, _, files in sorted(os.walk(first)):

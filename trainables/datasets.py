@@ -44,6 +44,7 @@ once, naming the path, what was expected there and how to obtain it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -141,8 +142,6 @@ def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> 
     device: the data set's name, where it was read, the sizes of the splits it trained and was scored
     on, and a digest of their labels and sizes (equal digests: the same images in the same order, for
     every data set this project loads deterministically)."""
-    import hashlib
-
     scored = data.test if cfg.eval_split == "test" else data.holdout
     sizes = {"train_images": len(train), "eval_images": len(scored), "eval_split": cfg.eval_split,
              "test_images": len(data.test), "holdout_images": len(data.holdout), "classes": data.num_classes,
