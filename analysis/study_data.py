@@ -28,11 +28,10 @@ from pyarrow import fs as pafs
 
 from analysis.conditions import TRIAL_KEYS, normalise_trials
 from analysis.labels import REFERENCE
-from records import vocab
+from records import tables, vocab
 from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
 from records.schema import MEASUREMENTS, PAIRED_COUNTS, SUMMARY_FIELDS, TRIAL_FIELDS
 from records.layout import filesystem, study_dir, table_path
-from records.tables import list_studies, read_table, write_summary
 from trainables.data_roots import DATASET_SPECS
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
@@ -63,16 +62,16 @@ class StudyData:
     def load(cls, results: str, study: str) -> StudyData:
         fs, root = filesystem(study_dir(results, study))
         if fs.get_file_info(root).type != pafs.FileType.Directory:
-            raise ValueError(f"no study {study!r} under {results!r}; studies there: {list_studies(results)}")
-        tables, notes = {}, []
+            raise ValueError(f"no study {study!r} under {results!r}; studies there: {tables.list_studies(results)}")
+        frames, notes = {}, []
         for name in ("trials", "epochs", "measurements"):
-            table = read_table(results, study, name)
+            table = tables.read_table(results, study, name)
             if table is None or table.num_rows == 0:
                 notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
-                tables[name] = pd.DataFrame()
+                frames[name] = pd.DataFrame()
             else:
-                tables[name] = table.to_pandas()
-        return cls.from_frames(study, tables["trials"], tables["epochs"], tables["measurements"], notes=notes)
+                frames[name] = table.to_pandas()
+        return cls.from_frames(study, frames["trials"], frames["epochs"], frames["measurements"], notes=notes)
 
     @classmethod
     def from_frames(cls, study: str, trials: pd.DataFrame, epochs: pd.DataFrame, measurements: pd.DataFrame,
@@ -260,7 +259,7 @@ def write_summary_table(results: str, study: str) -> int:
             if headline.get(name) is not None:
                 headline[name] = int(headline[name])
         headline["did_not_learn"] = bool(headline.get("did_not_learn"))
-        write_summary(results, study, config, headline)
+        tables.write_summary(results, study, config, headline)
     _drop_stale_summaries(results, study, set(pt.index))
     return len(pt)
 
