@@ -19,8 +19,7 @@ import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables import shapes
-from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, patch_size_for
-from trainables.data_roots import dataset_spec as dataset_info
+from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
 from trainables.datasets import DATASETS, capped_subset, holdout_split, load_dataset
 from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
 from trainables.images import ImageFiles, TensorImages
@@ -153,7 +152,7 @@ def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="cifar100.*folder|folder.*cifar100"):
         load_dataset("cifar1000")
     with pytest.raises(ValueError, match="tinyimagenet"):
-        dataset_info("imagenet")
+        dataset_spec("imagenet")
 
 
 @pytest.mark.parametrize("name", ["tinyimagenet", "imagenet100", "folder"])
@@ -205,7 +204,7 @@ def test_tinyimagenet_annotation_with_unknown_wnid(tmp_path):
     ("tinyimagenet", 64, 8, 200), ("imagenet100", 224, 16, 100),
 ])
 def test_registry_gives_the_studies_grids(name, size, patch, classes):
-    info = dataset_info(name)
+    info = dataset_spec(name)
     assert (info.img_size, info.patch_size, info.num_classes) == (size, patch, classes)
     assert info.grid == (14 if size == 224 else 8)
 
@@ -213,8 +212,8 @@ def test_registry_gives_the_studies_grids(name, size, patch, classes):
 def test_folder_info_reads_root(tmp_path):
     root = _write_folder(tmp_path / "f", classes=("x", "y", "z"), per_class=2, size=24, fmt="png")
     with pytest.raises(ValueError, match="needs a root"):
-        dataset_info("folder")
-    info = dataset_info("folder", root)
+        dataset_spec("folder")
+    info = dataset_spec("folder", root)
     assert (info.num_classes, info.img_size, info.patch_size) == (3, 24, 3)
     assert set(DATASETS) == {"shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder"}
 
