@@ -22,7 +22,8 @@ from analysis.paper_numbers import (
     PAPER_P_MODELS,
 )
 from analysis.seedstats import ALPHA, Comparison, compare, one_sample
-from records.vocab import DATASET_SIZES, canonical_protocol
+from records.vocab import canonical_protocol
+from trainables.data_roots import DATASET_SPECS
 
 if TYPE_CHECKING:
     from analysis.claims import Claim
@@ -164,8 +165,8 @@ def uniform_mad(grid: int) -> float:
 
 def grid_size(data: StudyData, dataset: str) -> int | None:
     """G of the data set's trials: img_size // patch_size from the trials table where it has them, else
-    the data set's own sizes (``records.vocab.DATASET_SIZES``); None where neither says."""
-    t, size = data.trials[data.trials["dataset"] == dataset], DATASET_SIZES.get(dataset)
+    the data set's own sizes (``trainables.data_roots.DATASET_SPECS``); None where neither says."""
+    t, size = data.trials[data.trials["dataset"] == dataset], DATASET_SPECS.get(dataset)
 
     def first(column: str):
         stored = t[column].dropna() if column in t else pd.Series(dtype=float)

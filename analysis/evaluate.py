@@ -42,7 +42,7 @@ from analysis.interventions import (
 from records.schema import PAIRED_COUNTS
 from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
 from trainables.pos_embed import POS_EMBEDS
-from trainables.protocols import normalize  # the training loop's normalisation, so both see the same inputs
+from trainables.images import normalize  # the training loop's normalisation, so both see the same inputs
 
 # Alpha scaling per PE, declared by its class (`PositionalEncoding.alpha_scaling`): Study P's `pe_scale`
 # multiplies an additive table; on the rotary PEs the same multiplier scales the rotation angles, position

@@ -38,9 +38,14 @@ import time
 from typing import Any
 
 import numpy as np
+import pyarrow.dataset as pads
 
-from records import files, stores, tables, tracking
-from records.vocab import results_location
+from analysis.study_data import write_summary_table
+from analysis.trial_record import log_checkpoint
+from records import files, manifest, stores, tables, tracking
+from records.layout import filesystem, is_uri, results_location, table_path
+from trainables.data_roots import DATASET_SPECS
+from trainables.ray_start import init_ray
 
 log = logging.getLogger("vitsweep.analyze")
 CHECKPOINT_CHOICES = ("final", "all")
@@ -53,7 +58,7 @@ def list_checkpoints(results: str, study: str, which: str = "final") -> list[dic
         raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
     trials = tables.read_table(results, study, "trials")
     if trials is None:
-        raise ValueError(f"no trials table under {tables.table_path(results, study, 'trials')}: train the study "
+        raise ValueError(f"no trials table under {table_path(results, study, 'trials')}: train the study "
                          f"first; studies under {results}: {tables.list_studies(results) or '(none)'}")
     rows = []
     for t in trials.to_pylist():
@@ -144,14 +149,12 @@ class Measurer:
         if self.mlflow_uri:
             run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
             if run_id is not None:
-                from analysis.trial_record import log_checkpoint
-
                 changed = log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
                 if changed:
                     note = (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at "
                             f"checkpoint epoch {epoch} ({', '.join(sorted({k for k, *_ in changed})[:4])}"
                             f"{', ...' if len({k for k, *_ in changed}) > 4 else ''}), which this measurement "
-                            f"changed; the new values are in {tables.table_path(self.results, self.study, 'measurements')}")
+                            f"changed; the new values are in {table_path(self.results, self.study, 'measurements')}")
         tables.write_measurements(self.results, self.study, trial_id, epoch, rows)  # last: it marks it measured
         return len(rows), note
 
@@ -164,7 +167,7 @@ def _storage_side(exc: Exception) -> bool:
 
 def _fetch(path: str) -> str:
     """A local copy of a checkpoint file (object stores are downloaded)."""
-    if "://" not in path:
+    if not is_uri(path):
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return path
@@ -199,8 +202,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
-    from analysis.trial_record import write_summary_table
-
     rows = list_checkpoints(results, study, checkpoints)
     if not force:
         done = tables.measured(results, study)
@@ -210,7 +211,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     if not rows:
         write_summary_table(results, study)
         return []
-    from trainables.ray_start import init_ray
 
     init_ray(address, log_to_driver=verbose)
     # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
@@ -226,7 +226,6 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         num_cpus=cpu_each,
         num_gpus=gpu_each or None,
     )
-    from records import manifest
 
     statuses, ended = [], []
     # `vitsweep status` shows the stage, and what continues it when it is cut short
@@ -253,11 +252,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
 def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_size: int | None) -> None:
     """Refuse to measure ``rows`` on another number of images than the study's measured rows of the
     same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
-    import pyarrow.dataset as pads
-
-    from records.vocab import DATASET_SIZES
-
-    fs, root = tables.filesystem(tables.table_path(results, study, "measurements"))
+    fs, root = filesystem(table_path(results, study, "measurements"))
     if not rows or fs.get_file_info(root).type.name != "Directory":
         return
     had = pads.dataset(root, filesystem=fs, format="parquet").to_table(columns=["trial_id", "n_images"])
@@ -268,7 +263,7 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
         dataset = dataset_of.get(trial_id)
         if n is None or dataset not in {r["dataset"] for r in rows}:
             continue
-        whole = DATASET_SIZES[dataset].test_images
+        whole = DATASET_SPECS[dataset].test_images
         want = whole if eval_size is None else min(eval_size, whole or eval_size)
         if want is not None and want != n:
             asked = "the whole test split" if eval_size is None else f"--eval-size {eval_size}"

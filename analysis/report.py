@@ -30,6 +30,9 @@ from analysis import page
 from analysis.claims import evaluate_claims
 from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
+from records import tracking
+from records.layout import report_dir, tracking_db
+from records.stores import default_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +42,17 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     """Write the report of ``study`` and return the path of its ``index.html``.
 
     results: the results folder (or a pyarrow URI such as ``s3://bucket/results``). out_dir: where the
-    report goes (default: ``default_out_dir``). mlflow_uri: where
+    report goes (default: ``records.layout.report_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
-    out_dir = default_out_dir(results, study) if out_dir is None else out_dir
+    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
+
+    out_dir = report_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     body = {key: [] for key in page.SECTIONS}
-    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
 
     for section, title, draw in figures.FIGURES:
         try:
@@ -100,20 +104,10 @@ def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
     return files
 
 
-def default_out_dir(results: str, study: str) -> Path:
-    """Where the report goes unless told: ``<results>/<study>/report``; for remote results (``s3://``,
-    ``gs://``) the local folder ``<study>-report`` where the command runs (the launch's closing lines
-    name it, and with a tracking store it is also the run ``<study>-report``'s artifacts)."""
-    if "://" in results and not results.startswith("file://"):
-        return Path(f"{study}-report").resolve()
-    return Path(results.removeprefix("file://")) / study / "report"
-
-
 def _experiment(uri: str | None, study: str) -> str | None:
     """The study's MLflow experiment id (created if missing), or None without a URI or store."""
     if not uri:
         return None
-    from records import tracking
 
     try:
         return tracking.ensure_experiment(uri, study)
@@ -127,15 +121,12 @@ def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
     run id + ``suffix`` is ``records.tracking.run_url``, the run's page in the training layout."""
     if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
         return {}
-    from records import tracking
 
     base, suffix = tracking.run_url(uri, experiment_id, "RUN").split("RUN", 1)
     return {"base": base, "suffix": suffix}
 
 
 def _log_report(uri: str, experiment_id: str, study: str, index: Path, tables: list[Path]) -> None:
-    from records import tracking
-
     try:
         run_id = tracking.study_run(uri, experiment_id, f"{study}-report")
         tracking.log_artifact_file(uri, run_id, index)
@@ -161,9 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     uri = args.mlflow_uri
-    if uri is None and "://" not in args.results and (Path(args.results) / "mlflow.db").exists():
-        from records.stores import default_tracking_uri
-
+    if uri is None and (db := tracking_db(args.results)) is not None and db.exists():
         uri = default_tracking_uri(args.results)
     index = build_report(args.results, args.study, out_dir=args.out, mlflow_uri=uri)
     print(index)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,16 +28,13 @@ from pyarrow import fs as pafs
 
 from analysis.conditions import TRIAL_KEYS, normalise_trials
 from analysis.labels import REFERENCE
-from records import vocab
+from records import tables, vocab
 from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
-from records.schema import MEASUREMENTS, PAIRED_COUNTS
-from records.tables import filesystem, list_studies, read_table, table_path
+from records.schema import MEASUREMENTS, PAIRED_COUNTS, SUMMARY_FIELDS, TRIAL_FIELDS
+from records.layout import filesystem, study_dir, table_path
+from trainables.data_roots import DATASET_SPECS
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
-# A head whose patch queries give CLS at least this share of their mass is a CLS sink: its renormalised
-# MAD describes the little left on the patches (uniform, for a head that spreads it), not locality, so
-# minimum MAD leaves it out and counts it (``cls_sink_heads``).
-CLS_SINK_MASS = 0.5
 # Minimum MAD falls as heads are added (a minimum over L x H heads: 64 in study_l, 96 in study_p), so
 # the mean MAD of these layers stands beside it, comparable across presets (``mad_early``).
 EARLY_LAYERS = (0, 1)
@@ -62,18 +60,18 @@ class StudyData:
 
     @classmethod
     def load(cls, results: str, study: str) -> StudyData:
-        fs, root = filesystem(f"{results.rstrip('/')}/{study}")
+        fs, root = filesystem(study_dir(results, study))
         if fs.get_file_info(root).type != pafs.FileType.Directory:
-            raise ValueError(f"no study {study!r} under {results!r}; studies there: {list_studies(results)}")
-        tables, notes = {}, []
+            raise ValueError(f"no study {study!r} under {results!r}; studies there: {tables.list_studies(results)}")
+        frames, notes = {}, []
         for name in ("trials", "epochs", "measurements"):
-            table = read_table(results, study, name)
+            table = tables.read_table(results, study, name)
             if table is None or table.num_rows == 0:
                 notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
-                tables[name] = pd.DataFrame()
+                frames[name] = pd.DataFrame()
             else:
-                tables[name] = table.to_pandas()
-        return cls.from_frames(study, tables["trials"], tables["epochs"], tables["measurements"], notes=notes)
+                frames[name] = table.to_pandas()
+        return cls.from_frames(study, frames["trials"], frames["epochs"], frames["measurements"], notes=notes)
 
     @classmethod
     def from_frames(cls, study: str, trials: pd.DataFrame, epochs: pd.DataFrame, measurements: pd.DataFrame,
@@ -130,7 +128,7 @@ class StudyData:
         and fs_blur (sigma 2.5): the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_*
         when the severity grid lacks the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
         standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
-        on (``records.vocab.DATASET_SIZES``; test_acc_se_on_subset marks one over n_images instead: split size
+        on (``trainables.data_roots.DATASET_SPECS``; test_acc_se_on_subset marks one over n_images instead: split size
         unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
         method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
         measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean
@@ -191,7 +189,7 @@ class StudyData:
         acc_clean = measured.combine_first(out["test_acc"])
         # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
         # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
-        split = out["dataset"].map(lambda name: vocab.DATASET_SIZES[name].test_images if name in vocab.DATASET_SIZES else None).where(acc.notna()).astype(float)
+        split = out["dataset"].map(lambda name: DATASET_SPECS[name].test_images if name in DATASET_SPECS else None).where(acc.notna()).astype(float)
         out["test_images"] = split
         out["test_acc_se_on_subset"] = split.isna() & out["n_images"].notna() & out["test_acc"].notna()
         out["test_acc_se"] = binomial_se(out["test_acc"], split.fillna(out["n_images"]))
@@ -203,7 +201,7 @@ class StudyData:
         return out.reset_index()
 
     def local_heads(self, *, final: bool = True) -> pd.DataFrame:
-        """(clean, mad) rows per layer and head of the heads that are no CLS sink (``CLS_SINK_MASS``);
+        """(clean, mad) rows per layer and head of the heads that are no CLS sink (``records.vocab.CLS_SINK_MASS``);
         every head where the measurements hold no ``cls_mass``."""
         mad = self.select("clean", "mad", per_layer=True, per_head=True, final=final)
         cls = self.select("clean", "cls_mass", per_layer=True, per_head=True, final=final)
@@ -211,7 +209,7 @@ class StudyData:
             return mad
         keys = ["trial_id", "checkpoint_epoch", "layer", "head_index"]
         mass = mad[keys].merge(cls[[*keys, "value"]], on=keys, how="left")["value"].to_numpy()
-        return mad[~(mass >= CLS_SINK_MASS)]
+        return mad[~(mass >= vocab.CLS_SINK_MASS)]
 
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
         """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
@@ -238,3 +236,43 @@ class StudyData:
             return True
         t = self.trials[self.trials["dataset"] == dataset]
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
+
+
+def write_summary_table(results: str, study: str) -> int:
+    """Write the wide ``summary`` table (one row per counted finished trial: its flat config, final
+    accuracies and headline metrics at its last measured checkpoint) through ``records.tables``;
+    returns the number of rows. Trials no longer counted (a rerun of a seed) lose their row."""
+    data = StudyData.load(results, study)
+    if data.trials.empty:
+        return 0
+    raw = data.raw_trials.drop_duplicates("trial_id", keep="last").set_index("trial_id")
+    fixed = set(TRIAL_FIELDS.names) | set(SUMMARY_FIELDS.names)
+    config_columns = [c for c in raw.columns if c not in fixed]
+    pt = data.per_trial.set_index("trial_id")
+    for trial_id, p in pt.iterrows():
+        stored = raw.loc[trial_id]
+        config = {c: _plain(stored[c]) for c in config_columns}
+        headline = {"trial_id": trial_id, "study": study, "eval_acc": _plain(stored.get("eval_acc")),
+                    "mlflow_run_id": _plain(stored.get("mlflow_run_id")),
+                    **{f.name: _plain(p[f.name]) for f in SUMMARY_FIELDS if f.name in p.index}}
+        for name in ("checkpoint_epoch", "n_images", "cls_sink_heads"):
+            if headline.get(name) is not None:
+                headline[name] = int(headline[name])
+        headline["did_not_learn"] = bool(headline.get("did_not_learn"))
+        tables.write_summary(results, study, config, headline)
+    _drop_stale_summaries(results, study, set(pt.index))
+    return len(pt)
+
+
+def _plain(v: Any) -> Any:
+    """A Python scalar for the Parquet writer (numpy scalars as int / float / bool; NaN and NA as None)."""
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
+        return None
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _drop_stale_summaries(results: str, study: str, keep: set[str]) -> None:
+    fs, root = filesystem(table_path(results, study, "summary"))
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.base_name.endswith(".parquet") and info.base_name.removesuffix(".parquet") not in keep:
+            fs.delete_file(info.path)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from records import measurements, tracking
-from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
+from records.vocab import BLUR_HEADLINE, CLS_SINK_MASS, JPEG_HEADLINE
 
 # (intervention, metric) -> MLflow key prefix of a per-layer curve, and how heads are reduced.
 _PROFILES = {
@@ -45,10 +45,8 @@ def _set(x: Any) -> bool:
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Scalar MLflow metrics of one checkpoint's rows: acc_clean, n_images, dssdc_rpi, fs_jpeg_q5,
-    fs_blur_s2.5, mad_min (over heads that are no CLS sink, ``study_data.CLS_SINK_MASS``),
+    fs_blur_s2.5, mad_min (over heads that are no CLS sink, ``records.vocab.CLS_SINK_MASS``),
     ape_norm_ratio (a learned APE only); NaNs left out."""
-    from analysis.study_data import CLS_SINK_MASS
-
     out: dict[str, float] = {}
     mads, cls_mass = {}, {}
     for r in rows:
@@ -148,53 +146,3 @@ def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int,
             path.write_bytes(render(fig))
             tracking.log_artifact_file(uri, run_id, path, "figures")
     return changed
-
-
-def write_summary_table(results: str, study: str) -> int:
-    """Write the wide ``summary`` table (one row per counted finished trial: its flat config, final
-    accuracies and headline metrics at its last measured checkpoint) through ``records.tables``;
-    returns the number of rows. Trials no longer counted (a rerun of a seed) lose their row."""
-    from analysis.study_data import StudyData
-    from records import tables
-    from records.schema import SUMMARY_FIELDS, TRIAL_FIELDS
-
-    data = StudyData.load(results, study)
-    if data.trials.empty:
-        return 0
-    raw = data.raw_trials.drop_duplicates("trial_id", keep="last").set_index("trial_id")
-    fixed = set(TRIAL_FIELDS.names) | set(SUMMARY_FIELDS.names)
-    config_columns = [c for c in raw.columns if c not in fixed]
-    pt = data.per_trial.set_index("trial_id")
-    for trial_id, p in pt.iterrows():
-        stored = raw.loc[trial_id]
-        config = {c: _plain(stored[c]) for c in config_columns}
-        headline = {"trial_id": trial_id, "study": study, "eval_acc": _plain(stored.get("eval_acc")),
-                    "mlflow_run_id": _plain(stored.get("mlflow_run_id")),
-                    **{f.name: _plain(p[f.name]) for f in SUMMARY_FIELDS if f.name in p.index}}
-        for name in ("checkpoint_epoch", "n_images", "cls_sink_heads"):
-            if headline.get(name) is not None:
-                headline[name] = int(headline[name])
-        headline["did_not_learn"] = bool(headline.get("did_not_learn"))
-        tables.write_summary(results, study, config, headline)
-    _drop_stale_summaries(results, study, set(pt.index))
-    return len(pt)
-
-
-def _plain(v: Any) -> Any:
-    """A Python scalar for the Parquet writer (numpy scalars as int / float / bool; NaN and NA as None)."""
-    import pandas as pd
-
-    if v is None or (not isinstance(v, str) and pd.isna(v)):
-        return None
-    return v.item() if isinstance(v, np.generic) else v
-
-
-def _drop_stale_summaries(results: str, study: str, keep: set[str]) -> None:
-    from pyarrow import fs as pafs
-
-    from records import tables
-
-    fs, root = tables.filesystem(tables.table_path(results, study, "summary"))
-    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        if info.base_name.endswith(".parquet") and info.base_name.removesuffix(".parquet") not in keep:
-            fs.delete_file(info.path)

@@ -57,8 +57,7 @@ from torchvision.ops import roi_align
 from analysis.evaluate import APENormRatio
 from trainables.config import RunConfig
 from trainables.datasets import load_dataset
-from trainables.images import eval_view
-from trainables.protocols import normalize
+from trainables.images import eval_view, normalize
 from trainables.train import build_optimizer, lr_factor
 from trainables.vit import ViT
 

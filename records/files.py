@@ -21,16 +21,7 @@ from typing import Any
 
 from pyarrow import fs as pafs
 
-from records.tables import filesystem
-
-
-def _is_remote(uri: str) -> bool:
-    return "://" in uri
-
-
-def _in_form_of(uri: str, path: str) -> str:
-    """`path` (a filesystem path) written as `uri` is: with its scheme for a remote URI."""
-    return f"{uri.split('://')[0]}://{path}" if _is_remote(uri) else path
+from records.layout import filesystem, in_form_of, is_uri
 
 
 def exists(uri: str) -> bool:
@@ -53,7 +44,7 @@ def upload(local: str | os.PathLike, uri: str) -> None:
     resume after a kill mid-upload) never sees half a file."""
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    if _is_remote(uri):
+    if is_uri(uri):
         pafs.copy_files(os.fspath(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
         return
     tmp = f"{path}.tmp"
@@ -79,7 +70,7 @@ def upload_new(paths: Iterable[Path], uri: str, uploaded: MutableMapping[str, in
 def _list(uri: str, kind: pafs.FileType) -> list[str]:
     fs, root = filesystem(uri)
     infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return sorted(_in_form_of(uri, i.path) for i in infos if i.type == kind)
+    return sorted(in_form_of(uri, i.path) for i in infos if i.type == kind)
 
 
 def list_files(uri: str) -> list[str]:
@@ -96,7 +87,7 @@ def write_json(uri: str, obj: Mapping[str, Any]) -> None:
     """Write `obj` as JSON at `uri`, atomically (local: a temporary name renamed into place)."""
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    target = path if _is_remote(uri) else f"{path}.tmp"
+    target = path if is_uri(uri) else f"{path}.tmp"
     with fs.open_output_stream(target) as out:
         out.write(json.dumps(obj, indent=1, default=str).encode())
     if target != path:

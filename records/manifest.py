@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from records import files
+from records.layout import study_file
 
 MANIFEST_FILE = "sweep.json"
 HEARTBEAT_FILE = "heartbeat.json"
@@ -39,10 +40,6 @@ STALE_AFTER_S = 4 * HEARTBEAT_INTERVAL_S
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _path(results: str, study: str, name: str) -> str:
-    return f"{results.rstrip('/')}/{study}/{name}"
 
 
 def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, Any]], command: Sequence[str],
@@ -58,16 +55,16 @@ def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, A
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    files.write_json(_path(results, study, MANIFEST_FILE), manifest)
+    files.write_json(study_file(results, study, MANIFEST_FILE), manifest)
     return manifest
 
 
 def read_manifest(results: str, study: str) -> dict | None:
-    return files.read_json(_path(results, study, MANIFEST_FILE))
+    return files.read_json(study_file(results, study, MANIFEST_FILE))
 
 
 def read_heartbeat(results: str, study: str) -> dict | None:
-    return files.read_json(_path(results, study, HEARTBEAT_FILE))
+    return files.read_json(study_file(results, study, HEARTBEAT_FILE))
 
 
 def beat(results: str, study: str, *, ended: bool = False, stage: str | None = None,
@@ -75,7 +72,7 @@ def beat(results: str, study: str, *, ended: bool = False, stage: str | None = N
     """Write the heartbeat: who beats (host, pid, its start time, the boot), ``stage`` and its
     ``progress`` ({done, total, unit, eta_s, ...}: see ``report_progress``), and with ``ended`` the
     ``outcome`` (None: the stage ran to its end)."""
-    files.write_json(_path(results, study, HEARTBEAT_FILE), {
+    files.write_json(study_file(results, study, HEARTBEAT_FILE), {
         "time": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid(),
         "proc_start": proc_start(os.getpid()), "boot_id": boot_id(), "ended": ended,
         "stage": stage, "progress": dict(progress) if progress else None, "outcome": outcome,
@@ -173,7 +170,7 @@ def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S
     from a stage that holds no record open; an exception leaves the beat unstamped. Inside,
     ``report_progress(results, study, ...)`` sets the stage's progress."""
     state = _Stage(results, study, stage)
-    key = _path(results, study, HEARTBEAT_FILE)
+    key = study_file(results, study, HEARTBEAT_FILE)
     stop = threading.Event()
 
     def loop() -> None:
@@ -207,7 +204,7 @@ def report_progress(results: str, study: str, *, done: int, total: int, unit: st
     seconds or None): in the heartbeat file at once (the first, the last, and at most every
     ``PROGRESS_WRITE_S`` between) and with
     every beat. Without a live heartbeat of (results, study) in this process it does nothing."""
-    state = _LIVE.get(_path(results, study, HEARTBEAT_FILE))
+    state = _LIVE.get(study_file(results, study, HEARTBEAT_FILE))
     if state is None:
         return
     first = state.progress is None

@@ -38,8 +38,6 @@ def log_new_points(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]
     every point it is sent and can neither overwrite nor delete one, so measuring a checkpoint again
     (``--force``, or a rerun after its Parquet file failed) never adds a second value at a step.
     Returns (key, step, the value MLflow keeps, the new value) of each point the new value differs at."""
-    from records.client import with_retries
-
     new: dict[str, dict[int, Any]] = {}
     changed = []
     for key, values in series.items():

@@ -58,8 +58,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-TABLES = ("trials", "epochs", "measurements", "summary")
-
 # Columns of `trials` beside the flat run config.
 TRIAL_FIELDS = pa.schema(
     [

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import urllib.parse
 from pathlib import Path
+
+from records.layout import tracking_db
 
 VALID_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 SQL_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
@@ -67,7 +70,7 @@ def default_tracking_uri(results: str | os.PathLike) -> str:
             f"live (object stores have no file locking or in-place writes); pass --mlflow-uri "
             f"with {_REMOTE_HINT}."
         )
-    path = Path(text).expanduser().resolve() / "mlflow.db"
+    path = tracking_db(text)
     return f"sqlite:///{path.as_posix()}"
 
 
@@ -131,8 +134,6 @@ def reroot_artifacts(uri: str) -> str | None:
     ``<folder it was made in>/mlartifacts/`` (``records.tracking``'s default) under the folder it is
     in now, for a copied or moved results folder; returns one line saying so, or None when nothing
     had to move. MLflow offers no call to change a location, so it is changed in its tables."""
-    import sqlite3
-
     path = sqlite_path(uri)
     if not path.is_file() or path.stat().st_size == 0:
         return None

@@ -25,7 +25,6 @@ moved copy reads the copy's checkpoints, never the original's.
 from __future__ import annotations
 
 import math
-import os
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -34,22 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TABLES, TRIAL_FIELDS
-from records.vocab import results_location
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path) for a local folder or a remote URI."""
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), results_location(uri)
-    return pafs.FileSystem.from_uri(uri)
-
-
-def table_path(results: str, study: str, table: str) -> str:
-    """Folder of one table, in the same form (local path or URI) as ``results``."""
-    if table not in TABLES:
-        raise ValueError(f"unknown table {table!r}; valid tables: {list(TABLES)}")
-    return f"{results.rstrip('/')}/{study}/{table}"
+from records.layout import TABLES, filesystem, relative_path, rooted_path, table_path
+from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TRIAL_FIELDS
 
 
 def _write(table: pa.Table, results: str, study: str, name: str, file: str) -> str:
@@ -85,32 +70,6 @@ def _wide_row(fields: pa.Schema, config: Mapping[str, Any], outcome: Mapping[str
 
 
 PATH_COLUMNS = ("checkpoint_path", "snapshot_dir")
-
-
-def _root(results: str) -> str:
-    return results_location(results).rstrip("/")
-
-
-def relative_path(results: str, value: Any) -> Any:
-    """A path under the results root, as stored: relative to it (anything else as it is)."""
-    root = _root(results) + "/"
-    return value[len(root):] if isinstance(value, str) and value.startswith(root) else value
-
-
-def rooted_path(results: str, study: str, value: Any) -> Any:
-    """A stored path, as read: a relative one joined to ``results``; an absolute one of an older row
-    re-rooted under ``results`` when it names ``.../storage/<study>/...`` and that file is here."""
-    if not isinstance(value, str) or not value or "://" in value:
-        return value
-    root = _root(results)
-    if not value.startswith("/"):
-        return f"{root}/{value}"
-    if "://" in root or value.startswith(root + "/"):
-        return value
-    at = value.rfind(f"/storage/{study}/")
-    if at >= 0 and os.path.exists(root + value[at:]):
-        return root + value[at:]
-    return value
 
 
 def _rooted_rows(results: str, study: str, table: pa.Table) -> pa.Table:

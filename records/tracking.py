@@ -496,7 +496,7 @@ def search_trial_runs(uri: str, experiment_name: str):
     experiment_id, status, start_time, end_time (UTC timestamps), artifact_uri,
     then ``metrics.<key>`` (latest value), ``params.<key>``, ``tags.<key>``.
     Raises ValueError if the experiment does not exist, listing those that do."""
-    import pandas as pd
+    import pandas as pd  # here: records.tracking is on a launch's path, which needs no pandas
 
     experiment = with_retries("get experiment", uri, lambda c: c.get_experiment_by_name(experiment_name))
     if experiment is None:

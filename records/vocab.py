@@ -9,9 +9,8 @@ same names, switches and rules from here, so no two copies can drift.
     protocol_name(...), canonical_protocol(name)
     EXECUTION_FIELDS                      run-config fields that say where a run executes, not what it computes
     CHANCE_MARGIN, did_not_learn(acc, classes)   the collapsed-run rule
+    CLS_SINK_MASS                         the CLS-sink rule of minimum MAD
     JPEG_HEADLINE, BLUR_HEADLINE          Study P's headline severities of the fragility score
-    DATASET_SIZES                         image size, patch size, classes, train / test split sizes per data set
-    results_location(path)                the results-path rule: a URI as it is, a local path made absolute
 
 The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
 `trainables.datasets.DATASETS`, `trainables.vit_config.PRESETS`) call `check_registry` at import: a key
@@ -25,9 +24,7 @@ orders names it does not know after these.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 # -- the registries' names ------------------------------------------------------------------------
 PES = ("none", "ape", "sincos2d", "rope2d", "rope2d_mixed")
@@ -108,45 +105,15 @@ def did_not_learn(eval_acc: float | None, num_classes: int) -> bool | None:
     return bool(eval_acc <= 1.0 / num_classes + CHANCE_MARGIN + 1e-12)
 
 
+# -- CLS sinks -------------------------------------------------------------------------------------
+# A head whose patch queries give CLS at least this share of their mass is a CLS sink: its renormalised
+# MAD describes the little left on the patches (uniform, for a head that spreads it), not locality, so
+# minimum MAD (the report's, and a checkpoint's MLflow scalar) leaves it out and counts it (``cls_sink_heads``).
+CLS_SINK_MASS = 0.5
+
+
 # -- Study P's headline severities ----------------------------------------------------------------
 # The fragility score (FS) a claim, a summary column and a trial's MLflow run report: JPEG quality 5,
 # Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.interventions`' grids).
 JPEG_HEADLINE = 5  # quality
 BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
-
-
-# -- data-set sizes -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DatasetSize:
-    """What a data set is, by the numbers (None: read from the root, as for `folder`).
-
-    img_size / patch_size: px (the grid is img_size // patch_size); train_images: the official
-    training split before any holdout; test_images: the official test split (the n behind test_acc)."""
-
-    img_size: int | None
-    patch_size: int | None
-    num_classes: int | None
-    train_images: int | None
-    test_images: int | None
-
-
-# `trainables.datasets.DATASETS` checks its entries against these at import (`shapes`' splits are
-# `trainables.shapes.TRAIN_SIZE` / `TEST_SIZE`).
-DATASET_SIZES = {
-    "shapes": DatasetSize(32, 4, 10, 10_000, 2_000),
-    "cifar10": DatasetSize(32, 4, 10, 50_000, 10_000),
-    "cifar100": DatasetSize(32, 4, 100, 50_000, 10_000),
-    "tinyimagenet": DatasetSize(64, 8, 200, 100_000, 10_000),  # val used as test
-    "imagenet100": DatasetSize(224, 16, 100, 126_689, 5_000),  # val used as test
-    "folder": DatasetSize(None, None, None, None, None),
-}
-
-
-# -- where results live ---------------------------------------------------------------------------
-def results_location(path: str) -> str:
-    """The results-path rule: a URI (``s3://...``, anything with ``://``) as it is, a local path
-    made absolute, so every process of a sweep names the same folder whatever its working directory."""
-    return path if "://" in path else os.path.abspath(path)
-
-
-check_registry("records.vocab.DATASET_SIZES", DATASET_SIZES, DATASETS, "DATASETS")

@@ -15,13 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
 
 from records import vocab
-from sweeps import STUDIES
-from sweeps import options
-from sweeps import run as launcher
+from sweeps import STUDIES, options, progress, run as launcher, status as status_module, study
+from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.validate import OneLineParser
 
 EXAMPLES = {
@@ -78,9 +78,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog=f"example: {EXAMPLES['analyze']}",
     )
     if command in (None, "analyze"):
-        from analysis import job
-
-        job.add_arguments(analyze)
+        _analysis("analyze").add_arguments(analyze)
 
     report = sub.add_parser(
         "report",
@@ -89,9 +87,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog=f"example: {EXAMPLES['report']}",
     )
     if command in (None, "report"):
-        from analysis import report as report_module
-
-        report_module.add_arguments(report)
+        _analysis("report").add_arguments(report)
 
     status = sub.add_parser(
         "status",
@@ -99,7 +95,6 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
         epilog=f"example: {EXAMPLES['status']}",
     )
-    from sweeps import status as status_module
 
     status_module.add_arguments(status)
     compare = sub.add_parser(
@@ -109,10 +104,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog=f"example: {EXAMPLES['compare']}",
     )
     if command in (None, "compare"):
-        from analysis import compare as compare_module
-
-        compare_module.add_arguments(compare)
+        _analysis("compare").add_arguments(compare)
     return parser
+
+
+def _analysis(command: str):
+    """The module of an analysis command, imported only when that command runs or shows its help: the
+    analysis stack (pandas, SciPy, Ray Data) stays out of a launch's pre-torch checks."""
+    from analysis import compare, job, report
+
+    return {"analyze": job, "report": report, "compare": compare}[command]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,15 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "analyze":
         return analyze(args)
     if args.command == "status":
-        from sweeps import status as status_module
-
         return status_module.run(args)
     if args.command in ("report", "compare"):
-        from analysis import compare as compare_module
-        from analysis import report as report_module
-
         try:
-            return (report_module if args.command == "report" else compare_module).run(args)
+            return _analysis(args.command).run(args)
         except launcher.user_errors() as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -144,12 +140,7 @@ def analyze(args: argparse.Namespace) -> int:
     """``vitsweep analyze``: the study's own checkpoints and evaluation size unless given (what its
     ``--stage all`` measures, so this continues it), one analysis of a study at a time (the launch
     lock; ``analysis/`` does not reach ``sweeps/``), a storage fault in one line, exit 1."""
-    import logging
-
-    from analysis import job
-    from sweeps import progress, study
-    from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-
+    job = _analysis("analyze")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     progress.configure_console(args.verbose)
     if args.study in STUDIES:  # another name is refused with the studies the results hold
@@ -169,7 +160,7 @@ def analyze(args: argparse.Namespace) -> int:
                                     then="run the same command again")
         except KeyboardInterrupt:
             print(f"vitsweep: analysis interrupted; measured checkpoints are kept, and the same command continues "
-                  f"(`{progress.shell(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
+                  f"(`{status_module.shell(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
                   file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 

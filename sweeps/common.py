@@ -17,6 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainables.config import RunConfig
+from trainables.data_roots import dataset_spec
+from trainables.protocol_spec import Protocol
+
 if TYPE_CHECKING:
     from trainables.config import RunConfig
     from trainables.protocol_spec import Protocol
@@ -41,15 +45,11 @@ NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
 
 def all_protocols() -> tuple[Protocol, ...]:
     """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
-    from trainables.protocol_spec import Protocol
-
     return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:
-    from trainables.config import dataset_size
-
-    size = dataset_size(dataset, data_root).img_size
+    size = dataset_spec(dataset, data_root).img_size
     return NATIVE_PRESETS.get(size, "study_l")
 
 
@@ -64,8 +64,6 @@ def make_trials(
     A condition is a dict with ``dataset`` and any run-config fields (``pe``,
     ``rpt``, ``protocol``, ...); ``base`` holds the study's recipe; user
     ``--set`` overrides win over both."""
-    from trainables.config import RunConfig
-
     configs = []
     for cond in conditions:
         cond = dict(cond)

@@ -17,7 +17,9 @@ import json
 import sys
 from collections import Counter
 
+from sweeps import estimate
 from sweeps.options import build_packs, build_trials
+from sweeps.packs import pack_of
 from sweeps.validate import parse_overrides
 
 # The recipe's fields too (optimizer ... cutmix_prob): the factorial trains each image size with its study's.
@@ -27,9 +29,6 @@ SHOWN = ("preset", "epochs", "lr")  # beside the id: in the compact list when th
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    from sweeps import estimate
-    from sweeps.packs import pack_of
-
     configs = build_trials(args)
     packs = build_packs(args, configs)
     rows = [{**c.to_flat(), "trial_id": c.trial_id} for c in configs]  # each trial's config, built once

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from records.vocab import DATASET_SIZES
+from trainables.data_roots import DATASET_SPECS
 
 TABLE = Path(__file__).resolve().parent.parent / "bench" / "measured" / "gpu_suite.json"
 
@@ -29,8 +29,8 @@ def load_table(path: Path | None = None) -> dict[str, Any] | None:
 
 def trial_images(flat: dict[str, Any]) -> int | None:
     """Training images one trial sees over all its epochs (None for a data set of unknown size): the
-    official training split (`records.vocab.DATASET_SIZES`) less the holdout, capped, times the epochs."""
-    size = DATASET_SIZES.get(flat["dataset"])
+    official training split (`trainables.data_roots.DATASET_SPECS`) less the holdout, capped, times the epochs."""
+    size = DATASET_SPECS.get(flat["dataset"])
     n = size.train_images if size is not None else None
     if n is None:
         return None

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from records.layout import filesystem, logs_dir, train_storage
 from records.stores import TrackingError, redact, scheme
 
 log = logging.getLogger("vitsweep")
@@ -127,7 +128,7 @@ class LaunchLog(logging.Handler):
     def __init__(self, results: str, study: str):
         super().__init__(logging.DEBUG)
         name = f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        here = [os.path.join(results, study, "logs", name)] if "://" not in results else []
+        here = [os.path.join(logs, name)] if (logs := logs_dir(results, study)) else []
         self._candidates = [*here, os.path.join(private_log_folder(), f"{study}-{name}")]
         self.path: str | None = None
         self._file = None
@@ -327,9 +328,7 @@ def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) 
 
     from pyarrow import fs as pafs
 
-    from records.tables import filesystem
-
-    fs, root = filesystem(f"{storage.rstrip('/')}/{study}/train")
+    fs, root = filesystem(train_storage(storage, study))
     paths = [f"{root}/{name}/{TRAIN_SNAPSHOT}" for name in dict.fromkeys(names)]  # (a pack of one: its trial)
     lines = []
     for info in fs.get_file_info(paths):

@@ -26,6 +26,7 @@ import json
 import logging
 from pathlib import Path
 
+from records import layout
 from sweeps.common import StudyOptions, make_trials
 
 DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=30, preset=None)
@@ -120,22 +121,16 @@ def after_sweep(results: str, grid, configs) -> None:
                                        {k: best.config[k] for k in SEARCHED}, path)
 
 
-def best_config_path(results: str) -> str:
-    return f"{results.rstrip('/')}/hparam/best_config.json"
-
-
 def write_best(results: str, best: dict, *, score: float, condition: dict, n_trials: int) -> str:
     """Write the winner where ``--defaults-from`` reads it."""
-    from records.tables import filesystem
-
     doc = {
         "best_config": {k: best[k] for k in SEARCHED},
         "score": {"metric": METRIC, "split": "holdout", "value": score},
         "condition": condition,
         "trials": n_trials,
     }
-    path = best_config_path(results)
-    fs, local = filesystem(path)
+    path = layout.best_config_path(results)
+    fs, local = layout.filesystem(path)
     fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(local) as f:
         f.write(json.dumps(doc, indent=1).encode())

@@ -32,6 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
+
+from records import layout, tables
+
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 300.0
 POLL_S = 2.0  # a local results folder: a file-info and a small read per running unit
@@ -267,10 +271,6 @@ class RecordReader:
         return [self.unit(n, n in running) for n in names if n in self.members]
 
     def unit(self, name: str, running: bool = False) -> Unit:
-        import pyarrow.parquet as pq
-
-        from records import tables
-
         if name in self.ended:
             return self.ended[name]
         plan = self.plan.get(name, {})
@@ -295,7 +295,7 @@ class RecordReader:
             ends = [r["ended_at"].timestamp() for r in live if r.get("ended_at") is not None]
             ended = max(ends) if ends else None
         probe = (open_ids or [r["trial_id"] for r in live])[0]
-        fs, root = tables.filesystem(tables.table_path(self.results, self.study, "epochs"))
+        fs, root = layout.filesystem(layout.table_path(self.results, self.study, "epochs"))
         path = f"{root}/{probe}.parquet"
         info = fs.get_file_info(path)
         fields = {}

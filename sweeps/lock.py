@@ -45,8 +45,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
+from records.layout import filesystem, is_uri, lock_path
+from records.manifest import boot_id, proc_start, process_alive
+
 log = logging.getLogger("vitsweep")
-LOCK_NAME = ".launch.lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
 UNREADABLE_GRACE_S = 10.0
@@ -56,19 +58,11 @@ class LaunchLockError(ValueError):
     """Another live launch of the study holds the lock (a user error: exit code 2)."""
 
 
-def lock_uri(results: str, study: str) -> str:
-    return f"{results.rstrip('/')}/{study}/{LOCK_NAME}"
-
-
 def _proc_start(pid: int) -> str | None:
-    from records.manifest import proc_start
-
     return proc_start(pid)
 
 
 def _boot_id() -> str | None:
-    from records.manifest import boot_id
-
     return boot_id()
 
 
@@ -84,7 +78,6 @@ def _alive(holder: dict[str, Any]) -> tuple[bool, str]:
         age = float("inf")
     if holder.get("unreadable"):  # a lock being created is unreadable for a moment only
         return (age < UNREADABLE_GRACE_S), "its lock file is not readable JSON"
-    from records.manifest import process_alive  # the same check as `vitsweep status`
 
     alive, why = process_alive(holder)
     if alive is not None:  # on this machine: the pid tells
@@ -109,7 +102,7 @@ class LaunchLock:
     what: str = "launch"
 
     def __post_init__(self) -> None:
-        self.uri = lock_uri(self.results, self.study)
+        self.uri = lock_path(self.results, self.study)
         self.token = uuid.uuid4().hex
         self.holder = {
             "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
@@ -118,7 +111,7 @@ class LaunchLock:
         }
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._local = "://" not in self.uri
+        self._local = not is_uri(self.uri)
         self._made_folder = False  # the study's folder was created for the lock: removed with it when empty
 
     # -- acquire / release ----------------------------------------------------------
@@ -248,8 +241,6 @@ class LaunchLock:
             return 0.0
 
     def _fs(self):
-        from records.tables import filesystem
-
         return filesystem(self.uri)
 
     def _write_remote(self) -> None:

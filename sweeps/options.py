@@ -16,8 +16,11 @@ import os
 import sys
 from collections.abc import Mapping
 
-from records import vocab
+from records import layout, vocab
 from sweeps import STUDIES, study
+from sweeps.common import StudyOptions
+from sweeps.hparam import read_defaults
+from sweeps.packs import form_packs, pack_size
 from sweeps.validate import check_args, check_study, check_value
 
 STAGES = ("train", "analyze", "report", "all")
@@ -107,16 +110,12 @@ def check_gpus(cluster: Mapping[str, float], args: argparse.Namespace) -> str | 
 
 def build_trials(args: argparse.Namespace):
     """The study's trial configs; raises ValueError on any bad name or value."""
-    from sweeps.common import StudyOptions
-
     swept = check(args)
     spec = study.of(args.study)
     defaults: StudyOptions = spec.defaults
     # At GPU speed an epoch takes seconds: checkpoint by wall time, not every epoch (--set overrides it).
     overrides = {"checkpoint_interval_s": GPU_CHECKPOINT_INTERVAL_S} if gpus_per_trial(args) > 0 else {}
     if args.defaults_from:
-        from sweeps.hparam import read_defaults  # the file the hparam study writes
-
         overrides.update({k: check_value(k, v) for k, v in read_defaults(args.defaults_from).items()})
     datasets = tuple(d.strip() for d in args.datasets.split(",") if d.strip()) if args.datasets else defaults.datasets
     configs = []
@@ -128,7 +127,7 @@ def build_trials(args: argparse.Namespace):
             preset=defaults.preset if args.preset is None else args.preset,
             overrides={**overrides, **dict(zip(swept, values)), **swept_label(swept)},
             # Absolute: every Ray worker process has its own working directory.
-            data_root=vocab.results_location(os.path.expanduser(args.data_root)),
+            data_root=layout.results_location(os.path.expanduser(args.data_root)),
         )
         configs += spec.trials(options, args)
     ids = [c.trial_id for c in configs]
@@ -142,7 +141,7 @@ def build_trials(args: argparse.Namespace):
 def seeds_notice(seeds: int, configs) -> str | None:
     """With ``--seeds N``: one line naming the claims that read "not enough seeds" at N seeds whatever
     the results (``analysis.claims.undecided`` on the planned trials); None when every claim can decide."""
-    import pandas as pd
+    import pandas as pd  # here, as in sweeps/cli.py: the report's stack stays out of a launch's first checks
 
     from analysis.claims import undecided
     from analysis.study_data import StudyData
@@ -164,7 +163,5 @@ def swept_label(swept) -> dict:
 
 def build_packs(args: argparse.Namespace, configs, resume_epochs=None):
     """The study's trials grouped into packs (``--pack``); raises ValueError on a bad size."""
-    from sweeps.packs import form_packs, pack_size
-
     k = pack_size(getattr(args, "pack", None), gpus_per_trial(args))
     return form_packs(configs, k, workers_per_trial=args.workers_per_trial, resume_epochs=resume_epochs)

@@ -22,11 +22,14 @@ storage paths) it has always had; a larger pack by its data set and a hash of it
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from records import tables
 from sweeps.study import unpacked_reason
+from trainables.pack_keys import pack_blocker, pack_key
 
 if TYPE_CHECKING:
     from trainables.config import RunConfig
@@ -58,8 +61,6 @@ def pack_size(requested: int | None, gpus_per_trial: float) -> int:
 
 def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
     """Why `cfg` trains alone whatever --pack says, or None."""
-    from trainables.pack_keys import pack_blocker
-
     if reason := unpacked_reason(cfg.study):
         return reason
     if workers_per_trial > 1:
@@ -87,8 +88,6 @@ def form_packs(
 
     resume_epochs: trial id -> the epoch its checkpoint holds (absent: 0, a fresh start); trials
     resuming from different epochs never share a pack (one schedule, one optimiser step count)."""
-    from trainables.pack_keys import pack_key
-
     if k < 1:
         raise ValueError(f"pack size must be >= 1, got {k}")
     resume_epochs = resume_epochs or {}
@@ -118,9 +117,6 @@ def resume_epochs(results: str, study: str, storage: str, trial_ids: Sequence[st
     table; `trial_ids`: only these). The epochs table itself runs ahead of the checkpoints when they
     are throttled (`checkpoint_interval_s`), so it only says which trials to look up. Trials with no
     checkpoint are absent (epoch 0: a fresh start)."""
-    import tempfile
-
-    from records import tables
     from trainables.checkpoints import stored_epoch
 
     table = tables.read_table(results, study, "epochs")

@@ -51,7 +51,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from records import manifest, stores, tables, tracking
+from records.layout import TABLES, is_uri, logs_dir, study_dir
+from sweeps import live
+from sweeps.faults import private_log_folder
 from sweeps.live import format_duration
+from sweeps.status import shell, study_status
 
 
 def configure_console(verbose: bool) -> None:
@@ -203,10 +208,8 @@ def quiet_console(results: str, study: str, verbose: bool):
     if verbose:
         return contextlib.nullcontext()
     name = f"console-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    folder = os.path.join(results, study, "logs") if "://" not in results else None
+    folder = logs_dir(results, study)
     if folder is None or not _writable(folder):
-        from sweeps.faults import private_log_folder
-
         folder, name = private_log_folder(), f"{study}-{name}"
     return QuietConsole(os.path.join(folder, name))
 
@@ -251,8 +254,6 @@ class TrialProgress:
 
     def __init__(self, results: str, study: str, total: int, members: Mapping[str, Sequence[str]],
                  stream: TextIO | None = None, configs: Sequence[Any] = (), clock=time.time):
-        from sweeps import live
-
         self.results, self.study, self.total = results, study, total
         self.members = {k: list(v) for k, v in members.items()}  # Tune trial name -> its trial ids
         self.stream = stream  # None: sys.stdout when printing (Tune pickles its callbacks; a terminal is no pickle)
@@ -265,7 +266,7 @@ class TrialProgress:
         flats = {c.trial_id: c.to_flat() for c in configs}
         plan = live.plan_units(self.members, flats) if flats else {}
         self.clock = clock
-        poll_s = live.REMOTE_POLL_S if "://" in results else live.POLL_S
+        poll_s = live.REMOTE_POLL_S if is_uri(results) else live.POLL_S
         self.live = (live.LiveProgress(plan, live.RecordReader(results, study, self.members, plan), poll_s=poll_s)
                      if plan else None)
 
@@ -301,15 +302,11 @@ class TrialProgress:
         return (time.monotonic() - self.start) / self.done * left if self.done else None
 
     def _report(self, eta: float | None) -> None:
-        from records import manifest
-
         manifest.report_progress(self.results, self.study, done=self.done, total=self.total, unit="trials ended",
                                  eta_s=eta)
 
     def ended(self, name: str) -> None:
         """The Tune trial ``name`` ended (completed or errored): print one line per member."""
-        from records import tables
-
         for trial_id in self.members.get(name, [name]):
             if trial_id in self._seen:
                 continue
@@ -328,8 +325,6 @@ class TrialProgress:
         """(trials per status, whether from the table): the launch's trials as the trials table has
         them now (the record of truth, not what this object counted: a restored or missed callback
         cannot make it wrong); what this launch saw when the table cannot be read."""
-        from records import tables
-
         ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
         counts: dict[str, int] = {}
         try:
@@ -390,8 +385,6 @@ class TrialProgress:
 def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | None = None) -> str:
     """Where everything is, printed last: status, tables, the report (``report``: its ``index.html``,
     None when there is none), and the MLflow runs page."""
-    from sweeps.status import study_status
-
     lines = [f"\nvitsweep {study}: results in {results}"]
     try:
         now = study_status(results, study)
@@ -401,13 +394,11 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | No
         planned = f" of {now['planned']} planned" if now["planned"] is not None else ""
         counts = {s: n for s, n in sorted(now["counts"].items()) if n}
         lines.append(f"  trials{planned}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    lines.append(f"  Parquet tables: {results}/{study}/{{trials,epochs,measurements,summary}}/")
+    lines.append(f"  Parquet tables: {study_dir(results, study)}/{{{','.join(TABLES)}}}/")
     if report:
         lines.append(f"  report:         {report}")
     lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")
     try:
-        from records import stores, tracking
-
         missing = mlflow_uri.startswith("sqlite:") and not stores.sqlite_path(mlflow_uri).exists()
         experiment_id = None if missing else tracking.experiment_id_of(mlflow_uri, study)
     except Exception:  # noqa: BLE001 - the store is what failed: the closing lines still say where to look
@@ -420,8 +411,6 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
     """How to open the study's runs in MLflow's training layout (``?workflowType=machine_learning``:
     MLflow 3 opens its GenAI layout otherwise): the experiment's runs table, with each trial's
     curves under its run's Model metrics. A local store needs ``mlflow ui`` first."""
-    from records import tracking
-
     where = (tracking.experiment_url(mlflow_uri, experiment_id) if experiment_id is not None
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     if mlflow_uri.startswith(("http://", "https://")):
@@ -429,8 +418,3 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
     return f"{shell(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
 
 
-def shell(argv: Sequence[str]) -> str:
-    """A command to paste into a shell: each word quoted where it needs it (a path with a space)."""
-    import shlex
-
-    return shlex.join(argv)

@@ -24,8 +24,11 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import sys
 import time
+import traceback
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +36,17 @@ from typing import Any
 if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from records import vocab
+from records import client, layout, manifest, provenance, stores, tables, tracking
+from records.stores import TrackingError
 from sweeps import faults, options, progress, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
+from sweeps.lock import LaunchLock
+from sweeps.packs import pack_of, resume_epochs
+from sweeps.status import shell
+from sweeps.validate import OneLineParser
+from trainables.data_roots import check_root
+from trainables.lifecycle import LaunchSettings, finished_trials
+from trainables.ray_start import DRIVER_RESOURCES, init_ray
 
 log = logging.getLogger("vitsweep")
 
@@ -43,8 +54,6 @@ log = logging.getLogger("vitsweep")
 def check_data(configs) -> None:
     """Fail before Ray starts when a data set's root is missing or malformed, or a
     download it needs (CIFAR) fails: once here, not in every Train worker."""
-    from trainables.data_roots import check_root
-
     roots = sorted({(c.dataset, c.data_root) for c in configs})
     for dataset, root in roots:
         check_root(dataset, root)  # torch-free: a bad root is refused before torch is imported
@@ -62,28 +71,24 @@ def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
 
 def resolve_paths(args: argparse.Namespace) -> tuple[str, str]:
     """(results, storage), validated, without importing torch, Ray or MLflow."""
-    results = vocab.results_location(args.results)
-    storage = vocab.results_location(args.storage or f"{results.rstrip('/')}/storage")
+    results = layout.results_location(args.results)
+    storage = layout.results_location(args.storage or layout.default_storage(results))
     for flag, uri in (("--results", results), ("--storage", storage)):
-        if "://" not in uri and os.path.exists(uri) and not os.path.isdir(uri):
+        if not layout.is_uri(uri) and os.path.exists(uri) and not os.path.isdir(uri):
             raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
         _check_uri(uri)
     return results, storage
 
 
 def resolve_tracking(args: argparse.Namespace, results: str) -> str:
-    from records import stores
-
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     stores.check_tracking_uri(mlflow_uri)
     return mlflow_uri
 
 
 def _check_uri(uri: str) -> None:
-    from records.tables import filesystem
-
     try:
-        filesystem(uri)
+        layout.filesystem(uri)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own wording
         raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
 
@@ -130,8 +135,6 @@ def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interru
     """Train the trials of ``configs`` not finished yet on Ray Tune (one Tune trial per pack or trial):
     0 when every one finished, 1 when one failed or was cut short, ``INTERRUPTED_EXIT`` when a signal
     stopped it (its trials closed); a storage fault raises StorageFault."""
-    from records import client
-
     launch = open_launch(args, results, storage, mlflow_uri, interrupts)
     todo = trials_to_run(launch, configs)
     if not todo:
@@ -153,9 +156,6 @@ def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interru
 
 def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> Launch:
     """The study's MLflow experiment and the launch's settings; runs an earlier launch left open closed."""
-    from records import provenance, tracking
-    from trainables.lifecycle import LaunchSettings, finished_trials
-
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     print(f"MLflow: {progress.mlflow_view(mlflow_uri, experiment_id)}", flush=True)  # at launch, not only at the end
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
@@ -194,12 +194,9 @@ def check_address(address: str | None) -> None:
     """Refuse a ``--address host:port`` where nothing accepts a connection: Ray itself retries such
     an address for about two minutes and then fails into its own log, after the trials were planned.
     ("auto" and an address without a port are left to Ray.)"""
-    import socket
-    import urllib.parse
-
     if not address or address == "auto":
         return
-    where = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
+    where = urllib.parse.urlsplit(address if layout.is_uri(address) else f"ray://{address}")
     try:
         host, port = where.hostname, where.port
     except ValueError as exc:
@@ -220,8 +217,6 @@ def start_ray(args, mlflow_uri: str) -> None:
     trials on a cluster with GPUs unless ``--gpus-per-trial 0`` says so (then one warning)."""
     import ray
 
-    from trainables.ray_start import init_ray
-
     # Ray's start takes up to a minute or two: say so, then what it found.
     print(f"Ray: joining {args.address}" if args.address else "Ray: starting a local Ray (loopback only)", flush=True)
     init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
@@ -237,9 +232,6 @@ def start_ray(args, mlflow_uri: str) -> None:
 def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
     """Pack the trials to run, set aside the Train state a full disk truncated, record the plan;
     returns pack id -> its trial ids ({} for a search, whose trials are sampled as it goes)."""
-    from records import manifest, tracking
-    from sweeps.packs import pack_of, resume_epochs
-
     args, settings = launch.args, launch.settings
     packs = []
     if launch.spec.planned:  # packs form by resume epoch, so a resumed sweep re-forms them
@@ -266,7 +258,6 @@ def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: se
     """The study's own Tuner (its ``tuner`` hook), or a grid over the packs (or trials) to run."""
     from ray import tune
 
-    from trainables.ray_start import DRIVER_RESOURCES
     from trainables.ray_trial import run_trial
 
     args = launch.args
@@ -283,7 +274,7 @@ def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: se
     setup = study.TuneSetup(
         args=args, base=configs[0], trainable=trainable, max_concurrent=max_concurrent(args), stopped=stopped,
         run_config={"name": f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
-                    "storage_path": f"{launch.settings.storage.rstrip('/')}/{args.study}",
+                    "storage_path": layout.storage_dir(launch.settings.storage, args.study),
                     "verbose": progress.tune_verbosity(args.verbose),
                     "callbacks": [watch.callback()], "stop": watch.stopper()})
     if launch.spec.tuner is not None:
@@ -314,8 +305,6 @@ def grid_tuner(setup: study.TuneSetup, todo, members: dict[str, list[str]], prog
 def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     """Run the Tuner under the heartbeat, the launch log and the fault watch, then close what did not
     finish; (Tune's results, the failed ones). A storage fault raises StorageFault."""
-    from records import manifest
-
     args, results, settings = launch.args, launch.results, launch.settings
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
@@ -376,8 +365,6 @@ def failed(grid, watch) -> list:
 def unfinished(launch: Launch, todo) -> list[str]:
     """Trials of ``todo`` the trials table does not show finished (e.g. Ctrl-C: Tune returns, its
     trials cut short), said in one warning."""
-    from records import tables
-
     table = tables.read_table(launch.results, launch.args.study, "trials")
     ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
     left = [c.trial_id for c in todo if c.trial_id not in ended]
@@ -387,8 +374,6 @@ def unfinished(launch: Launch, todo) -> list[str]:
 
 
 def _resume_line(results: str, study_name: str, planned: int, todo: int) -> str:
-    from records import tables
-
     if tables.read_table(results, study_name, "trials") is None:
         return f"--resume: study {study_name!r} has no records in {results}; starting it fresh"
     return (f"--resume: {todo} of {planned} trials unfinished (from the trials table); a fresh Tune run "
@@ -421,8 +406,6 @@ def _trial_name(trial) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sweeps.validate import OneLineParser
-
     parser = OneLineParser(
         prog="sweeps/run.py",
         description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
@@ -434,8 +417,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user can fix by changing the command: one ``error:`` line and exit code 2."""
-    from records.stores import TrackingError
-
     return (ValueError, TrackingError)
 
 
@@ -447,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, interrupts)
         except KeyboardInterrupt:
             print(f"vitsweep: interrupted ({interrupts.received[-1] if interrupts.received else 'SIGINT'}); "
-                  f"{progress.shell(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
+                  f"{shell(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
                   "was left", file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 
@@ -485,8 +466,6 @@ def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what
     one), the console filtered: a user error (of either) ends in one ``error:`` line, exit 2; a storage
     fault out of ``work`` in one ``error: storage fault`` line, last on stderr, exit 1; anything else
     is raised as it is."""
-    from sweeps.lock import LaunchLock
-
     fault = None
     try:
         with LaunchLock(results, study_name, what), progress.quiet_console(results, study_name, verbose):
@@ -520,8 +499,6 @@ def _ray_up() -> bool:
 def _logged_fault(results: str, study_name: str, why: str):
     """A storage fault outside Tune (a manifest, a table, an MLflow call of the launcher): its
     traceback goes to a launch log too."""
-    import traceback
-
     launch_log = faults.LaunchLog(results, study_name)
     launch_log.write_text(traceback.format_exc())
     launch_log.close()
@@ -537,7 +514,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
               flush=True)
         return status
     if args.stage in ("analyze", "all"):
-        from analysis.job import analyze
+        from analysis.job import analyze  # (see sweeps/cli.py: the analysis stack only where it runs)
 
         spec = study.of(args.study)  # its EVAL_SIZE and CHECKPOINTS hooks
         statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
@@ -545,9 +522,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
     if args.stage in ("report", "all"):
-        from analysis.report import build_report
-
-        from records import manifest
+        from analysis.report import build_report  # (see sweeps/cli.py)
 
         with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
             report = str(build_report(results, args.study, mlflow_uri=mlflow_uri))
@@ -560,9 +535,7 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
 
 def _report_of(results: str, study_name: str) -> str | None:
     """The study's report written by an earlier launch, where ``build_report`` puts it; None: none."""
-    from analysis.report import default_out_dir
-
-    index = default_out_dir(results, study_name) / "index.html"
+    index = layout.report_dir(results, study_name) / "index.html"
     return str(index) if index.exists() else None
 
 

@@ -11,9 +11,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import shlex
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
+
+from records import manifest, tables
+from records.layout import results_location
+from sweeps import STUDIES
+from sweeps.live import format_duration
+
+def shell(argv: Sequence[str]) -> str:
+    """A command to paste into a shell: each word quoted where it needs it (a path with a space)."""
+    return shlex.join(argv)
+
 
 STATES = ("finished", "running", "stale", "failed", "stopped", "pending")
 
@@ -22,8 +35,6 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     """Counts per state, the trial ids of each non-finished state, and the launch that planned them.
 
     Raises ValueError when the results folder holds no such study (naming the ones it holds)."""
-    from records import manifest, tables
-
     table = tables.read_table(results, study, "trials")
     plan = manifest.read_manifest(results, study)
     if table is None and plan is None:
@@ -53,8 +64,6 @@ def study_status(results: str, study: str) -> dict[str, Any]:
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
-    from records import manifest
-
     counts, plan, beat = status["counts"], status["launch"], status["heartbeat"]
     now = now or datetime.datetime.now(datetime.timezone.utc)
     lines = []
@@ -99,8 +108,6 @@ STAGE_WORDS = {"train": "training", "analyze": "measuring checkpoints", "report"
 
 def stage_line(beat: dict[str, Any]) -> str:
     """``stage analyze (measuring checkpoints): 5 of 12 checkpoints, ETA 2 min``, from a live heartbeat."""
-    from sweeps.live import format_duration
-
     stage = beat["stage"]
     line = f"stage {stage} ({STAGE_WORDS.get(stage, stage)})"
     p = beat.get("progress")
@@ -113,8 +120,6 @@ def stage_line(beat: dict[str, Any]) -> str:
 
 def continue_line(study: str, results: str, beat: dict[str, Any]) -> str:
     """The command that continues a stage that was cut short (interrupted, or its process died)."""
-    from sweeps.progress import shell
-
     p = beat.get("progress") or {}
     if beat.get("stage") == "analyze":
         command = ["vitsweep", "analyze", study, "--results", results]
@@ -128,18 +133,12 @@ def continue_line(study: str, results: str, beat: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sweeps import STUDIES
-
     parser.add_argument("study", help=f"a study folder under --results (e.g. one of: {', '.join(STUDIES)})")
     parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from records.vocab import results_location
-
     results = results_location(args.results)
     try:
         status = study_status(results, args.study)

@@ -3,11 +3,10 @@
 A bad value must answer in a moment with one line naming it and what is valid,
 not after the 10-40 s those imports cost cold, and never inside Ray (``lr=nan``
 there fails every trial deterministically, and Tune retries it). So the names
-(``records.vocab``), the flags and every ``--set`` field are checked here, from a
-torch-free table of the run-config fields (``FIELDS``; ``tests/test_validate.py``
-fails when it drifts from ``RunConfig.to_flat()``). ``RunConfig`` checks the
-same ranges again when it is built; what needs two fields at once (warm-up <=
-epochs, dim divisible by heads) is left to it.
+(``records.vocab``), the flags and every ``--set`` field are checked here, each
+field by the spec it declares in ``RunConfig`` or ``ViTConfig`` (torch-free;
+``trainables.fields``), which checks the same spec again when it is built; what
+needs two fields at once (warm-up <= epochs, dim divisible by heads) is left to it.
 
 One function per kind of check (``check_study``, ``check_numbers``,
 ``check_texts``, ``check_names``, ``check_value``, ``check_overrides``);
@@ -21,74 +20,11 @@ import argparse
 import difflib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from records import vocab
 from sweeps import STUDIES
-from trainables.vit_config import CLS_INITS, LINEAR_INITS  # torch-free
-
-
-@dataclass(frozen=True)
-class Field:
-    """A run-config field: its type, and for numbers the valid range (low/high, inclusive or not)."""
-
-    kind: type
-    low: float | None = None
-    low_inclusive: bool = True
-    high: float | None = None
-    high_inclusive: bool = True
-    choices: tuple[str, ...] | None = None
-
-    def describe(self) -> str:
-        if self.choices is not None:
-            return f"one of {list(self.choices)}"
-        if self.kind is bool:
-            return "a boolean (true/false)"
-        what = "an integer" if self.kind is int else "a finite number"
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>=' if self.low_inclusive else '>'} {self.low:g}")
-        if self.high is not None:
-            parts.append(f"{'<=' if self.high_inclusive else '<'} {self.high:g}")
-        return f"{what} {' and '.join(parts)}" if parts else what
-
-
-def _ge(low, kind=float):
-    return Field(kind, low)
-
-
-_POSITIVE_INT = Field(int, 1)
-_RATE = Field(float, 0, True, 1, False)  # dropout-like: [0, 1)
-OPTIMIZERS = ("adamw", "adam")
-DECAY_EXEMPT = ("timm", "none")
-SCHEDULES = ("cosine", "constant")
-EVAL_SPLITS = ("test", "holdout")
-DEVICES = ("auto", "cpu", "cuda")
-APE_INITS = ("normal", "trunc_normal")
-
-# Every field of RunConfig.to_flat() (run fields, the derived protocol, the ViT's fields).
-FIELDS: dict[str, Field] = {
-    "study": Field(str), "dataset": Field(str, choices=vocab.DATASETS), "data_root": Field(str),
-    "preset": Field(str, choices=vocab.PRESETS),
-    "rpt": Field(bool), "rpt_per_image": Field(bool), "autoaugment": Field(bool), "cutmix": Field(bool),
-    "label_smoothing": Field(bool), "cutmix_prob": Field(float, 0, True, 1, True),
-    "optimizer": Field(str, choices=OPTIMIZERS), "lr": Field(float, 0, False), "weight_decay": _ge(0),
-    "decay_exempt": Field(str, choices=DECAY_EXEMPT), "batch_size": _POSITIVE_INT, "epochs": _POSITIVE_INT,
-    "warmup_epochs": _ge(0, int), "schedule": Field(str, choices=SCHEDULES), "seed": _ge(0, int),
-    "eval_split": Field(str, choices=EVAL_SPLITS), "holdout_fraction": Field(float, 0, True, 1, False),
-    "crop_padding": _ge(0, int),
-    "max_train_images": _ge(0, int), "checkpoint_every": _POSITIVE_INT, "checkpoint_interval_s": _ge(0),
-    "device": Field(str, choices=DEVICES), "amp": Field(bool), "num_workers": _ge(-1, int), "compile": Field(bool),
-    "protocol": Field(str, choices=vocab.PROTOCOLS),
-    "img_size": _POSITIVE_INT, "patch_size": _POSITIVE_INT, "in_chans": _POSITIVE_INT, "num_classes": _POSITIVE_INT,
-    "dim": _POSITIVE_INT, "depth": _POSITIVE_INT, "heads": _POSITIVE_INT, "mlp_ratio": Field(float, 0, False),
-    "pe": Field(str, choices=vocab.PES), "drop_rate": _RATE, "attn_drop_rate": _RATE, "proj_drop_rate": _RATE,
-    "drop_path_rate": _RATE, "ape_init": Field(str, choices=APE_INITS), "rope_base": Field(float, 0, False),
-    "cls_init": Field(str, choices=CLS_INITS), "linear_init": Field(str, choices=LINEAR_INITS), "final_norm": Field(bool),
-}
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+from trainables.config import FIELD_SPECS  # torch-free
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
@@ -105,37 +41,14 @@ def check_study(study: str) -> None:
 def check_value(key: str, value: Any) -> Any:
     """One run-config value (a ``--set`` string or a JSON value) -> the parsed value, or ValueError
     naming the field, the value and what is valid."""
-    if key not in FIELDS:
-        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELDS)}{did_you_mean(key, FIELDS)}")
-    field = FIELDS[key]
-    bad = ValueError(f"{key} must be {field.describe()}, got {value!r}"
-                     f"{did_you_mean(value, field.choices) if field.choices else ''}")
-    if field.kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
-            return value.lower() in _TRUE
-        raise bad
-    if field.kind is str:
-        if field.choices is not None and str(value) not in field.choices:
-            raise bad
-        return str(value)
+    if key not in FIELD_SPECS:
+        raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELD_SPECS)}"
+                         f"{did_you_mean(key, FIELD_SPECS)}")
+    field = FIELD_SPECS[key]
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = field.kind(value) if isinstance(value, str) else value
-        if field.kind is int and (not isinstance(number, int) and not float(number).is_integer()):
-            raise TypeError
-        number = field.kind(number)
-    except (TypeError, ValueError, OverflowError):
-        raise bad from None
-    if not math.isfinite(number):
-        raise bad
-    if field.low is not None and (number < field.low if field.low_inclusive else number <= field.low):
-        raise bad
-    if field.high is not None and (number > field.high if field.high_inclusive else number >= field.high):
-        raise bad
-    return number
+        return field.parse(key, value)
+    except ValueError:
+        raise field.error(key, value, did_you_mean(value, field.choices) if field.choices else "") from None
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, list[str]]:

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
 from trainables.data_roots import LARGE_IMAGE_SIZE
-from trainables.images import eval_view
+from trainables.images import eval_view, normalize
 from trainables.protocol_spec import Protocol
 from trainables.protocols import (
     COLOR_JITTER,
@@ -36,7 +36,6 @@ from trainables.protocols import (
     cutmix_batch,
     epoch_order,
     item_seed,
-    normalize,
     soft_targets,
 )
 

@@ -35,9 +35,9 @@ def test_string_overrides_are_parsed_to_field_types():
         ({"lr_max": "1"}, "unknown run-config field 'lr_max'.*valid fields"),
         ({"optimizer": "sgd"}, "optimizer must be one of .*'adamw'.*got 'sgd'"),
         ({"pe": "rope3d"}, "rope3d"),
-        ({"rpt": "maybe"}, "rpt expects a boolean"),
+        ({"rpt": "maybe"}, r"rpt must be a boolean \(true/false\), got 'maybe'"),
         ({"protocol": "fancy"}, "fancy"),
-        ({"epochs": "0"}, "epochs must be >= 1"),
+        ({"epochs": "0"}, "epochs must be an integer >= 1"),
     ],
 )
 def test_bad_values_name_the_value_and_the_choices(overrides, match):
@@ -80,7 +80,7 @@ def test_fields_added_at_their_default_leave_existing_ids_unchanged():
     assert base.with_overrides({"crop_padding": 0}).trial_id == base.trial_id
     for execution in ({"compile": True}, {"num_workers": 3}, {"device": "cpu"}):
         assert base.with_overrides(execution).trial_id == base.trial_id, execution
-    with pytest.raises(ValueError, match="cutmix_prob must lie in"):
+    with pytest.raises(ValueError, match="cutmix_prob must be a finite number >= 0 and <= 1, got 1.5"):
         base.with_overrides({"cutmix_prob": 1.5})
 
 
@@ -99,7 +99,7 @@ def test_crop_padding_reaches_the_augmentation_and_rejects_negatives():
 
     assert augmentation("baseline", "tinyimagenet", 64).padding == 8  # default: img_size // 8
     assert augmentation("baseline", "tinyimagenet", 64, cfg(crop_padding=4).crop_padding).padding == 4
-    with pytest.raises(ValueError, match="crop_padding must be >= 0 pixels.*got -1"):
+    with pytest.raises(ValueError, match="crop_padding must be an integer >= 0, got -1"):
         cfg(crop_padding=-1)
 
 

@@ -19,8 +19,8 @@ import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables import shapes
-from trainables.data_roots import DataRootError, patch_size_for
-from trainables.datasets import DATASETS, capped_subset, check_root, dataset_info, holdout_split, load_dataset
+from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
+from trainables.datasets import DATASETS, capped_subset, holdout_split, load_dataset
 from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
 from trainables.images import ImageFiles, TensorImages
 
@@ -152,7 +152,7 @@ def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="cifar100.*folder|folder.*cifar100"):
         load_dataset("cifar1000")
     with pytest.raises(ValueError, match="tinyimagenet"):
-        dataset_info("imagenet")
+        dataset_spec("imagenet")
 
 
 @pytest.mark.parametrize("name", ["tinyimagenet", "imagenet100", "folder"])
@@ -204,7 +204,7 @@ def test_tinyimagenet_annotation_with_unknown_wnid(tmp_path):
     ("tinyimagenet", 64, 8, 200), ("imagenet100", 224, 16, 100),
 ])
 def test_registry_gives_the_studies_grids(name, size, patch, classes):
-    info = dataset_info(name)
+    info = dataset_spec(name)
     assert (info.img_size, info.patch_size, info.num_classes) == (size, patch, classes)
     assert info.grid == (14 if size == 224 else 8)
 
@@ -212,8 +212,8 @@ def test_registry_gives_the_studies_grids(name, size, patch, classes):
 def test_folder_info_reads_root(tmp_path):
     root = _write_folder(tmp_path / "f", classes=("x", "y", "z"), per_class=2, size=24, fmt="png")
     with pytest.raises(ValueError, match="needs a root"):
-        dataset_info("folder")
-    info = dataset_info("folder", root)
+        dataset_spec("folder")
+    info = dataset_spec("folder", root)
     assert (info.num_classes, info.img_size, info.patch_size) == (3, 24, 3)
     assert set(DATASETS) == {"shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder"}
 
@@ -240,7 +240,7 @@ def test_cifar_pickles(name, tmp_path):
     assert data.classes[3] == f"class_{3}"
     assert torch.equal(data.train.images, written["train"][0]) and torch.equal(data.train.labels, written["train"][1])
     assert torch.equal(data.test.images, written["test"][0]) and torch.equal(data.test.labels, written["test"][1])
-    assert data.mean == DATASETS[name].mean
+    assert data.mean == DATASET_SPECS[name].mean
     resized = load_dataset(name, tmp_path, holdout_fraction=0.0, img_size=64)
     assert resized.train.images.shape[1:] == (3, 64, 64) and resized.patch_size == 8
 
@@ -335,7 +335,7 @@ def test_real_cifar10_jpeg_as_folder(real_data):
     # Class-ordered: a cap of the first 20,000 rows would hold 4 classes; the stratified cap holds all 10.
     assert data.train.labels[:20_000].unique().tolist() == [0, 1, 2, 3]
     assert torch.bincount(data.train.labels[capped_subset(data.train.labels, 20_000)]).tolist() == [2000] * 10
-    assert abs(data.mean[0] - DATASETS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
+    assert abs(data.mean[0] - DATASET_SPECS["cifar10"].mean[0]) < 0.01  # JPEG copy, same statistics
 
 
 def test_real_tinyimagenet_subset(real_data):

@@ -15,7 +15,7 @@ from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, ev
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from trainables.images import TensorImages
-from trainables.protocols import normalize
+from trainables.images import normalize
 from trainables.vit import ViT
 from trainables.vit_config import ViTConfig
 

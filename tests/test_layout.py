@@ -7,9 +7,10 @@
 count too: a lazy import is still a dependency. A module's private names (a
 leading underscore) are its own: no other module imports them. The checkpoint
 layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
-names, the protocol switches, the did-not-learn rule, the headline severities, the data-set sizes and the
-results-path rule are defined in `records/vocab.py` only (standard library imports only), and no other
-module lists two registry names but the registries, the studies' grids and the papers' numbers.
+names, the protocol switches, the did-not-learn rule and the headline severities are defined in
+`records/vocab.py` only (standard library imports only), and no other module lists two registry names
+but the registries, the studies' grids and the papers' numbers. Every results path and the test for a
+URI are `records/layout.py`'s; the product has no import circle.
 """
 
 from __future__ import annotations
@@ -105,13 +106,82 @@ def _import_closure(name: str) -> set[str]:
 def test_the_measuring_job_imports_neither_the_report_nor_the_page():
     # The Ray Data job reads the data model (analysis.study_data), never the HTML report.
     closure = _import_closure("analysis.job")
-    assert "analysis.study_data" in closure  # the walk reaches it (through trial_record's summary table)
+    assert "analysis.study_data" in closure  # the walk reaches it (the summary table, written last)
     assert not closure & {"analysis.report", "analysis.page"}, sorted(closure & {"analysis.report", "analysis.page"})
+
+
+@pytest.mark.parametrize("module", ["analysis.evaluate", "analysis.trial_record"])
+def test_measuring_a_checkpoint_needs_neither_the_data_model_nor_the_loops_protocols(module):
+    # What a Ray Data actor runs on one checkpoint: the measurement and its MLflow record.
+    reached = _import_closure(module) & {"analysis.study_data", "trainables.protocols", "analysis.report"}
+    assert not reached, sorted(reached)
 
 
 def test_the_closure_follows_lazy_and_from_package_imports():
     closure = _import_closure("analysis.report")
     assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Project modules the file imports at its top level (not inside a def; ``if TYPE_CHECKING`` excluded)."""
+    found = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PACKAGES:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names
+                                      if _module_path(f"{node.module}.{a.name}") is not None}
+    return {name for name in found if _module_path(name) is not None}
+
+
+def _import_cycles() -> list[list[str]]:
+    """Every import circle among the product's modules (module-level imports), as the modules on it."""
+    graph = {f"{path.relative_to(ROOT).with_suffix('')}".replace("/", ".").removesuffix(".__init__"): path
+             for package in PACKAGES for path in _modules(package)}
+    edges = {name: sorted(_module_level_imports(path) & set(graph)) for name, path in graph.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for other in edges[name]:
+            if state.get(other) == "open":
+                path = stack + [name]
+                cycles.append(path[path.index(other):])
+            elif other not in state:
+                visit(other, stack + [name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    return cycles
+
+
+MAX_IMPORTS_IN_FUNCTIONS = 79
+
+
+def test_imports_sit_at_the_top_but_where_they_keep_a_heavy_stack_out():
+    # An import inside a function hides a dependency from the reader; it earns its place only where it keeps
+    # torch, Ray or MLflow (or the report's stack) out of a path that does not need them.
+    found = [(path, node.lineno) for package in PACKAGES for path in _modules(package)
+             for fn in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert len(set(found)) <= MAX_IMPORTS_IN_FUNCTIONS, len(set(found))
+
+
+def test_the_product_has_no_import_circle():
+    # A circle makes what a module holds depend on which of the two was imported first.
+    assert _import_cycles() == []
+
+
+def test_the_circle_walk_sees_a_circle(tmp_path, monkeypatch):
+    for name, body in (("a", "from trainables import b\n"), ("b", "import trainables.a\n")):
+        (tmp_path / "trainables").mkdir(exist_ok=True)
+        (tmp_path / "trainables" / f"{name}.py").write_text(body)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _import_cycles() == [["trainables.a", "trainables.b"]]
 
 
 def test_no_product_module_re_exports_a_name():
@@ -220,7 +290,8 @@ def test_the_checkpoint_layout_is_named_in_one_module():
 
 # -- one vocabulary --------------------------------------------------------------------------------
 # The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
-# the headline severities, the data-set sizes and the results-path rule live in records/vocab.py only.
+# the headline severities live in records/vocab.py only (a data set's sizes: its one row,
+# trainables/data_roots.py; the results-path rule: records/layout.py).
 VOCABULARY = ROOT / "records" / "vocab.py"
 # The studies' grids pick names from the vocabulary: that is what a study is.
 GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
@@ -228,10 +299,10 @@ GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "fact
 OWNED = {
     ("trainables/pos_embed.py", "POS_EMBEDS"), ("trainables/datasets.py", "DATASETS"),
     ("trainables/vit_config.py", "PRESETS"),
-    ("trainables/vit_config.py", "PE_CHECKS"),  # each PE's geometry rule, torch-free (POS_EMBEDS' validate)
+    ("trainables/vit_config.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
-    ("trainables/formats.py", "_CIFAR"), ("trainables/data_roots.py", "OBTAIN"), ("trainables/formats.py", "STATS"),
-    ("trainables/data_roots.py", "CHECKS"),  # each set's root check, torch-free
+    ("trainables/formats.py", "_CIFAR"),
+    ("trainables/data_roots.py", "DATASET_SPECS"),  # each set's one row, torch-free
     ("sweeps/__init__.py", "STUDIES"),  # study names: two of them are also preset names
     # The colour map, keyed by vocabulary names, with a colour for names it has not seen.
     ("analysis/plotting.py", "PE_COLOURS"), ("analysis/plotting.py", "PROTOCOL_COLOURS"),
@@ -242,13 +313,11 @@ OWNED = {
 PAPER_TABLES = {"PAPER_P_MODELS": "model", "PAPER_L_MIN_MAD": "protocol"}
 PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
-PENDING_PATH_RULE: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
-    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "canonical_protocol", "protocol_switches",
+    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol", "protocol_switches",
     "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE", "BLUR_HEADLINE",
     "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES", "TRAIN_IMAGES",
-    "results_location",
 )
 
 
@@ -357,7 +426,7 @@ def test_the_vocabulary_is_defined_once():
            if (rel, name) not in PENDING_DEFINITIONS and not _is_registry(rel, name)]
     assert not bad, "import these from records.vocab:\n" + "\n".join(bad)
     assert set(VOCABULARY_DEFINITIONS) - {"HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "TEST_SPLIT_IMAGES",
-                                          "TRAIN_IMAGES"} <= _definitions(VOCABULARY)
+                                          "TRAIN_IMAGES", "DATASET_SIZES"} <= _definitions(VOCABULARY)
 
 
 def _is_registry(rel: str, name: str) -> bool:
@@ -366,23 +435,52 @@ def _is_registry(rel: str, name: str) -> bool:
                            ("trainables/vit_config.py", "PRESETS")}
 
 
-def _path_rules(path: Path) -> list[int]:
-    """Lines of every `x if "://" in x else abspath(x)` (or `if "://" not in x: x = abspath(x)`)."""
+# -- one storage layout ----------------------------------------------------------------------------
+LAYOUT = ROOT / "records" / "layout.py"
+
+
+def _is_study(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id.endswith(("study", "study_name"))) or (
+        isinstance(node, ast.Attribute) and node.attr == "study")
+
+
+def _layout_rules(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every test for "://" (`"://" in x`) and every path built under a study: an
+    f-string with a study between slashes, `os.path.join(..., study, ...)` or `path / study`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, (ast.IfExp, ast.If)) and any(
-                isinstance(c, ast.Constant) and c.value == "://" for c in ast.walk(node.test)):
-            branches = [node.body, node.orelse] if isinstance(node, ast.IfExp) else [*node.body, *node.orelse]
-            if any(isinstance(c, ast.Attribute) and c.attr == "abspath" for b in branches for c in ast.walk(b)):
-                found.append(node.lineno)
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and any(
+                isinstance(c, ast.Constant) and c.value == "://" for c in [node.left, *node.comparators]):
+            found.append((node.lineno, 'a "://" test'))
+        elif isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for i, part in enumerate(parts):
+                beside = [p.value for p in parts[max(i - 1, 0):i + 2:2] if isinstance(p, ast.Constant)]
+                if isinstance(part, ast.FormattedValue) and _is_study(part.value) and any(
+                        b.startswith("/") or b.endswith("/") for b in beside):
+                    found.append((node.lineno, "a <root>/<study> f-string"))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "join" \
+                and any(_is_study(a) for a in node.args[1:]):
+            found.append((node.lineno, "a join under a study"))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _is_study(node.right):
+            found.append((node.lineno, "a Path / study"))
     return found
 
 
-def test_the_results_path_rule_is_written_once():
-    bad = [f"{rel}:{line}" for package in PACKAGES for path in _modules(package) if path != VOCABULARY
-           for rel in [str(path.relative_to(ROOT))] if rel not in PENDING_PATH_RULE for line in _path_rules(path)]
-    assert not bad, "use records.vocab.results_location:\n" + "\n".join(bad)
-    assert _path_rules(VOCABULARY)
+def test_only_the_layout_builds_results_paths_or_tests_for_a_uri():
+    bad = [f"{path.relative_to(ROOT)}:{line}: {what}" for package in PACKAGES for path in _modules(package)
+           if path != LAYOUT for line, what in _layout_rules(path)]
+    assert not bad, "name results paths through records.layout:\n" + "\n".join(bad)
+    assert len(_layout_rules(LAYOUT)) >= 2  # the walk sees the real thing
+
+
+def test_the_layout_walk_sees_each_form(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('import os\nfrom pathlib import Path\n'
+                      'a = "://" in uri\nb = f"{results.rstrip(\'/\')}/{study}/logs"\n'
+                      'c = os.path.join(results, args.study, "logs")\nd = Path(results) / study_name\n'
+                      'e = f"{study}-report"\n')
+    assert [line for line, _ in _layout_rules(module)] == [3, 4, 5, 6]
 
 
 def test_the_vocabulary_imports_only_the_standard_library():

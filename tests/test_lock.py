@@ -15,7 +15,8 @@ from sweeps import cli
 from sweeps import lock as lock_module
 from sweeps import options
 from sweeps import run as launcher
-from sweeps.lock import LaunchLock, LaunchLockError, lock_uri
+from records.layout import lock_path
+from sweeps.lock import LaunchLock, LaunchLockError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +66,7 @@ def test_second_launch_is_refused_naming_the_holder_then_a_dead_holder_is_taken_
         assert f"pid {holder.pid} is no longer running" in caplog.text
         with pytest.raises(LaunchLockError, match=f"pid {os.getpid()}"):  # held by us now
             LaunchLock(str(results), "demo").acquire()
-    assert not Path(lock_uri(str(results), "demo")).exists()  # released
+    assert not Path(lock_path(str(results), "demo")).exists()  # released
 
 
 def _write_lock(path: Path, **holder) -> None:
@@ -87,7 +88,7 @@ def _write_lock(path: Path, **holder) -> None:
     ],
 )
 def test_liveness_of_a_recorded_holder(tmp_path, caplog, holder, taken_over, why):
-    uri = lock_uri(str(tmp_path), "demo")
+    uri = lock_path(str(tmp_path), "demo")
     _write_lock(Path(uri), **holder)
     caplog.set_level(logging.WARNING, logger="vitsweep")
     lk = LaunchLock(str(tmp_path), "demo")
@@ -124,7 +125,7 @@ def test_lease_on_a_uri_storage(tmp_path):
 
 
 def test_an_unreadable_lock_is_respected_briefly_then_taken_over(tmp_path, caplog):
-    uri = Path(lock_uri(str(tmp_path), "demo"))
+    uri = Path(lock_path(str(tmp_path), "demo"))
     uri.parent.mkdir(parents=True)
     uri.write_text("{half a lock")
     with pytest.raises(LaunchLockError):  # just created: its writer may still be writing it

@@ -34,15 +34,12 @@ def test_each_registry_checks_its_keys_at_import():
         "                     ('PROTOCOLS', 'trainables.protocols'), ('DATASETS', 'trainables.datasets')):\n"
         "    real = getattr(vocab, attr)\n"
         "    setattr(vocab, attr, (*real, 'made_up'))\n"
-        "    if attr == 'DATASETS':\n"
-        "        vocab.DATASET_SIZES['made_up'] = vocab.DATASET_SIZES['folder']\n"
         "    try:\n"
         "        importlib.import_module(module)\n"
         "        out[attr] = 'imported'\n"
         "    except ValueError as exc:\n"
         "        out[attr] = str(exc)\n"
         "    setattr(vocab, attr, real)\n"
-        "    vocab.DATASET_SIZES.pop('made_up', None)\n"
         "    for name in [m for m in sys.modules if m.startswith('trainables')]:\n"
         "        del sys.modules[name]\n"
         "import trainables.datasets, trainables.vit\n"
@@ -54,21 +51,10 @@ def test_each_registry_checks_its_keys_at_import():
     # The torch-free table beside a registry (each data set's root check)
     # is imported by it and checks first.
     registries = {"PES": ("POS_EMBEDS",), "PRESETS": ("PRESETS",), "PROTOCOLS": ("PROTOCOLS",),
-                  "DATASETS": ("DATASETS", "CHECKS")}
+                  "DATASETS": ("DATASETS", "DATASET_SPECS")}
     for attr, names in registries.items():
         assert f"records.vocab.{attr} has ['made_up'], which trainables." in messages[attr], messages[attr]
         assert any(f".{registry} lacks" in messages[attr] for registry in names), messages[attr]
-
-
-def test_a_data_set_size_that_disagrees_with_the_registry_fails_its_import():
-    probe = (
-        "import dataclasses\n"
-        "from records import vocab\n"
-        "vocab.DATASET_SIZES['cifar10'] = dataclasses.replace(vocab.DATASET_SIZES['cifar10'], num_classes=11)\n"
-        "import trainables.datasets\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and "data set 'cifar10'" in done.stderr and "num_classes" in done.stderr
 
 
 def test_protocol_names_parse_one_way_everywhere():
@@ -88,8 +74,10 @@ def test_protocol_names_parse_one_way_everywhere():
 
 def test_the_results_path_rule(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert vocab.results_location("s3://bucket/x") == "s3://bucket/x"
-    assert vocab.results_location("results") == str(tmp_path / "results")
+    from records import layout
+
+    assert layout.results_location("s3://bucket/x") == "s3://bucket/x"
+    assert layout.results_location("results") == str(tmp_path / "results")
 
 
 def test_help_imports_no_heavy_library_and_lists_the_names():

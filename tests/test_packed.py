@@ -313,7 +313,7 @@ def test_evaluation_under_autocast_is_within_a_fifth_of_a_point_of_fp32():
     """`evaluate_pack` runs the forward under the step's bf16 autocast. On a test model (random
     ViT features, least-squares head; noisy class templates, ~97% accuracy) its top-1 stays
     within 0.2 points of the fp32 evaluation for every member (CPU bf16 autocast here)."""
-    from trainables.protocols import normalize
+    from trainables.images import normalize
     from trainables.train import evaluate_pack
 
     g = torch.Generator().manual_seed(0)

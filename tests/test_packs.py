@@ -90,15 +90,15 @@ def test_resume_epochs_are_the_checkpoints_not_the_epochs_table(tmp_path):
     Train checkpoint of a lone trial)."""
     import torch
 
-    from records import files, tables
+    from records import files, layout, tables
     from sweeps.packs import resume_epochs
     from trainables import checkpoints
 
     results, storage = str(tmp_path / "results"), str(tmp_path / "storage")
     for trial_id, ran in (("a", 5), ("b", 5), ("c", 2), ("d", 1)):
         tables.write_epochs(results, "demo", trial_id, [{"epoch": e, "train_loss": 1.0} for e in range(1, ran + 1)])
-    files.write_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", "a")), {"epoch": 3})
-    files.write_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", "b")), {"epoch": 3})
+    files.write_json(checkpoints.epoch_file(layout.checkpoint_dir(storage, "demo", "a")), {"epoch": 3})
+    files.write_json(checkpoints.epoch_file(layout.checkpoint_dir(storage, "demo", "b")), {"epoch": 3})
     legacy = f"{checkpoints.legacy_train_dir(storage, 'demo', 'c')}/checkpoint_2026-01-01_00-00-00.000000"
     checkpoints.save({"epoch": 2, "model": {"w": torch.zeros(1)}}, checkpoints.checkpoint_file(legacy))
     # "d" ran an epoch but never wrote a checkpoint: a fresh start, packed with the never-started "e"

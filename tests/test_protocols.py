@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 
 from trainables.images import TensorImages
 from trainables.protocol_spec import LABEL_SMOOTHING, Protocol
-from trainables.protocols import PROTOCOLS, cutmix_batch, normalize, soft_targets
+from trainables.images import normalize
+from trainables.protocols import PROTOCOLS, cutmix_batch, soft_targets
 from trainables.shapes import make_shapes
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)

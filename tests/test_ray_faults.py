@@ -47,7 +47,7 @@ def finished(results: Path) -> dict:
 def lagging(results: Path) -> dict[str, int]:
     """Unfinished trials whose epochs table runs ahead of their stored checkpoint (epoch >= 2):
     trial id -> the checkpoint's epoch."""
-    from records import files
+    from records import files, layout
     from trainables import checkpoints
 
     table = tables.read_table(str(results), "demo", "epochs")
@@ -57,7 +57,7 @@ def lagging(results: Path) -> dict[str, int]:
     for trial_id in set(table.column("trial_id").to_pylist()) - set(done):
         ran = max(e for t, e in zip(table.column("trial_id").to_pylist(), table.column("epoch").to_pylist())
                   if t == trial_id)
-        stored = files.read_json(checkpoints.epoch_file(checkpoints.checkpoint_uri(storage, "demo", trial_id)))
+        stored = files.read_json(checkpoints.epoch_file(layout.checkpoint_dir(storage, "demo", trial_id)))
         if stored and 2 <= stored["epoch"] < ran:
             lag[trial_id] = stored["epoch"]
     return lag

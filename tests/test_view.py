@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from test_report import _measure, write_study
 
-from analysis import claims, condition_tables, figures, trial_record
+from analysis import claims, condition_tables, figures, study_data, trial_record
 from analysis.report import build_report
 from analysis.study_data import StudyData
 from records import stores, tables, tracking, vocab
@@ -96,7 +96,7 @@ def test_figures_render_at_paper_defaults_with_parsable_svgs(tmp_path):
 def test_summary_table_has_one_row_per_trial(tmp_path):
     results = str(tmp_path)
     write_study(results, "sum", seeds=2, protocols=["baseline", "cutmix"], models=[("none", False)], checkpoints=(4,))
-    assert trial_record.write_summary_table(results, "sum") == 6
+    assert study_data.write_summary_table(results, "sum") == 6
     summary = pd.read_parquet(tmp_path / "sum" / "summary")
     trials = pd.read_parquet(tmp_path / "sum" / "trials")
     assert sorted(summary["trial_id"]) == sorted(trials.loc[trials["status"] == "finished", "trial_id"])

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from records import layout
 from trainables.config import RunConfig
 from trainables.vit import ViT
 
@@ -62,16 +63,6 @@ def local_snapshots(workdir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in folder.iterdir() if snapshot_epoch(p.name) is not None) if folder.is_dir() else []
 
 
-def checkpoint_uri(storage: str, study: str, trial_id: str) -> str:
-    """The folder of a trial's stored checkpoint, whichever pack (or none) trains it: the trials
-    row's ``checkpoint_path``."""
-    return f"{storage.rstrip('/')}/{study}/checkpoints/{trial_id}"
-
-
-def snapshot_uri(storage: str, study: str, trial_id: str) -> str:
-    return f"{storage.rstrip('/')}/{study}/snapshots/{trial_id}"
-
-
 def checkpoint_file(folder: str) -> str:
     """The checkpoint file in a checkpoint folder (a trials row's ``checkpoint_path``, of any version)."""
     return f"{folder.rstrip('/')}/{CHECKPOINT_FILE}"
@@ -81,14 +72,9 @@ def epoch_file(folder: str) -> str:
     return f"{folder.rstrip('/')}/{EPOCH_FILE}"
 
 
-def train_storage(storage: str, study: str) -> str:
-    """Ray Train's storage for a study's runs (one per pack, named by the pack id)."""
-    return f"{storage.rstrip('/')}/{study}/train"
-
-
 def legacy_train_dir(storage: str, study: str, trial_id: str) -> str:
     """Where a lone trial of earlier versions kept its checkpoints: its Ray Train run's storage."""
-    return f"{train_storage(storage, study)}/{trial_id}"
+    return f"{layout.train_storage(storage, study)}/{trial_id}"
 
 
 def latest_train_checkpoint(dirs: list[str]) -> str | None:
@@ -103,7 +89,7 @@ def find_stored(storage: str, study: str, trial_id: str) -> str | None:
     version) the newest checkpoint of its Ray Train run; None when it has none."""
     from records import files  # here, not at the top: the plain loop (and bench/gpu_suite.py) stays pyarrow-free
 
-    uri = checkpoint_file(checkpoint_uri(storage, study, trial_id))
+    uri = checkpoint_file(layout.checkpoint_dir(storage, study, trial_id))
     if files.exists(uri):
         return uri
     legacy = latest_train_checkpoint(files.list_dirs(legacy_train_dir(storage, study, trial_id)))
@@ -117,7 +103,7 @@ def stored_epoch(storage: str, study: str, trial_id: str, scratch: str | os.Path
     version's checkpoint is downloaded into `scratch` and read); None when it has no checkpoint."""
     from records import files  # (see find_stored)
 
-    doc = files.read_json(epoch_file(checkpoint_uri(storage, study, trial_id)))
+    doc = files.read_json(epoch_file(layout.checkpoint_dir(storage, study, trial_id)))
     if doc is not None and isinstance(doc.get("epoch"), int):
         return doc["epoch"]
     uri = find_stored(storage, study, trial_id)

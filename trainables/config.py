@@ -12,7 +12,7 @@ flattens to scalar key/values and rebuilds from them:
 Model fields (``ViTConfig``) are flattened beside the run fields without a
 prefix; the two sets of names never clash (checked at import). Nothing here
 imports torch (``ViTConfig`` is ``trainables/vit_config.py``, ``Protocol``
-``trainables/protocol_spec.py``, the data-set sizes ``dataset_size``), so
+``trainables/protocol_spec.py``, the data-set rows ``trainables/data_roots.py``), so
 building and listing a sweep's trials is quick.
 
 Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3,
@@ -37,17 +37,9 @@ from typing import Any
 from records import vocab
 from records.vocab import EXECUTION_FIELDS
 from trainables import data_roots
+from trainables.fields import Spec, check_fields, spec, specs
 from trainables.protocol_spec import Protocol
 from trainables.vit_config import ViTConfig
-
-OPTIMIZERS = ("adamw", "adam")  # adam = Adam with coupled L2 weight decay, as in Study P
-# Which parameters escape weight decay: "timm" exempts biases, norms, the CLS token and the
-# learned PE parameters (the AdamW/timm/DeiT convention); "none" decays every parameter, as the
-# literal ``torch.optim.Adam(model.parameters(), weight_decay=...)`` of Study P's table does.
-DECAY_EXEMPT = ("timm", "none")
-SCHEDULES = ("cosine", "constant")
-EVAL_SPLITS = ("test", "holdout")
-DEVICES = ("auto", "cpu", "cuda")
 
 HOLDOUT_FRACTION = 0.05  # a tuning run's holdout, unless it asks for another share
 
@@ -69,81 +61,63 @@ _ID_FIELDS_V1 = frozenset((
 
 @dataclass(frozen=True)
 class RunConfig:
-    study: str = "adhoc"
-    dataset: str = "shapes"
-    data_root: str = "data"
-    preset: str = "study_l"
+    study: str = spec("adhoc")
+    dataset: str = spec("shapes", choices=vocab.DATASETS)
+    data_root: str = spec("data")
+    preset: str = spec("study_l", choices=vocab.PRESETS)
     model: ViTConfig = field(default_factory=ViTConfig)
-    # Token order in training: RPT shuffles patch tokens at every forward pass.
-    rpt: bool = False
-    rpt_per_image: bool = False  # one permutation per image instead of per batch
+    rpt: bool = spec(False, help="RPT: shuffle the patch tokens at every forward pass")
+    rpt_per_image: bool = spec(False, help="one permutation per image instead of per batch")
     # The three protocol switches of Study L.
-    autoaugment: bool = False
-    cutmix: bool = False
-    label_smoothing: bool = False
-    cutmix_prob: float = 1.0  # share of batches CutMix mixes when on (Lee et al.'s mix_prob: 0.5, set by Study L)
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    decay_exempt: str = "timm"  # see DECAY_EXEMPT (Lee et al. decay every parameter: Study L sets "none")
-    batch_size: int = 128
-    epochs: int = 100
-    warmup_epochs: int = 10
-    schedule: str = "cosine"
-    seed: int = 0
-    eval_split: str = "test"  # "holdout" for tuning: never tune on the test split
-    # Share of the training split held out to score a tuning run (eval_split="holdout"; 0 there means
-    # HOLDOUT_FRACTION); a test-scored run holds nothing out: 0, whatever was asked.
-    holdout_fraction: float = 0.0
-    # Zero padding (pixels) of the random crop below 224 px; 0: img_size // 8. Lee et al. pad 4 at every
-    # size (RandomCrop(img_size, padding=4)), which Study L's files set.
-    crop_padding: int = 0
-    max_train_images: int = 0  # 0 = the whole train split; a cap for demos and tests
-    checkpoint_every: int = 1  # epochs between resumable checkpoints
-    # ... and at least this many seconds between them (0: every checkpoint_every epochs). At GPU speed
-    # an epoch takes seconds, and K checkpoints per epoch would cost more than the epoch itself.
-    checkpoint_interval_s: float = 0.0
-    device: str = "auto"
-    amp: bool = True  # bf16 autocast, used on CUDA only (slower on CPU)
-    num_workers: int = -1  # decode workers for folder-backed sets; -1: the CPUs the trial holds, less one
-    compile: bool = False  # torch.compile the model (CUDA only; slower on CPU); execution only
+    autoaugment: bool = spec(False)
+    cutmix: bool = spec(False)
+    label_smoothing: bool = spec(False)
+    cutmix_prob: float = spec(1.0, ge=0, le=1, help="share of batches CutMix mixes when on (Lee et al.'s "
+                              "mix_prob: 0.5, set by Study L)")
+    optimizer: str = spec("adamw", choices=("adamw", "adam"), help="adam: Adam with coupled L2 weight decay, "
+                          "as in Study P")
+    lr: float = spec(1e-3, gt=0)
+    weight_decay: float = spec(0.05, ge=0)
+    decay_exempt: str = spec("timm", choices=("timm", "none"), help=(
+        "which parameters escape weight decay: timm exempts biases, norms, the CLS token and the learned PE "
+        "(AdamW/timm/DeiT); none decays every parameter, as Study P's torch.optim.Adam(model.parameters()) and "
+        "Lee et al. do (Study L sets it)"))
+    batch_size: int = spec(128, ge=1)
+    epochs: int = spec(100, ge=1)
+    warmup_epochs: int = spec(10, ge=0, help="at most epochs")
+    schedule: str = spec("cosine", choices=("cosine", "constant"))
+    seed: int = spec(0, ge=0)
+    eval_split: str = spec("test", choices=("test", "holdout"), help="holdout for tuning: never tune on the test split")
+    holdout_fraction: float = spec(0.0, ge=0, lt=1, help=(
+        "share of the training split held out to score a tuning run (eval_split=holdout; 0 there means "
+        "HOLDOUT_FRACTION); a test-scored run holds nothing out: 0, whatever was asked"))
+    crop_padding: int = spec(0, ge=0, help="zero padding (pixels) of the random crop below 224 px; 0: img_size // 8 "
+                             "(Lee et al. pad 4 at every size, which Study L's files set)")
+    max_train_images: int = spec(0, ge=0, help="0: the whole train split; a cap for demos and tests")
+    checkpoint_every: int = spec(1, ge=1, help="epochs between resumable checkpoints")
+    checkpoint_interval_s: float = spec(0.0, ge=0, help=(
+        "... and at least this many seconds between them (0: every checkpoint_every epochs): at GPU speed an "
+        "epoch takes seconds, and a checkpoint per epoch would cost more than the epoch"))
+    device: str = spec("auto", choices=("auto", "cpu", "cuda"))
+    amp: bool = spec(True, help="bf16 autocast, used on CUDA only (slower on CPU)")
+    num_workers: int = spec(-1, ge=-1, help="decode workers for folder-backed sets; -1: the CPUs the trial holds, "
+                            "less one")
+    compile: bool = spec(False, help="torch.compile the model (CUDA only; slower on CPU); execution only")
     # The fields a `--set KEY=V1,V2` sweep varies (comma-separated), named in the trial id's readable
-    # part; set by the launcher, not by --set. Left out of the flat form while empty, so an unswept
-    # trial's id, row and params are what they were.
+    # part; set by the launcher, not by --set (no spec). Left out of the flat form while empty, so an
+    # unswept trial's id, row and params are what they were.
     swept: str = ""
 
     def __post_init__(self) -> None:
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("decay_exempt", self.decay_exempt, DECAY_EXEMPT)
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("eval_split", self.eval_split, EVAL_SPLITS)
-        _check_choice("device", self.device, DEVICES)
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if not 0 <= self.warmup_epochs <= self.epochs:
+        check_fields(self)
+        if self.warmup_epochs > self.epochs:
             raise ValueError(f"warmup_epochs must lie in [0, epochs={self.epochs}], got {self.warmup_epochs}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.holdout_fraction < 1:
-            raise ValueError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
         # The holdout exists only to score tuning runs: a test-scored run trains on every training image.
         # Normalised here (not only in the study files) so a flat round trip or --set eval_split=... agrees.
         if self.eval_split == "test" and self.holdout_fraction:
             object.__setattr__(self, "holdout_fraction", 0.0)
         elif self.eval_split == "holdout" and not self.holdout_fraction:
             object.__setattr__(self, "holdout_fraction", HOLDOUT_FRACTION)
-        if self.crop_padding < 0:
-            raise ValueError(f"crop_padding must be >= 0 pixels (0: img_size // 8), got {self.crop_padding}")
-        if not 0 <= self.cutmix_prob <= 1:
-            raise ValueError(f"cutmix_prob must lie in [0, 1], got {self.cutmix_prob}")
-        if self.num_workers < -1:
-            raise ValueError(f"num_workers must be >= 0, or -1 for the CPUs the trial holds; got {self.num_workers}")
-        if self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if not self.checkpoint_interval_s >= 0:
-            raise ValueError(f"checkpoint_interval_s must be >= 0 seconds, got {self.checkpoint_interval_s}")
 
     # -- derived names ---------------------------------------------------
     @property
@@ -189,7 +163,8 @@ class RunConfig:
             raise ValueError(
                 f"unknown run-config field(s) {sorted(unknown)}; valid fields: {sorted(run_names | model_names)}"
             )
-        run = {k: _coerce(cls, k, v) for k, v in flat.items() if k in run_names}
+        # Parquet and MLflow hand numbers back as numpy/float types: cast each to the field's type.
+        run = {k: (FIELD_SPECS[k].kind if k in FIELD_SPECS else str)(v) for k, v in flat.items() if k in run_names}
         model = ViTConfig.from_flat({k: v for k, v in flat.items() if k in model_names})
         cfg = cls(**run, model=model)
         if "protocol" in flat and flat["protocol"] != cfg.protocol.name:
@@ -212,22 +187,26 @@ class RunConfig:
         for key, value in overrides.items():
             if key not in flat:
                 raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(flat)}")
-            flat[key] = _parse_like(key, value, flat[key])
+            if isinstance(value, str) and key in FIELD_SPECS and FIELD_SPECS[key].kind is not str:
+                value = FIELD_SPECS[key].parse(key, value)
+            flat[key] = value
         return RunConfig.from_flat(flat)
 
     @classmethod
-    def for_dataset(cls, dataset: str, *, preset: str, info=None, **overrides: Any) -> "RunConfig":
+    def for_dataset(cls, dataset: str, *, preset: str, **overrides: Any) -> "RunConfig":
         """A run config whose model fits ``dataset``: preset architecture with the data
-        set's image size, patch size (the study's 8x8 or 14x14 grid) and class count.
-
-        ``info`` is a ``trainables.datasets.DatasetInfo`` (defaults to ``dataset_size``'s numbers)."""
-        info = info or dataset_size(dataset, overrides.get("data_root"))
+        set's image size, patch size (the study's 8x8 or 14x14 grid) and class count (its row,
+        ``trainables.data_roots.DATASET_SPECS``; a ``folder`` set's read from ``data_root``)."""
+        info = data_roots.dataset_spec(dataset, overrides.get("data_root"))
         model = ViTConfig.preset(
             preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
         )
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
 
+
+# Every key of `to_flat()` a user may set, with its spec: the run fields, the derived protocol, the ViT's.
+FIELD_SPECS: dict[str, Spec] = {**specs(RunConfig), "protocol": Spec(str, choices=vocab.PROTOCOLS), **specs(ViTConfig)}
 
 # Fields the trial id names already (a sweep over them adds no label).
 _NAMED = frozenset(("dataset", "pe", "rpt", "protocol", "autoaugment", "cutmix", "label_smoothing", "seed", "swept"))
@@ -241,22 +220,6 @@ def _id_value(value: Any) -> str:
     return f"{value:g}"
 
 
-def dataset_size(dataset: str, data_root: str | None = None) -> vocab.DatasetSize:
-    """A data set's image size, patch size and class count (and split sizes), without loading it.
-
-    The registry's sets come from the torch-free table ``records.vocab.DATASET_SIZES`` (which
-    ``trainables.datasets`` checks its registry against), so planning a sweep imports no torch;
-    ``folder`` reads its classes and image size from ``data_root`` (``trainables.data_roots.folder_size``,
-    torch-free too). An unknown name raises ValueError listing the names."""
-    if dataset not in vocab.DATASET_SIZES:
-        raise ValueError(f"unknown data set {dataset!r}; valid: {sorted(vocab.DATASETS)}")
-    if dataset != "folder":
-        return vocab.DATASET_SIZES[dataset]
-    num_classes, img_size = data_roots.folder_size(data_root)
-    return dataclasses.replace(vocab.DATASET_SIZES[dataset], img_size=img_size,
-                               patch_size=data_roots.patch_size_for(img_size), num_classes=num_classes)
-
-
 def _defaults() -> dict[str, Any]:
     """Each run and model field's dataclass default (fields without one are absent)."""
     out = {}
@@ -265,36 +228,3 @@ def _defaults() -> dict[str, Any]:
             if f.default is not dataclasses.MISSING:
                 out[f.name] = f.default
     return out
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
-def _coerce(cls, name: str, value: Any) -> Any:
-    """Parquet and MLflow hand numbers back as numpy/float types: cast to the field's type."""
-    default = next(f for f in fields(cls) if f.name == name)
-    kind = type(default.default) if default.default is not dataclasses.MISSING else None
-    if kind is bool:
-        return bool(value)
-    if kind in (int, float, str):
-        return kind(value)
-    return value
-
-
-def _parse_like(key: str, value: Any, current: Any) -> Any:
-    """Parse a ``--set key=value`` string to the type of the current value."""
-    if not isinstance(value, str) or isinstance(current, str):
-        return value
-    if isinstance(current, bool):
-        lowered = value.lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{key} expects a boolean (true/false), got {value!r}")
-    try:
-        return type(current)(value)
-    except ValueError:
-        raise ValueError(f"{key} expects a {type(current).__name__}, got {value!r}") from None

@@ -1,17 +1,23 @@
-"""What a data root must hold, checked without torch: the root checks, the studies' patch grid and
-what a `folder` root says about itself (classes, image size).
+"""Each data set as one row (`DATASET_SPECS`), without torch: classes, split sizes, image and patch
+size, normalisation statistics, how to obtain its files and how its root is checked.
 
-`trainables.formats` (the loaders) and `trainables.images` re-export these names; they live apart
-so that a launch refuses a missing or malformed root (`check_root`) and plans a `folder` sweep
-(`folder_size`) before torch is imported. Class folders are listed as torchvision's
-`find_classes` lists them and image sizes read from the file header (PIL), as decoding would give.
+The registry (`trainables.datasets`, which adds each set's loader), the planning (a trial's model
+shape, the dry run's GPU-hours) and the report (the n behind an accuracy) read these rows; a launch
+refuses a missing or malformed root (`check_root`) and plans a `folder` sweep (`dataset_spec`) before
+torch is imported. A new data set is one row here (its name in `records.vocab.DATASETS`) and one
+loader (`trainables/formats.py`, its line in `trainables.datasets.DATASETS`). Class folders are listed
+as torchvision's `find_classes` lists them and image sizes read from the file header (PIL), as
+decoding would give.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
 
 from records import vocab
 
@@ -22,21 +28,9 @@ IN_MEMORY_MAX_IMAGES = 200_000  # ... and this many images are decoded into memo
 # torchvision.datasets.folder.IMG_EXTENSIONS (trainables/images.py checks they agree).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
-_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/{}-python.tar.gz"
-
-# How to obtain each set's files: quoted in every root error (and in the registry).
-OBTAIN = {
-    "shapes": "Nothing to obtain: generated in memory.",
-    "cifar10": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
-    f"{_CIFAR_URL.format('cifar-10')} elsewhere and unpack it into the root (tar xzf).",
-    "cifar100": "torchvision downloads it into the root when the machine has network access; otherwise fetch "
-    f"{_CIFAR_URL.format('cifar-100')} elsewhere and unpack it into the root (tar xzf).",
-    "tinyimagenet": "Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
-    "(the root may be tiny-imagenet-200/ itself or its parent).",
-    "imagenet100": "Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
-    "then build the root with trainables.formats.link_imagenet100(IMAGENET_ROOT, ROOT).",
-    "folder": "Put one folder per class of image files under train/ and test/ (or val/) in the root.",
-}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ILSVRC-2012's, [0, 1] scale
+_CIFAR_OBTAIN = ("torchvision downloads it into the root when the machine has network access; otherwise fetch "
+                 "https://www.cs.toronto.edu/~kriz/{}-python.tar.gz elsewhere and unpack it into the root (tar xzf).")
 
 
 class DataRootError(FileNotFoundError, ValueError):
@@ -77,8 +71,6 @@ def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int
 
 def first_image_size(folder: Path) -> int:
     """The shorter side (px) of the first image of the first class folder, from its header."""
-    from PIL import Image, UnidentifiedImageError
-
     classes, _ = find_classes(folder)
     first = Path(folder) / classes[0]
     for dirpath, _, files in sorted(os.walk(first)):
@@ -109,15 +101,13 @@ def check_root(name: str, root: str | os.PathLike | None = None) -> Path:
     """Resolve and validate a data root without loading anything; raises `DataRootError`.
 
     For CIFAR a missing folder is fine (it is downloaded into it); an unknown name raises ValueError."""
-    if name not in CHECKS:
-        raise ValueError(f"unknown data set {name!r}; valid: {sorted(CHECKS)}")
-    return CHECKS[name](Path(root if root is not None else DEFAULT_DATA_ROOT).expanduser())
+    return _row(name).check(Path(root if root is not None else DEFAULT_DATA_ROOT).expanduser())
 
 
 def check_cifar(name: str) -> Callable[[Path], Path]:
     def check(root: Path) -> Path:
         if root.exists() and not root.is_dir():
-            raise DataRootError(f"{name} root {root} is a file; expected a folder. {OBTAIN[name]}")
+            raise DataRootError(f"{name} root {root} is a file; expected a folder. {DATASET_SPECS[name].obtain}")
         return root
 
     return check
@@ -131,13 +121,13 @@ def check_tinyimagenet(root: Path) -> Path:
         raise DataRootError(
             f"tinyimagenet: no Tiny-ImageNet under {root} (looked in {folder}); missing {missing}. Expected the "
             f"official layout tiny-imagenet-200/{{train/<wnid>/images/*.JPEG, val/images/*.JPEG, "
-            f"val/val_annotations.txt}}. {OBTAIN['tinyimagenet']}"
+            f"val/val_annotations.txt}}. {DATASET_SPECS['tinyimagenet'].obtain}"
         )
     return folder
 
 
 def check_imagenet100(root: Path) -> Path:
-    obtain = OBTAIN["imagenet100"]
+    obtain = DATASET_SPECS["imagenet100"].obtain
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise DataRootError(f"imagenet100: no folder {root / split}; expected train/<wnid>/ and val/<wnid>/ "
@@ -157,7 +147,7 @@ def folder_test_dir(root: Path) -> Path | None:
 
 
 def check_folder(root: Path) -> Path:
-    obtain = OBTAIN["folder"]
+    obtain = DATASET_SPECS["folder"].obtain
     if not (root / "train").is_dir() or folder_test_dir(root) is None:
         raise DataRootError(f"folder: expected {root / 'train'} and {root / 'test'} (or {root / 'val'}) with one "
                             f"sub-folder of images per class. {obtain}")
@@ -169,14 +159,81 @@ def check_folder(root: Path) -> Path:
     return root
 
 
-# Each set's root check, in the registry's order (`trainables.datasets.DATASETS` uses these).
-CHECKS: dict[str, Callable[[Path], Path]] = {
-    "shapes": lambda root: root,
-    "cifar10": check_cifar("cifar10"),
-    "cifar100": check_cifar("cifar100"),
-    "tinyimagenet": check_tinyimagenet,
-    "imagenet100": check_imagenet100,
-    "folder": check_folder,
+# -- the rows --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataSpec:
+    """One data set. None: read from the root (`folder`, by `dataset_spec`) or, for mean/std, computed
+    from the training images. train_images: the official training split before any holdout;
+    test_images: the official test split (the n behind test_acc; `val` where the official val split
+    stands in for it). mean/std: published per-channel statistics on the [0, 1] scale."""
+
+    source: str
+    num_classes: int | None
+    img_size: int | None
+    train_images: int | None
+    test_images: int | None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    test_split: str = "test"
+    in_memory: bool = True  # decoded once into memory (else decoded per item by the DataLoader workers)
+    obtain: str = "Nothing to obtain: generated in memory."  # quoted in every root error
+    check: Callable[[Path], Path] = field(default=lambda root: root, repr=False, compare=False)
+
+    @property
+    def patch_size(self) -> int | None:
+        return None if self.img_size is None else patch_size_for(self.img_size)
+
+    @property
+    def grid(self) -> int | None:
+        return None if self.img_size is None else self.img_size // self.patch_size
+
+    @property
+    def description(self) -> str:
+        if self.num_classes is None:
+            return self.source
+        used = " (used as test)" if self.test_split != "test" else ""
+        return (f"{self.source}, {self.num_classes} classes, {self.train_images:,} train / {self.test_images:,} "
+                f"{self.test_split}{used}, {self.img_size} px")
+
+
+DATASET_SPECS: dict[str, DataSpec] = {
+    "shapes": DataSpec("procedural shapes and layouts (trainables/shapes.py)", 10, 32, 10_000, 2_000),
+    "cifar10": DataSpec("CIFAR-10", 10, 32, 50_000, 10_000, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+                        obtain=_CIFAR_OBTAIN.format("cifar-10"), check=check_cifar("cifar10")),
+    "cifar100": DataSpec("CIFAR-100 (fine labels)", 100, 32, 50_000, 10_000, (0.5071, 0.4865, 0.4409),
+                         (0.2673, 0.2564, 0.2762), obtain=_CIFAR_OBTAIN.format("cifar-100"), check=check_cifar("cifar100")),
+    "tinyimagenet": DataSpec(
+        "Tiny-ImageNet", 200, 64, 100_000, 10_000, (0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821), "val",
+        obtain="Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
+        "(the root may be tiny-imagenet-200/ itself or its parent).", check=check_tinyimagenet),
+    "imagenet100": DataSpec(
+        "ImageNet-100 (CMC's 100 ILSVRC-2012 classes)", 100, 224, 126_689, 5_000, IMAGENET_MEAN, IMAGENET_STD, "val",
+        in_memory=False, check=check_imagenet100,
+        obtain="Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
+        "then build the root with trainables.formats.link_imagenet100(IMAGENET_ROOT, ROOT)."),
+    "folder": DataSpec(
+        "any ImageFolder root: train/<class>/*, test/<class>/* (or val/); size from the first image",
+        None, None, None, None, check=check_folder,
+        obtain="Put one folder per class of image files under train/ and test/ (or val/) in the root."),
 }
-vocab.check_registry("trainables.data_roots.CHECKS", CHECKS, vocab.DATASETS, "DATASETS")
-vocab.check_registry("trainables.data_roots.OBTAIN", OBTAIN, vocab.DATASETS, "DATASETS")
+vocab.check_registry("trainables.data_roots.DATASET_SPECS", DATASET_SPECS, vocab.DATASETS, "DATASETS")
+
+
+def dataset_spec(name: str, root: str | os.PathLike | None = None, *, img_size: int | None = None) -> DataSpec:
+    """The row of `name`, with `img_size` applied; a set whose classes the row leaves open (`folder`)
+    reads them and its image size from `root`. An unknown name raises ValueError listing the names."""
+    spec = _row(name)
+    if spec.num_classes is None:
+        num_classes, first_size = folder_size(root)
+        size = img_size or first_size
+        return replace(spec, num_classes=num_classes, img_size=size, in_memory=folder_in_memory(size))
+    if img_size is not None:
+        patch_size_for(img_size)  # raises on a size without the studies' grid
+        spec = replace(spec, img_size=img_size)
+    return spec
+
+
+def _row(name: str) -> DataSpec:
+    if name not in DATASET_SPECS:
+        raise ValueError(f"unknown data set {name!r}; valid: {sorted(DATASET_SPECS)}")
+    return DATASET_SPECS[name]

@@ -11,14 +11,15 @@ decoding is then paid once per trial, not once per epoch. ImageNet-100 (and
 any large `folder` set) stays on disk as `ImageFiles`, decoded per item in
 the DataLoader workers.
 
-| name | root layout | size | classes | in memory |
-| ---- | ----------- | ---- | ------- | --------- |
-| shapes | none (procedural, `trainables/shapes.py`) | 32 (64 via img_size) | 10 | yes |
-| cifar10, cifar100 | torchvision's `cifar-10-batches-py/`, `cifar-100-python/` (downloaded) | 32 | 10 / 100 | yes |
-| tinyimagenet | official `tiny-imagenet-200/` (root = it or its parent) | 64 | 200 | yes |
-| imagenet100 | `train/<wnid>/`, `val/<wnid>/` (see `link_imagenet100`) | 224 | 100 | no |
-| folder | any `train/<class>/` + `test/<class>/` (or `val/`) | first image's | from folders | <= 64 px, <= 200k |
+| name | root layout |
+| ---- | ----------- |
+| shapes | none (procedural, `trainables/shapes.py`) |
+| cifar10, cifar100 | torchvision's `cifar-10-batches-py/`, `cifar-100-python/` (downloaded) |
+| tinyimagenet | official `tiny-imagenet-200/` (root = it or its parent) |
+| imagenet100 | `train/<wnid>/`, `val/<wnid>/` (see `link_imagenet100`) |
+| folder | any `train/<class>/` + `test/<class>/` (or `val/`); in memory up to 64 px and 200k images |
 
+Each set's classes, sizes and statistics are its row in `trainables.data_roots.DATASET_SPECS`.
 Image sizes and patch sizes give the studies' grids: 32 px / patch 4 and
 64 px / patch 8 -> 8x8 (Study L), 224 px / patch 16 -> 14x14 (Study P).
 
@@ -43,11 +44,12 @@ once, naming the path, what was expected there and how to obtain it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +57,16 @@ import torch
 from torch.utils.data import Dataset
 
 from records import vocab
-from trainables import data_roots, formats, shapes
-from trainables.data_roots import patch_size_for
+from trainables import data_roots, formats
+from trainables.data_roots import dataset_spec, patch_size_for
 from trainables.formats import Loaded
-from trainables.images import IMAGENET_MEAN, IMAGENET_STD
 
-DEFAULT_DATA_ROOT = data_roots.DEFAULT_DATA_ROOT
 SPLIT_NAMES = ("train", "holdout", "test")
 
 
 @dataclass(frozen=True, eq=False)
 class DatasetSplits:
-    """A loaded data set. mean/std: per channel, for `protocols.normalize` on [0, 1] pixels.
+    """A loaded data set. mean/std: per channel, for `images.normalize` on [0, 1] pixels.
 
     holdout_indices: int64, rows of the official training set that form `holdout`
     (ascending); `train` holds the others, in their original order.
@@ -91,61 +91,11 @@ class DatasetSplits:
 
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What is known about a data set without loading it (for configs, dry runs and checks).
-
-    num_classes/img_size are None only for `folder` before a root is inspected
-    (`dataset_info("folder", root)` fills them in); mean/std are None where they
-    are computed from the loaded training images.
-    """
-
-    name: str
-    num_classes: int | None
-    img_size: int | None
-    mean: tuple[float, float, float] | None
-    std: tuple[float, float, float] | None
-    in_memory: bool
-    description: str
-    obtain: str  # how to get the files, quoted in root errors
-    load: Callable[..., Loaded] = field(repr=False, compare=False, default=None)
-    check: Callable[[Path], Path] = field(repr=False, compare=False, default=None)
-
-    @property
-    def patch_size(self) -> int | None:
-        return None if self.img_size is None else patch_size_for(self.img_size)
-
-    @property
-    def grid(self) -> int | None:
-        return None if self.img_size is None else self.img_size // self.patch_size
-
-
-def dataset_info(name: str, root: str | os.PathLike | None = None, *, img_size: int | None = None) -> DatasetInfo:
-    """The registry entry of `name`, with `img_size` applied; for `folder`, read from `root`."""
-    info = _info(name)
-    if name == "folder":
-        num_classes, first_size = data_roots.folder_size(root)
-        size = img_size or first_size
-        return replace(info, num_classes=num_classes, img_size=size, in_memory=data_roots.folder_in_memory(size))
-    if img_size is not None:
-        patch_size_for(img_size)  # raises on a size without the studies' grid
-        info = replace(info, img_size=img_size)
-    return info
-
-
-def check_root(name: str, root: str | os.PathLike | None = None) -> Path:
-    """Resolve and validate a data root without loading anything; raises `DataRootError`.
-
-    For CIFAR a missing folder is fine (it is downloaded into it)."""
-    info = _info(name)
-    return info.check(_root(root))
-
-
 def prepare_root(name: str, root: str | os.PathLike | None = None) -> Path:
-    """`check_root`, then fetch what loading would download (CIFAR): the launcher calls it
+    """`data_roots.check_root`, then fetch what loading would download (CIFAR): the launcher calls it
     once per data set before any trial starts, so a missing download fails the launch
     there instead of in every Train worker (and every retry). Raises `DataRootError`."""
-    path = check_root(name, root)
+    path = data_roots.check_root(name, root)
     if name in formats.CIFAR_NAMES:
         formats.fetch_cifar(name, path)
     return path
@@ -167,13 +117,10 @@ def load_dataset(
     the training set moved to `holdout`. img_size: resize to this size (the
     native size by default). download: CIFAR only, fetch missing files.
     """
-    info = _info(name)
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must lie in [0, 1), got {holdout_fraction}")
-    if img_size is not None:
-        patch_size_for(img_size)
-    path = info.check(_root(root)) if name != "shapes" else None
-    loaded = info.load(path, img_size=img_size, download=download)
+    dataset_spec(name, root, img_size=img_size)  # a bad name, size or root fails here, before loading
+    loaded = DATASETS[name](data_roots.check_root(name, root), img_size=img_size, download=download)
     train_idx, holdout_idx = holdout_split(loaded.train.labels, holdout_fraction, seed=seed)
     return DatasetSplits(
         name=name,
@@ -195,8 +142,6 @@ def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> 
     device: the data set's name, where it was read, the sizes of the splits it trained and was scored
     on, and a digest of their labels and sizes (equal digests: the same images in the same order, for
     every data set this project loads deterministically)."""
-    import hashlib
-
     scored = data.test if cfg.eval_split == "test" else data.holdout
     sizes = {"train_images": len(train), "eval_images": len(scored), "eval_split": cfg.eval_split,
              "test_images": len(data.test), "holdout_images": len(data.holdout), "classes": data.num_classes,
@@ -272,66 +217,14 @@ def capped_subset(labels: torch.Tensor, max_images: int, *, seed: int = 0) -> to
     return keep.nonzero().squeeze(1)
 
 
-def _info(name: str) -> DatasetInfo:
-    if name not in DATASETS:
-        raise ValueError(f"unknown data set {name!r}; valid: {sorted(DATASETS)}")
-    return DATASETS[name]
-
-
-def _root(root: str | os.PathLike | None) -> Path:
-    return Path(root if root is not None else DEFAULT_DATA_ROOT).expanduser()
-
-
-
-DATASETS: dict[str, DatasetInfo] = {
-    "shapes": DatasetInfo(
-        "shapes", shapes.NUM_CLASSES, 32, None, None, True,
-        "procedural shapes and layouts, 10 classes, 10,000 train / 2,000 test (trainables/shapes.py)",
-        data_roots.OBTAIN["shapes"], load=formats.load_shapes, check=lambda root: root,
-    ),
-    "cifar10": DatasetInfo(
-        "cifar10", 10, 32, *formats.STATS["cifar10"], True,
-        "CIFAR-10, 50,000 train / 10,000 test, 32 px",
-        data_roots.OBTAIN["cifar10"], load=formats.load_cifar("cifar10"), check=data_roots.check_cifar("cifar10"),
-    ),
-    "cifar100": DatasetInfo(
-        "cifar100", 100, 32, *formats.STATS["cifar100"], True,
-        "CIFAR-100 (fine labels), 50,000 train / 10,000 test, 32 px",
-        data_roots.OBTAIN["cifar100"], load=formats.load_cifar("cifar100"), check=data_roots.check_cifar("cifar100"),
-    ),
-    "tinyimagenet": DatasetInfo(
-        "tinyimagenet", 200, 64, *formats.STATS["tinyimagenet"], True,
-        "Tiny-ImageNet, 200 classes, 100,000 train / 10,000 val (used as test), 64 px",
-        data_roots.OBTAIN["tinyimagenet"], load=formats.load_tinyimagenet, check=data_roots.check_tinyimagenet,
-    ),
-    "imagenet100": DatasetInfo(
-        "imagenet100", 100, 224, IMAGENET_MEAN, IMAGENET_STD, False,
-        "ImageNet-100 (CMC's 100 ILSVRC-2012 classes), ~126,000 train / 5,000 val (used as test), 224 px",
-        data_roots.OBTAIN["imagenet100"], load=formats.load_imagenet100, check=data_roots.check_imagenet100,
-    ),
-    "folder": DatasetInfo(
-        "folder", None, None, None, None, True,
-        "any ImageFolder root: train/<class>/*, test/<class>/* (or val/); size from the first image",
-        data_roots.OBTAIN["folder"], load=formats.load_folder, check=data_roots.check_folder,
-    ),
+# Each data set's loader (`trainables/formats.py`); what the set is, by the numbers, is its row in
+# `trainables.data_roots.DATASET_SPECS`.
+DATASETS: dict[str, Callable[..., Loaded]] = {
+    "shapes": formats.load_shapes,
+    "cifar10": formats.load_cifar("cifar10"),
+    "cifar100": formats.load_cifar("cifar100"),
+    "tinyimagenet": formats.load_tinyimagenet,
+    "imagenet100": formats.load_imagenet100,
+    "folder": formats.load_folder,
 }
-
-
-def _check_sizes() -> None:
-    """The registry agrees with the torch-free table `records.vocab.DATASET_SIZES` (which the dry run's
-    GPU-hours and the report's standard errors read): names, and each image size, patch size and class
-    count; `shapes`' splits are its generator's."""
-    vocab.check_registry("trainables.datasets.DATASETS", DATASETS, vocab.DATASETS, "DATASETS")
-    for name, info in DATASETS.items():
-        size = vocab.DATASET_SIZES[name]
-        here = (info.img_size, info.patch_size, info.num_classes)
-        if here != (size.img_size, size.patch_size, size.num_classes):
-            raise ValueError(f"data set {name!r}: the registry has (img_size, patch_size, num_classes) {here}, "
-                             f"records.vocab.DATASET_SIZES {size}")
-    shapes_size = vocab.DATASET_SIZES["shapes"]
-    if (shapes_size.train_images, shapes_size.test_images) != (shapes.TRAIN_SIZE, shapes.TEST_SIZE):
-        raise ValueError(f"records.vocab.DATASET_SIZES['shapes'] {shapes_size} disagrees with trainables.shapes' "
-                         f"splits ({shapes.TRAIN_SIZE}, {shapes.TEST_SIZE})")
-
-
-_check_sizes()
+vocab.check_registry("trainables.datasets.DATASETS", DATASETS, vocab.DATASETS, "DATASETS")

@@ -1,9 +1,8 @@
-"""The data set formats: for each, a root check and a loader into `trainables.images` containers.
+"""The data set formats: for each, a loader into `trainables.images` containers.
 
-The root checks and the `OBTAIN` texts are torch-free, in `trainables.data_roots` (re-exported here).
-Each loader returns a `Loaded` (classes, train and test splits, size, channel
-statistics); `trainables.datasets.DATASETS` wires them into the registry with
-the `OBTAIN` text quoted in every root error.
+Each loader returns a `Loaded` (classes, train and test splits, size, channel statistics);
+`trainables.datasets.DATASETS` wires them into the registry. What each set is (sizes, published
+statistics, how to obtain it, its root check) is its torch-free row, `trainables.data_roots.DATASET_SPECS`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,9 @@ import torchvision.transforms.v2.functional as TF
 
 from trainables import shapes
 from trainables.data_roots import (
-    OBTAIN,
+    DATASET_SPECS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     DataRootError,
     find_classes,
     first_image_size,
@@ -31,8 +32,6 @@ from trainables.data_roots import (
     patch_size_for,
 )
 from trainables.images import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     ImageFiles,
     TensorImages,
     channel_stats,
@@ -77,11 +76,11 @@ class Loaded:
 
 
 def load_shapes(root: Path | None, *, img_size: int | None, download: bool) -> Loaded:
-    size = img_size or 32
+    row = DATASET_SPECS["shapes"]
+    size = img_size or row.img_size
     # Data seed 0: the images are fixed like any downloaded set's; `seed` varies the holdout only.
-    train_images, train_labels = shapes.make_shapes(shapes.TRAIN_SIZE, img_size=size,
-                                                    seed=shapes.split_seed(0, "train"))
-    test_images, test_labels = shapes.make_shapes(shapes.TEST_SIZE, img_size=size, seed=shapes.split_seed(0, "test"))
+    train_images, train_labels = shapes.make_shapes(row.train_images, img_size=size, seed=shapes.split_seed(0, "train"))
+    test_images, test_labels = shapes.make_shapes(row.test_images, img_size=size, seed=shapes.split_seed(0, "test"))
     mean, std = channel_stats(train_images)
     return Loaded(shapes.CLASSES, TensorImages(train_images, train_labels), TensorImages(test_images, test_labels),
                    size, mean, std)
@@ -111,15 +110,6 @@ _CIFAR = {
 }
 CIFAR_NAMES = tuple(_CIFAR)
 
-# Published per-channel statistics on the [0, 1] scale: (mean, std).
-STATS = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "tinyimagenet": ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821)),
-}
-
-
-
 def _cifar_files(name: str) -> list[str]:
     spec = _CIFAR[name]
     return [spec["meta"], *spec["train"], *spec["test"]]
@@ -138,11 +128,11 @@ def load_cifar(name: str) -> Callable[..., Loaded]:
             classes = tuple(_unpickle(fh, folder / spec["meta"])[spec["names_key"]])
         train = _read_cifar(folder, spec["train"], spec["label_key"], len(classes))
         test = _read_cifar(folder, spec["test"], spec["label_key"], len(classes))
-        size = img_size or 32
-        if size != 32:
+        size = img_size or DATASET_SPECS[name].img_size
+        if size != DATASET_SPECS[name].img_size:
             train = TensorImages(TF.resize(train.images, [size, size], antialias=True), train.labels)
             test = TensorImages(TF.resize(test.images, [size, size], antialias=True), test.labels)
-        return Loaded(classes, train, test, size, *STATS[name])
+        return Loaded(classes, train, test, size, DATASET_SPECS[name].mean, DATASET_SPECS[name].std)
 
     return load
 
@@ -165,7 +155,7 @@ def fetch_cifar(name: str, root: Path, *, download: bool = True) -> Path:
 
 def _cifar_missing(name: str, folder: Path, missing: list[str], why: str) -> str:
     return (f"{name}: files {missing} are missing in {folder} and {why}. "
-            f"Expected {_cifar_files(name)} there. {OBTAIN[name]}")
+            f"Expected {_cifar_files(name)} there. {DATASET_SPECS[name].obtain}")
 
 
 def _unpickle(fh, path: Path) -> dict:
@@ -201,7 +191,7 @@ def _read_cifar(folder: Path, files: list[str], label_key: str, num_classes: int
 
 
 def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> Loaded:
-    obtain = OBTAIN["tinyimagenet"]
+    obtain = DATASET_SPECS["tinyimagenet"].obtain
     classes, class_to_idx = find_classes(folder / "train")  # sorted wnids
     train = list_images(folder / "train", class_to_idx, obtain)
     test = []
@@ -216,7 +206,7 @@ def load_tinyimagenet(folder: Path, *, img_size: int | None, download: bool) -> 
         test.append((str(folder / "val" / "images" / parts[0]), class_to_idx[parts[1]]))
     size = img_size or 64
     return Loaded(tuple(classes), _in_memory(train, size), _in_memory(test, size), size,
-                   *STATS["tinyimagenet"])
+                   DATASET_SPECS["tinyimagenet"].mean, DATASET_SPECS["tinyimagenet"].std)
 
 
 def _in_memory(samples: list[tuple[str, int]], img_size: int) -> TensorImages:
@@ -252,7 +242,7 @@ def link_imagenet100(imagenet_root: str | os.PathLike, out_root: str | os.PathLi
 
 
 def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> Loaded:
-    obtain = OBTAIN["imagenet100"]
+    obtain = DATASET_SPECS["imagenet100"].obtain
     classes, class_to_idx = find_classes(root / "train")
     if set(classes) != set(IMAGENET100_WNIDS):
         warnings.warn(f"imagenet100 at {root} has {len(classes)} classes that are not the CMC ImageNet-100 list "
@@ -260,14 +250,14 @@ def load_imagenet100(root: Path, *, img_size: int | None, download: bool) -> Loa
     size = img_size or 224
     train = ImageFiles(list_images(root / "train", class_to_idx, obtain), size, evaluation=False)
     test = ImageFiles(list_images(root / "val", class_to_idx, obtain), size, evaluation=True)
-    return Loaded(tuple(classes), train, test, size, IMAGENET_MEAN, IMAGENET_STD)
+    return Loaded(tuple(classes), train, test, size, DATASET_SPECS["imagenet100"].mean, DATASET_SPECS["imagenet100"].std)
 
 
 # -- any ImageFolder -------------------------------------------------------------------------
 
 
 def load_folder(root: Path, *, img_size: int | None, download: bool) -> Loaded:
-    obtain = OBTAIN["folder"]
+    obtain = DATASET_SPECS["folder"].obtain
     classes, class_to_idx = find_classes(root / "train")
     train = list_images(root / "train", class_to_idx, obtain)
     test = list_images(folder_test_dir(root), class_to_idx, obtain)

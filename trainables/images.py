@@ -31,8 +31,6 @@ if tuple(_TORCHVISION_EXTENSIONS) != IMG_EXTENSIONS:  # the torch-free copy list
 # yet); the warning would fire once per decoded file under `-W default`.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
 
 # -- geometry --------------------------------------------------------------------------------
 
@@ -90,6 +88,20 @@ def device_constant(key, build: Callable[[], torch.Tensor]):
 
 def clear_device_constants() -> None:
     _DEVICE_CONSTANTS.clear()
+
+
+def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    # (2, 3, 1, 1): mean and std on the 0-255 scale; built once per device (`device_constant`).
+    stats = torch.tensor([mean, std], dtype=torch.float32).mul(255).view(2, 3, 1, 1)
+    return to_device(stats, device)
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (B, 3, S, S) or (3, S, S) -> float32 (x / 255 - mean) / std, on the images' device."""
+    mean, std = tuple(map(float, mean)), tuple(map(float, std))
+    m, s = device_constant(("pixel_stats", mean, std, images.device),
+                           lambda: _pixel_stats(mean, std, images.device)).unbind(0)
+    return images.float().sub_(m).div_(s)
 
 
 # -- splits ----------------------------------------------------------------------------------

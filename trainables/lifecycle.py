@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from records import tables, tracking
-from trainables import checkpoints
+from records import layout, tables, tracking
 from trainables.config import RunConfig
 
 PACK_TAG = "vitsweep.pack"
@@ -41,11 +40,11 @@ class LaunchSettings:
     provenance: dict | None = None  # records.provenance.provenance(), taken once by the launcher
 
     def snapshot_uri(self, trial_id: str) -> str:
-        return checkpoints.snapshot_uri(self.storage, self.study, trial_id)
+        return layout.snapshot_dir(self.storage, self.study, trial_id)
 
     def checkpoint_uri(self, trial_id: str) -> str:
         """The folder of a trial's resumable checkpoint, whichever pack (or none) trains it."""
-        return checkpoints.checkpoint_uri(self.storage, self.study, trial_id)
+        return layout.checkpoint_dir(self.storage, self.study, trial_id)
 
 
 def utc_now() -> datetime.datetime:

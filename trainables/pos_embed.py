@@ -15,30 +15,27 @@ The interface (`PositionalEncoding`), two hooks the ViT calls once per forward:
   additive(pe_scale)  -> (1, T, D) table added to the tokens after the CLS token is prepended, or None.
   rotations(pe_scale) -> list of L (cos, sin) pairs, each (T, hd) or (H, T, hd), applied to q and k of
                          block l by `apply_rotation`, or None.
-  validate(config)    -> classmethod; raises ValueError when the geometry does not suit this PE.
   alpha_scaling       -> class attribute: how the analysis scales this PE (`analysis.evaluate`): "pe_scale"
                          (an additive table times alpha), "rope_scale" (rotation angles times alpha), or
                          None (nothing to scale: no alpha rows).
 `pe_scale` (Study P's alpha) multiplies the whole additive table, CLS slot included; for the rotary PEs it
 multiplies the rotation angles (our extension: alpha = 0 is the identity rotation, i.e. the `none` model).
 A new PE is one subclass plus one line in `POS_EMBEDS` (and its name in the torch-free `records.vocab.PES`,
-which this registry checks at import, naming a key one has and the other lacks).
+which this registry checks at import, naming a key one has and the other lacks; and, if its geometry has a
+rule, one line in `trainables.vit_config.PE_QUARTERS`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
 from records import vocab
-from trainables.vit_config import APE_INIT_NAMES, check_rope, check_sincos2d
-
-if TYPE_CHECKING:
-    from trainables.vit_config import ViTConfig
+from trainables.fields import specs
+from trainables.vit_config import ViTConfig
 
 # Heo et al.'s RoPE-Mixed initial frequency base (`rope_theta=10.0` for their mixed models); config.rope_base
 # (Study P's 10000, Heo et al.'s axial 100) only concerns the fixed axial `rope2d`.
@@ -125,10 +122,6 @@ class PositionalEncoding(nn.Module):
         self.num_tokens = 1 + config.num_patches  # T
         self.depth = config.depth
 
-    @classmethod
-    def validate(cls, config: ViTConfig) -> None:
-        """Raise ValueError when `config` cannot carry this PE. Called by ViTConfig.__post_init__."""
-
     def additive(self, pe_scale: float = 1.0) -> torch.Tensor | None:
         """(1, T, D) table to add to [CLS; patches], or None."""
         return None
@@ -166,10 +159,6 @@ class SinCos2d(PositionalEncoding):
         # Not persistent: derived from the config, so checkpoints stay interchangeable with `none`'s.
         self.register_buffer("table", sincos2d_table(config.grid, config.dim), persistent=False)
 
-    @classmethod
-    def validate(cls, config: ViTConfig) -> None:
-        check_sincos2d(config)
-
     def additive(self, pe_scale: float = 1.0) -> torch.Tensor:
         return self.table if pe_scale == 1.0 else self.table * pe_scale
 
@@ -199,10 +188,6 @@ class Rope2d(PositionalEncoding):
         cos, sin = pair_tables(angles)  # (T, hd) each, cached for the training path (pe_scale 1)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-
-    @classmethod
-    def validate(cls, config: ViTConfig) -> None:
-        check_rope("rope2d", config)
 
     def rotations(self, pe_scale: float = 1.0) -> list[Rotation]:
         rotation = (self.cos, self.sin) if pe_scale == 1.0 else pair_tables(self.angles * pe_scale)
@@ -235,10 +220,6 @@ class RopeMixed(PositionalEncoding):
         self.register_buffer("t_x", cols.float(), persistent=False)  # (N,)
         self.register_buffer("t_y", rows.float(), persistent=False)
 
-    @classmethod
-    def validate(cls, config: ViTConfig) -> None:
-        check_rope("rope2d_mixed", config)
-
     def rotations(self, pe_scale: float = 1.0) -> list[Rotation]:
         f_x, f_y = self.freqs.float()[:, :, :, None, :]  # (L, H, 1, hd/2) each
         theta = self.t_x[:, None] * f_x + self.t_y[:, None] * f_y  # (L, H, N, hd/2)
@@ -262,7 +243,8 @@ POS_EMBEDS: dict[str, type[PositionalEncoding]] = {
     "rope2d_mixed": RopeMixed,
 }
 vocab.check_registry("trainables.pos_embed.POS_EMBEDS", POS_EMBEDS, vocab.PES, "PES")
-vocab.check_registry("trainables.pos_embed.APE_INITS", APE_INITS, APE_INIT_NAMES, "trainables.vit_config.APE_INIT_NAMES")
+vocab.check_registry("trainables.pos_embed.APE_INITS", APE_INITS, specs(ViTConfig)["ape_init"].choices,
+                     "ViTConfig.ape_init's choices")
 
 
 def build_pos_embed(config: ViTConfig) -> PositionalEncoding:

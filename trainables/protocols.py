@@ -39,7 +39,6 @@ a resume; augment.py keys its draws by it. The epoch's order is `epoch_order`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -47,7 +46,7 @@ import torch.nn.functional as F
 
 from records import vocab
 from trainables.data_roots import LARGE_IMAGE_SIZE
-from trainables.images import device_constant, to_device
+from trainables.images import to_device
 from trainables.protocol_spec import Protocol
 
 CUTMIX_BETA = 1.0
@@ -127,20 +126,6 @@ def cutmix_batch(
     mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
     area = (bottom - top) * (right - left) / (height * width)
     return mixed, targets * (1.0 - area) + targets[perm.to(targets.device)] * area
-
-
-def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    # (2, 3, 1, 1): mean and std on the 0-255 scale; built once per device (`device_constant`).
-    stats = torch.tensor([mean, std], dtype=torch.float32).mul(255).view(2, 3, 1, 1)
-    return to_device(stats, device)
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, 3, S, S) or (3, S, S) -> float32 (x / 255 - mean) / std, on the images' device."""
-    mean, std = tuple(map(float, mean)), tuple(map(float, std))
-    m, s = device_constant(("pixel_stats", mean, std, images.device),
-                           lambda: _pixel_stats(mean, std, images.device)).unbind(0)
-    return images.float().sub_(m).div_(s)
 
 
 # -- per-image seeds and the epoch's order ---------------------------------------------------------

@@ -12,7 +12,10 @@ one at a time.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import socket
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,8 +49,6 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
 def _own_sigterm():
     """``ray.init`` makes SIGTERM ``sys.exit`` from wherever the main thread is (it ends in an abort);
     a handler the process set before (the launcher's, ``sweeps.interrupt``) stays in place."""
-    import signal
-
     before = signal.getsignal(signal.SIGTERM)
     try:
         yield
@@ -57,8 +58,6 @@ def _own_sigterm():
 
 
 def _start(address: str | None, **kwargs: Any) -> None:
-    import socket
-
     import ray
 
     if address:
@@ -132,6 +131,5 @@ def private_token_file() -> None:
     except FileExistsError:  # another launch created it meanwhile: Ray will read theirs
         pass
     except OSError as exc:  # e.g. a read-only home: Ray reports its own error if it cannot write either
-        import logging
 
         logging.getLogger("vitsweep").warning("could not make Ray's token file %s private: %s", path, exc)

@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from records import files, tables, tracking
+from records import files, layout, tables, tracking
 from trainables import checkpoints, lifecycle
 from trainables.config import RunConfig
 from trainables.epoch_records import EpochRecords
@@ -111,7 +111,7 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=pack_id,
-            storage_path=checkpoints.train_storage(settings.storage, settings.study),
+            storage_path=layout.train_storage(settings.storage, settings.study),
             failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
             callbacks=[TuneReportCallback()],
         ),

@@ -57,8 +57,6 @@ CLASSES = (
     "square_corner",
 )
 NUM_CLASSES = len(CLASSES)
-TRAIN_SIZE = 10_000
-TEST_SIZE = 2_000
 _CHUNK_PIXELS = 2**18  # pixels rendered at once: small temporaries stay in cache-friendly, reused memory
 
 

@@ -62,10 +62,10 @@ from trainables.compiled import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
 from trainables.fast_paths import is_out_of_memory
-from trainables.images import to_device
+from trainables.images import normalize, to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
 from trainables.packed import PackedViT, mixed_precision
-from trainables.protocols import cutmix_batch, normalize, soft_targets
+from trainables.protocols import cutmix_batch, soft_targets
 
 Report = Callable[[dict[str, Any], "str | None"], None]
 # Once per epoch, every member still in the pack: [(trial id, metrics, checkpoint dir or None), ...]

@@ -2,8 +2,7 @@
 
 The model itself is `trainables.vit.ViT` (which re-exports these names). Kept apart so that planning a
 sweep (`vitsweep sweep ... --dry-run`, trial ids, pack keys, the estimate) imports no torch or timm.
-A config checks its PE's geometry here (`PE_CHECKS`, torch-free, for the PEs that have a rule); any
-other PE, and any registered at run time in `trainables.pos_embed.POS_EMBEDS`, by its own `validate`.
+Each field carries its type and range (`trainables.fields.spec`), each PE its geometry rule (`PE_QUARTERS`).
 
 Presets (`ViTConfig.preset(name, **overrides)`; overrides may change any field; params with pe="ape"):
 
@@ -29,17 +28,11 @@ ViT-S at Study P's recipe. tiny: tests and demos. Heads do not change the parame
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from records import vocab
-
-# The names of `trainables.pos_embed.APE_INITS` (checked there), for a torch-free check of `ape_init`.
-APE_INIT_NAMES = ("normal", "trunc_normal")
-CLS_INITS = ("timm", "normal")  # N(0, 1e-6), timm's ViT | N(0, 1), Study P's `torch.randn`
-LINEAR_INITS = ("timm", "torch")  # trunc-normal 0.02 and zero bias, timm's ViT | PyTorch's default, Study P's
+from trainables.fields import Spec, check_fields, spec
 
 _STUDY_P = dict(
     img_size=224, patch_size=16, num_classes=100, dim=384, depth=12, heads=8, mlp_ratio=4.0,
@@ -66,34 +59,33 @@ def _divisors(n: int) -> list[int]:
 class ViTConfig:
     """Architecture of one ViT. Flat scalars only, so Tune, MLflow and Parquet take it as is."""
 
-    img_size: int = 32
-    patch_size: int = 4
-    in_chans: int = 3
-    num_classes: int = 10
-    dim: int = 192
-    depth: int = 8
-    heads: int = 8
-    mlp_ratio: float = 2.0
-    pe: str = "ape"
-    drop_rate: float = 0.0  # on the tokens after CLS + additive PE (timm's pos_drop; unlike timm, not before the head)
-    attn_drop_rate: float = 0.0  # on the softmax attention weights
-    proj_drop_rate: float = 0.0  # after the attention output projection and inside the MLP
-    drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this over the blocks (timm)
-    ape_init: str = "trunc_normal"  # "normal" N(0, 1) (Study P) | "trunc_normal" std 0.02 (timm)
-    rope_base: float = 10000.0  # rope2d frequency base: Study P 10000, Heo et al. axial 100
-    cls_init: str = "timm"  # see CLS_INITS
-    linear_init: str = "timm"  # see LINEAR_INITS
-    final_norm: bool = True  # LayerNorm on CLS before the head (timm); Study P's code has none
+    img_size: int = spec(32, ge=1)
+    patch_size: int = spec(4, ge=1)
+    in_chans: int = spec(3, ge=1)
+    num_classes: int = spec(10, ge=1)
+    dim: int = spec(192, ge=1)
+    depth: int = spec(8, ge=1)
+    heads: int = spec(8, ge=1)
+    mlp_ratio: float = spec(2.0, gt=0)
+    # Open: a PE registered at run time in `trainables.pos_embed.POS_EMBEDS` (a test, a notebook) is valid too.
+    pe: str = spec("ape", choices=vocab.PES, open=True)
+    drop_rate: float = spec(0.0, ge=0, lt=1, help="on the tokens after CLS + additive PE (timm's pos_drop; unlike "
+                            "timm, not before the head)")
+    attn_drop_rate: float = spec(0.0, ge=0, lt=1, help="on the softmax attention weights")
+    proj_drop_rate: float = spec(0.0, ge=0, lt=1, help="after the attention output projection and inside the MLP")
+    drop_path_rate: float = spec(0.0, ge=0, lt=1, help="stochastic depth, rising linearly to this over the blocks")
+    # The names of `trainables.pos_embed.APE_INITS` (checked there).
+    ape_init: str = spec("trunc_normal", choices=("normal", "trunc_normal"),
+                         help="normal: N(0, 1) (Study P) | trunc_normal: std 0.02 (timm)")
+    rope_base: float = spec(10000.0, gt=0, help="rope2d frequency base: Study P 10000, Heo et al. axial 100")
+    cls_init: str = spec("timm", choices=("timm", "normal"), help="timm: N(0, 1e-6), timm's ViT | normal: N(0, 1), "
+                         "Study P's torch.randn")
+    linear_init: str = spec("timm", choices=("timm", "torch"), help="timm: trunc-normal 0.02 and zero bias, timm's "
+                            "ViT | torch: PyTorch's default, Study P's")
+    final_norm: bool = spec(True, help="LayerNorm on CLS before the head (timm); Study P's code has none")
 
     def __post_init__(self) -> None:
-        for name in ("img_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
-        for name in ("drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1)")
-        if self.mlp_ratio <= 0 or self.rope_base <= 0:
-            raise ValueError(f"mlp_ratio={self.mlp_ratio} and rope_base={self.rope_base} must be positive")
+        check_fields(self)
         if self.img_size % self.patch_size:
             raise ValueError(
                 f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}; "
@@ -104,10 +96,13 @@ class ViTConfig:
                 f"dim={self.dim} is not divisible by heads={self.heads}; "
                 f"valid heads for dim={self.dim}: {_divisors(self.dim)}"
             )
-        for name, valid in (("ape_init", APE_INIT_NAMES), ("cls_init", CLS_INITS), ("linear_init", LINEAR_INITS)):
-            if getattr(self, name) not in valid:
-                raise ValueError(f"unknown {name}={getattr(self, name)!r}; valid: {sorted(valid)}")
-        _check_pe(self)
+        if self.pe in vocab.PES:
+            check_pe_geometry(self)
+        else:  # only a PE registered at run time (a test, a notebook) lacks a vocabulary name
+            from trainables.pos_embed import POS_EMBEDS  # imports torch; a launch's names never get here
+
+            if self.pe not in POS_EMBEDS:
+                raise Spec(str, choices=tuple(POS_EMBEDS)).error("pe", self.pe)
 
     @property
     def grid(self) -> int:
@@ -151,52 +146,25 @@ class ViTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
-# -- each PE's geometry --------------------------------------------------------------------------
-def check_sincos2d(config: ViTConfig) -> None:
-    if config.dim % 4:
+# -- each PE's geometry, as data -------------------------------------------------------------------
+# The width each PE splits in four: sincos2d's table (sin/cos x column/row) and the rotary PEs' head
+# (channel pairs x column/row). `none` and `ape` suit every geometry; a new PE with a rule is one line here.
+PE_QUARTERS = {"sincos2d": "dim", "rope2d": "head_dim", "rope2d_mixed": "head_dim"}
+assert set(PE_QUARTERS) <= set(vocab.PES), f"PE_QUARTERS names unknown PEs: {sorted(set(PE_QUARTERS) - set(vocab.PES))}"
+
+
+def check_pe_geometry(config: ViTConfig) -> None:
+    """Raise ValueError naming the nearest valid values when `config.pe` does not suit the geometry."""
+    width = PE_QUARTERS.get(config.pe)
+    if width == "dim" and config.dim % 4:
         raise ValueError(
-            f"pe='sincos2d' needs dim divisible by 4 (sin/cos x column/row), got dim={config.dim}; "
+            f"pe={config.pe!r} needs dim divisible by 4 (sin/cos x column/row), got dim={config.dim}; "
             f"nearest valid dims: {config.dim - config.dim % 4}, {config.dim - config.dim % 4 + 4}"
         )
-
-
-def check_rope(name: str, config: ViTConfig) -> None:
-    if config.head_dim % 4:
+    if width == "head_dim" and config.head_dim % 4:
         valid = [h for h in range(1, config.dim + 1) if config.dim % h == 0 and (config.dim // h) % 4 == 0]
         raise ValueError(
-            f"pe='{name}' needs head_dim = dim / heads divisible by 4 (pairs x column/row), got "
+            f"pe={config.pe!r} needs head_dim = dim / heads divisible by 4 (pairs x column/row), got "
             f"head_dim={config.head_dim} (dim={config.dim}, heads={config.heads}); valid heads for "
             f"dim={config.dim}: {valid}"
         )
-
-
-def _no_constraint(config: ViTConfig) -> None:
-    """`none` and `ape` suit every geometry."""
-
-
-# The PE classes' `validate` call these (trainables/pos_embed.py), so each rule is written once.
-PE_CHECKS: dict[str, Callable[[ViTConfig], None]] = {
-    "none": _no_constraint,
-    "ape": _no_constraint,
-    "sincos2d": check_sincos2d,
-    "rope2d": lambda config: check_rope("rope2d", config),
-    "rope2d_mixed": lambda config: check_rope("rope2d_mixed", config),
-}
-# Optional per PE: a PE with no entry here is checked by its class's `validate` (importing torch), so a
-# new PE stays a subclass plus its registry line; an entry for a name the vocabulary lacks is a typo.
-assert set(PE_CHECKS) <= set(vocab.PES), f"PE_CHECKS names unknown PEs: {sorted(set(PE_CHECKS) - set(vocab.PES))}"
-
-
-def _check_pe(config: ViTConfig) -> None:
-    """Raise ValueError unless `config.pe` names a PE that suits the geometry. Once the PE registry
-    is imported (it is, wherever a model is built) it decides, so a PE added to `POS_EMBEDS` at run
-    time (a test, a notebook) is known; before that, the torch-free `PE_CHECKS` decide for the
-    product's PEs, and only a name they lack imports the registry to look it up."""
-    if "trainables.pos_embed" not in sys.modules and config.pe in PE_CHECKS:
-        PE_CHECKS[config.pe](config)
-        return
-    from trainables.pos_embed import POS_EMBEDS
-
-    if config.pe not in POS_EMBEDS:
-        raise ValueError(f"unknown pe={config.pe!r}; valid: {sorted(POS_EMBEDS)}")
-    POS_EMBEDS[config.pe].validate(config)
