@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_cuda import fake_cuda, member_configs  # noqa: E402
 
-from trainables import inputs, protocols, train  # noqa: E402
+from trainables import inputs, optim, protocols, train  # noqa: E402
 from trainables.augment import augmentation  # noqa: E402
 from trainables.images import TensorImages, to_device  # noqa: E402
 from trainables.packed import PackedViT  # noqa: E402
@@ -128,7 +128,7 @@ def fake_counts(protocol: str, k: int) -> tuple[float, float, float]:
 def profiler_ops(protocol: str, k: int) -> float:
     """torch.profiler op count per step of the real step on the CPU (tiny model), over one chunk."""
     cfgs, sources, pack, mix, perm = _setup(protocol, k, "tiny", "cpu")
-    optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
+    optimizer = pack.optimizer(optim.build_optimizer, cfgs[0])
     batches_iter = iter(_steps(sources, cfgs))
     per_chunk = CHUNK // BATCH
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -59,7 +59,7 @@ from trainables.config import RunConfig
 from trainables.datasets import load_dataset
 from trainables.images import eval_view
 from trainables.protocols import normalize
-from trainables.train import build_optimizer, lr_factor
+from trainables.optim import build_optimizer, lr_factor
 from trainables.vit import ViT
 
 ARMS = {

@@ -315,6 +315,7 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     """Run the Tuner under the heartbeat, the launch log and the fault watch, then close what did not
     finish; (Tune's results, the failed ones). A storage fault raises StorageFault."""
     from records import manifest
+    from trainables.lifecycle import close_unfinished
 
     args, results, settings = launch.args, launch.results, launch.settings
     t0 = time.perf_counter()
@@ -337,8 +338,8 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                           f"; {interrupts.reason}" if interrupts.received else "")
             reason = ("storage fault: " + watch.found[0]) if watch.found else interrupts.reason or \
                 "the launch ended before the trial finished (its driver was killed)"
-            unclosed = faults.close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id,
-                                               stopped, reason, tracking_down=watch.tracking_down)
+            unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id,
+                                        stopped, reason, tracking_down=watch.tracking_down)
             faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
             if launch.spec.planned:  # one training summary, after the epilogue: the trials table's counts
                 print(lines.summary() + stopped_by, flush=True)

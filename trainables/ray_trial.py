@@ -1,5 +1,5 @@
 """The thin Ray layer: one Tune trial = one pack of trials (a lone trial is a pack of one) = one
-Ray Train run of the plain loop (``trainables.train.train_pack_fitting``).
+Ray Train run of the plain loop (``trainables.oom.train_pack_fitting``).
 
 Ray 2.5x/2.6x runs Train V2, where ``Tuner(TorchTrainer)`` is gone; the recommended pattern is a
 Tune *function* trainable that launches a ``TorchTrainer`` and forwards its reports to Tune with
@@ -42,8 +42,11 @@ from typing import Any
 from records import files, tables, tracking
 from trainables import checkpoints, lifecycle
 from trainables.config import RunConfig
+from trainables.data_roots import DataRootError
+from trainables.datasets import prepare_root
 from trainables.epoch_records import EpochRecords
 from trainables.lifecycle import LaunchSettings
+from trainables.oom import train_pack_fitting
 
 # Reported (instead of raised) by a worker whose data set is missing, or by a lone trial whose loss
 # turned non-finite: a retry cannot fix that, and Train V2 / Tune retry every raised error, so the
@@ -138,20 +141,9 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on each Ray Train worker: restore each member, train, report, close each member."""
     import ray.train
 
-    from trainables.data_roots import DataRootError
-    from trainables.datasets import prepare_root
-
-    settings = LaunchSettings(**loop_config["settings"])
-    cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+    worker = PackWorker(LaunchSettings(**loop_config["settings"]), loop_config, ray.train.get_context().get_world_rank())
     try:
-        prepare_root(cfgs[0].dataset, cfgs[0].data_root)  # this node's copy (the launcher checked its own)
-    except DataRootError as exc:
-        error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
-        ray.train.report(error)  # for Tune's result (the launcher counts the trial as failed)
-        return error  # for the driver, which closes every member with it
-    worker = PackWorker(settings, loop_config, ray.train.get_context().get_world_rank())
-    try:
-        return worker.run(lambda metrics: ray.train.report(metrics))
+        return worker.run(ray.train.report)
     finally:
         worker.cleanup()
 
@@ -163,8 +155,8 @@ class PackWorker:
         self.settings, self.rank = settings, rank
         self.pack_id, self.tag, self.solo = loop_config["pack_id"], loop_config["tag"], loop_config["solo"]
         self.run_ids: dict[str, str] = loop_config["run_ids"]
-        cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
-        self.members = lifecycle.still_open(settings, cfgs)  # a retried worker skips closed members
+        self.cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+        self.members = lifecycle.still_open(settings, self.cfgs)  # a retried worker skips closed members
         self.started = {c.trial_id: row.get("started_at") for c, row in self.members}
         self.earlier = {c.trial_id: lifecycle.prior_wall_time(row) for c, row in self.members}
         self.cfg_of = {c.trial_id: c for c, _ in self.members}
@@ -194,15 +186,17 @@ class PackWorker:
         for trial_id, workdir in self.workdirs.items():
             uri = checkpoints.find_stored(self.settings.storage, self.settings.study, trial_id)
             local = checkpoints.local_checkpoint(workdir)
-            if uri is not None and files.download(uri, local):
-                state = checkpoints.load(local, name=uri)
-                self.histories[trial_id], self.epochs[trial_id] = list(state["history"]), int(state["epoch"])
-            else:
-                self.histories[trial_id], self.epochs[trial_id] = [], 0
+            found = uri is not None and files.download(uri, local)
+            self.epochs[trial_id], self.histories[trial_id] = (
+                checkpoints.resume_point(local, name=uri) if found else (0, []))
 
     def run(self, report_to_train) -> dict[str, str] | None:
-        from trainables.train import train_pack_fitting
-
+        try:
+            prepare_root(self.cfgs[0].dataset, self.cfgs[0].data_root)  # this node's copy (the launcher checked its own)
+        except DataRootError as exc:
+            error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
+            report_to_train(error)  # for Tune's result (the launcher counts the trial as failed)
+            return error  # for the driver, which closes every member with it
         self.restore()
         # Members resume together only from the same epoch: they re-form by the epoch their checkpoint
         # holds (an upload cut short by a kill leaves one behind), each group trained as its own pack.
@@ -291,10 +285,10 @@ class PackWorker:
             inputs = final.get("inputs") or {}
             if inputs.get("dataset"):  # the run's input: the data set it trained on (mlflow.log_input)
                 tracking.log_dataset_input(self.settings.mlflow_uri, run_id, inputs["dataset"])
-            lifecycle.close_trial(self.settings, cfg.to_flat(), result, run_id, "FAILED" if error else "FINISHED",
-                                  {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
-                                   "vitsweep.error": error or "",
-                                   **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})})
+            self.faults += [f for f in lifecycle.close_trial(
+                self.settings.results, self.settings.study, self.settings.mlflow_uri, cfg.to_flat(), result, run_id,
+                {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
+                 **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})}) if f is not None]
         except Exception as exc:  # noqa: BLE001 - row and run closed per member; the first fault raised at the end
             self.faults.append(exc)
 
