@@ -156,15 +156,17 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str | os.PathLike, *, name: str | None = None) -> dict[str, Any]:
+def load(path: str | os.PathLike, *, name: str | None = None, keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """A checkpoint or snapshot, every tensor on the CPU, read without running any code in the file.
 
     ``name``: the file as errors call it (its storage URI when ``path`` is a local copy). Raises
-    CorruptCheckpointError naming it when the file is not a readable checkpoint."""
+    CorruptCheckpointError naming it when the file is not a readable checkpoint, or lacks one of `keys`."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(blob, dict):
             raise TypeError(f"holds a {type(blob).__name__}, not a dict")
+        if missing := [k for k in keys if k not in blob]:
+            raise TypeError(f"holds no {missing}")
         return blob
     except (RuntimeError, EOFError, pickle.UnpicklingError, TypeError, ValueError) as exc:
         # torch: "PytorchStreamReader failed reading zip archive" (truncated), "invalid load key" (not one),
@@ -179,18 +181,11 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
                name: str | None = None) -> tuple[ViT, RunConfig, int]:
     """Model (fp32, eval mode, on `map_location`), run config and epoch from a checkpoint or a
     snapshot file. Raises CorruptCheckpointError naming the file when it is not a readable one."""
-    blob = load(path, name=name)
-    try:
-        flat, weights, epoch = blob["config"], blob["model"], int(blob["epoch"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a checkpoint): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    cfg = RunConfig.from_flat(flat)
+    blob = load(path, name=name, keys=("config", "model", "epoch"))
+    cfg = RunConfig.from_flat(blob["config"])
     model = ViT(cfg.model)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
-    return model.to(map_location).eval(), cfg, epoch
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in blob["model"].items()})
+    return model.to(map_location).eval(), cfg, int(blob["epoch"])
 
 
 # -- a trial's checkpoint: the one place its keys are written and read -----------------------------------

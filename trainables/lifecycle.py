@@ -104,7 +104,7 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
 
 
 def close_trial(results: str, study: str, mlflow_uri: str, flat: dict[str, Any], result: dict[str, Any],
-                run_id: str | None, tags: dict[str, str] | None = None) -> tuple[BaseException | None, BaseException | None]:
+                run_id: str | None, tags: dict[str, str] | None = None) -> tuple[Exception | None, Exception | None]:
     """Write a trial's final row (`result`: ``status`` finished, failed or stopped, ``error`` why it
     failed) and end its MLflow run as the row says (`end_run`), each whatever happens to the other (a
     read-only or full results folder must not leave the run RUNNING, nor an MLflow outage the row
@@ -123,11 +123,10 @@ def close_trial(results: str, study: str, mlflow_uri: str, flat: dict[str, Any],
     try:
         if run_id is not None:
             end_run(mlflow_uri, run_id, status, why, tags)
-    except BaseException as exc:  # noqa: BLE001 - as above
+    except Exception as exc:  # noqa: BLE001 - returned
         run_fault = exc
-    for fault in (row_fault, run_fault):
-        if fault is not None and not isinstance(fault, Exception):
-            raise fault  # an interrupt
+    if row_fault is not None and not isinstance(row_fault, Exception):
+        raise row_fault  # an interrupt, once the run is closed
     return row_fault, run_fault
 
 

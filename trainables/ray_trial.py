@@ -52,7 +52,7 @@ from trainables.oom import train_pack_fitting
 # turned non-finite: a retry cannot fix that, and Train V2 / Tune retry every raised error, so the
 # trial ends failed without retries (the launcher counts it as a failure).
 UNRETRIABLE = "vitsweep_unretriable_error"
-SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc")
+SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc", "epochs_completed", "test_acc", "did_not_learn")
 # Test-only fault injection (not a RunConfig field): "TRIAL_ID:EPOCH:MARKER" SIGKILLs the Train worker
 # of TRIAL_ID's pack when it reports EPOCH, after the uploads of the epoch before are done, once
 # (while the file MARKER does not exist), so Train retries the worker.
@@ -157,8 +157,7 @@ class PackWorker:
         self.run_ids: dict[str, str] = loop_config["run_ids"]
         self.cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
         self.members = lifecycle.still_open(settings, self.cfgs)  # a retried worker skips closed members
-        self.started = {c.trial_id: row.get("started_at") for c, row in self.members}
-        self.earlier = {c.trial_id: lifecycle.prior_wall_time(row) for c, row in self.members}
+        self.rows = {c.trial_id: row for c, row in self.members}  # as they were when this attempt started
         self.cfg_of = {c.trial_id: c for c, _ in self.members}
         self.root = Path(tempfile.mkdtemp(prefix=f"vitsweep-{self.pack_id}-"))
         self.workdirs = {c.trial_id: self.root / c.trial_id for c, _ in self.members}
@@ -277,10 +276,9 @@ class PackWorker:
                                      step=final["epochs_completed"])
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
-                checkpoint_path=self.settings.checkpoint_uri(trial_id), wall_time_s=self.earlier[trial_id] + time.perf_counter() - self.t0,
-                epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
-                did_not_learn=final.get("did_not_learn"), started_at=self.started[trial_id],
-                **{k: final.get(k) for k in SUMMARY},
+                checkpoint_path=self.settings.checkpoint_uri(trial_id),
+                wall_time_s=lifecycle.prior_wall_time(self.rows[trial_id]) + time.perf_counter() - self.t0,
+                started_at=self.rows[trial_id].get("started_at"), **{k: final.get(k) for k in SUMMARY},
             )
             inputs = final.get("inputs") or {}
             if inputs.get("dataset"):  # the run's input: the data set it trained on (mlflow.log_input)

@@ -14,10 +14,9 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
 * per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
-* a resumable checkpoint (model, optimiser, scheduler, epoch, RNG states,
-  history, config) every ``checkpoint_every`` epochs (and at most every
-  ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU trials) and at the end, written
-  atomically; only the latest is kept. A run whose ``workdir`` holds one
+* a resumable checkpoint (``trainables.checkpoints.save_member``) every ``checkpoint_every``
+  epochs (and at most every ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU
+  trials) and at the end, written atomically; only the latest is kept. A run whose ``workdir`` holds one
   continues from it. Every random draw is derived from (seed, epoch): the
   shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
   and RPT, so a resumed run draws what an uninterrupted one would have drawn,
@@ -122,16 +121,6 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     return losses, correct
 
 
-def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
-                mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
-                use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device half of `pack_step` up to the loss (what tests/fake_cuda.py runs on fake CUDA
-    tensors): `step_inputs`, then `member_losses`. Nothing here reads a device value."""
-    x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
-                                   perm_gens=perm_gens)
-    return member_losses(pack, x, target, perms, use_amp=use_amp)
-
-
 def step_inputs(cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
                 mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator]):
     """Per member CutMix, normalisation and the RPT permutation (the step's host draws): images
@@ -187,9 +176,8 @@ def _all_reduce(values: list[float], device: torch.device) -> list[float]:
 
 
 def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    distributed = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:
@@ -281,15 +269,10 @@ def train_pack(
         reports = []
         for k, i in enumerate(members):
             histories[i].append({
-                "epoch": epoch,
-                "train_loss": loss_sums[k] / max(count, 1),
-                "train_acc": corrects[k] / max(count, 1),
-                "eval_loss": evals[k][0],
-                "eval_acc": evals[k][1],
-                "lr": scheduler.get_last_lr()[0],
+                "epoch": epoch, "train_loss": loss_sums[k] / max(count, 1), "train_acc": corrects[k] / max(count, 1),
+                "eval_loss": evals[k][0], "eval_acc": evals[k][1], "lr": scheduler.get_last_lr()[0],
                 "images_per_s": count / max(train_time, 1e-9),  # per member: a pack of K trains K x this
-                "wall_time_s": time.perf_counter() - t_run,
-            })
+                "wall_time_s": time.perf_counter() - t_run})
             checkpoint_dir = None
             if rank == 0:
                 if epoch in snapshots:
@@ -329,8 +312,7 @@ def train_epoch(pack: PackedViT, optimizer, scheduler, cfgs: Sequence[RunConfig]
     device = pack.device
     mix_gens = [torch.Generator().manual_seed(epoch_seed(c.seed, epoch, 2)) for c in cfgs]
     perm_gens = [torch.Generator().manual_seed(epoch_seed(c.seed, epoch, 3)) for c in cfgs]
-    loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
-    correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
+    loss_sum, correct = torch.zeros(2, pack.k, device=device, dtype=torch.float64)  # (K,) each
     count = 0
     steps = pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=batch_size, num_replicas=world,
                        rank=rank)  # one call per protocol group
@@ -373,8 +355,7 @@ def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
     The forward runs under the training step's precision (`mixed_precision`); the loss in fp32.
     The sums stay on the device: one read at the end, none per batch."""
     pack.eval()
-    loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
-    correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
+    loss_sum, correct = torch.zeros(2, pack.k, device=device, dtype=torch.float64)  # (K,) each
     count = 0
     for images, labels in batches:
         x = normalize(images.to(device, non_blocking=True), mean, std)
@@ -424,16 +405,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workdir", default="results/adhoc")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config field")
     args = parser.parse_args(argv)
-    fields = {
-        "data_root": args.data_root,
-        "pe": args.pe,
-        "protocol": args.protocol,
-        "rpt": args.rpt,
-        "epochs": args.epochs,
-        "warmup_epochs": min(args.epochs, RunConfig.warmup_epochs),
-        "seed": args.seed,
-        **dict(kv.split("=", 1) for kv in args.set),
-    }
+    fields = {name: getattr(args, name) for name in ("data_root", "pe", "protocol", "rpt", "epochs", "seed")}
+    fields["warmup_epochs"] = min(args.epochs, RunConfig.warmup_epochs)
+    fields.update(kv.split("=", 1) for kv in args.set)  # any run-config field, these included
     cfg = RunConfig.for_dataset(args.dataset, preset=args.preset, **fields)
     final = train(cfg, Path(args.workdir) / cfg.trial_id)
     print(f"final {cfg.eval_split} accuracy {final['eval_acc']:.4f}")
