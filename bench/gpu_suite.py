@@ -71,7 +71,8 @@ from trainables.images import TensorImages
 from trainables.inputs import EvalSource, TrainSource, decode_on_device, pack_epoch
 from trainables.packed import PackedViT, fused_attention_under_vmap
 from trainables.protocol_spec import Protocol
-from trainables.train import build_optimizer, epoch_seed, evaluate_pack, pack_step
+from trainables.optim import build_optimizer
+from trainables.train import epoch_seed, evaluate_pack, pack_step
 from trainables.vit_config import ViTConfig
 
 ROOT = Path(__file__).resolve().parents[1]

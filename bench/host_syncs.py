@@ -16,7 +16,7 @@ crop + flip and AutoAugment at K = 1 and K = 8 (every member the same protocol):
 
 BASELINE holds the same script's counts on the code before this work (commit 6637a4a), measured
 with --no-baseline and PYTHONPATH pointing at that checkout; the script runs against either API
-(per-member `TrainSource.epoch` and `pack_step`, or `pack_epoch` and `step_losses`).
+(per-member `TrainSource.epoch` and `pack_step`, or `pack_epoch` and `step_inputs` + `member_losses`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_cuda import fake_cuda, member_configs  # noqa: E402
 
-from trainables import inputs, protocols, train  # noqa: E402
+from trainables import inputs, optim, protocols, train  # noqa: E402
 from trainables.augment import augmentation  # noqa: E402
 from trainables.images import TensorImages, to_device  # noqa: E402
 from trainables.packed import PackedViT  # noqa: E402
@@ -50,11 +50,12 @@ BASELINE = {
 
 
 def _step_losses(pack, cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens, use_amp):
-    """The device half up to the loss: `train.step_losses` where it exists, else the first half of
-    the older `pack_step`, written out (the same calls)."""
-    if hasattr(train, "step_losses"):
-        return train.step_losses(pack, cfgs, batches, num_classes=num_classes, mean=mean, std=std,
-                                 mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
+    """The device half up to the loss: `train.step_inputs` and `train.member_losses` where they exist,
+    else the first half of the older `pack_step`, written out (the same calls)."""
+    if hasattr(train, "member_losses"):
+        x, target, perms = train.step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std,
+                                             mix_gens=mix_gens, perm_gens=perm_gens)
+        return train.member_losses(pack, x, target, perms, use_amp=use_amp)
     xs, targets, perms = [], [], []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
         images, target = train.mix_batch(cfg, images, labels, num_classes, mix_gen)
@@ -128,7 +129,7 @@ def fake_counts(protocol: str, k: int) -> tuple[float, float, float]:
 def profiler_ops(protocol: str, k: int) -> float:
     """torch.profiler op count per step of the real step on the CPU (tiny model), over one chunk."""
     cfgs, sources, pack, mix, perm = _setup(protocol, k, "tiny", "cpu")
-    optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
+    optimizer = pack.optimizer(optim.build_optimizer, cfgs[0])
     batches_iter = iter(_steps(sources, cfgs))
     per_chunk = CHUNK // BATCH
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

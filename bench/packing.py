@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
-from trainables.train import build_optimizer
+from trainables.optim import build_optimizer
 
 
 def member_configs(preset: str, k: int) -> list[RunConfig]:

@@ -58,7 +58,7 @@ from analysis.evaluate import APENormRatio
 from trainables.config import RunConfig
 from trainables.datasets import load_dataset
 from trainables.images import eval_view, normalize
-from trainables.train import build_optimizer, lr_factor
+from trainables.optim import build_optimizer, lr_factor
 from trainables.vit import ViT
 
 ARMS = {

@@ -46,7 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables import images, pos_embed, train
+from trainables import images, optim, pos_embed, train
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
 
@@ -179,7 +179,7 @@ def variant(before: bool) -> Iterator[None]:
     if not before:
         yield
         return
-    build = train.build_optimizer
+    build = optim.build_optimizer
     dtype = pos_embed.step_dtype
 
     def foreach(model, cfg):
@@ -188,11 +188,11 @@ def variant(before: bool) -> Iterator[None]:
             group["fused"], group["foreach"] = False, True
         return optimizer
 
-    train.build_optimizer, pos_embed.step_dtype = foreach, (lambda cos, sin: (cos, sin))
+    optim.build_optimizer, pos_embed.step_dtype = foreach, (lambda cos, sin: (cos, sin))
     try:
         yield
     finally:
-        train.build_optimizer, pos_embed.step_dtype = build, dtype
+        optim.build_optimizer, pos_embed.step_dtype = build, dtype
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -238,7 +238,7 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
     with variant(before):
         pack = _pack(cfgs, mode)
     with variant(before), mode:
-        optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
+        optimizer = pack.optimizer(optim.build_optimizer, cfgs[0])
         batches = [(torch.randint(0, 256, (BATCH, 3, 32, 32), dtype=torch.uint8), torch.randint(0, 10, (BATCH,)))
                    for _ in cfgs]
         gens = [torch.Generator() for _ in cfgs]

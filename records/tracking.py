@@ -89,6 +89,7 @@ _log = logging.getLogger(__name__)
 TRIAL_ID_TAG = "vitsweep.trial_id"
 ATTEMPT_TAG = "vitsweep.attempt"  # 1 for a fresh run, +1 every time a retry/resume continues it
 ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it is continued
+ERROR_TEXT_LIMIT = 5000  # characters of that why kept, in the tag and in the trials row (MLflow takes 8,000)
 STOPPED_EARLY_TAG = "vitsweep.stopped_early"  # a scheduler (ASHA) stopped the trial; cleared when continued
 TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")

@@ -15,15 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainables.config import RunConfig
 from trainables.data_roots import dataset_spec
 from trainables.protocol_spec import Protocol
-
-if TYPE_CHECKING:
-    from trainables.config import RunConfig
-    from trainables.protocol_spec import Protocol
 
 
 @dataclass(frozen=True)

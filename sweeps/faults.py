@@ -12,9 +12,10 @@ storage and launches again with ``--resume``. So the launcher
   a tracking server that does not answer for ``RETRY_BUDGET_S``, stops the Tune
   experiment at once instead of letting Tune retry every trial into the same
   wall;
-- classifies whatever comes out of Tune (``classify``), closes every trial and
-  MLflow run, and ends with ``error: storage fault: ...`` as the last line on
-  stderr, naming the log, with exit code 1 (``StorageFault``).
+- classifies whatever comes out of Tune (``classify``), has every trial and
+  MLflow run closed (``trainables.lifecycle.close_unfinished``), and ends with
+  ``error: storage fault: ...`` as the last line on stderr, naming the log, with
+  exit code 1 (``StorageFault``).
 """
 
 from __future__ import annotations
@@ -348,67 +349,6 @@ def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) 
 
 
 # ------------------------------------------------------------------------------------------ the epilogue
-
-def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],
-                     reason: str = "the launch ended before the trial finished", *,
-                     tracking_down: bool = False) -> list[str]:
-    """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the
-    hparam study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag
-    vitsweep.stopped_early); any other unfinished trial becomes "failed" with ``reason`` (its row's
-    own error, when it has one, is kept), its run FAILED with the same reason. A finished trial's
-    run ends FINISHED (``tracking.end_orphaned_runs``), whichever of row and run was closed first.
-
-    Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest:
-    each row is closed on its own; after one MLflow call failed for its whole retry budget the
-    remaining runs are left to the next launch (which closes them before it starts), as all are when
-    ``tracking_down`` (the launcher's probe found the server gone). Returns one line per fault
-    (empty: none)."""
-    from records import tables, tracking
-    from records.stores import TrackingError
-
-    faults: list[str] = []
-    try:
-        table = tables.read_table(results, study, "trials")
-        rows = table.to_pylist() if table is not None else []
-    except OSError as exc:
-        faults.append(f"cannot read the trials table under {results}: {exc}")
-        rows = []
-    tracking_down = ("the MLflow runs of the unfinished trials are left for the next launch to close "
-                     "(the tracking server does not answer)") if tracking_down else None
-    if tracking_down:
-        faults.append(tracking_down)
-    for row in rows:
-        early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
-        if not early and row["status"] != "running":
-            continue
-        why = row.get("error") or reason
-        closed = {**row, "status": "stopped" if early else "failed", "error": None if early else why}
-        try:
-            tables.write_trial(results, study, row, closed)
-        except OSError as exc:  # the row stays "running": `vitsweep status` calls it stale, --resume reruns it
-            faults.append(f"cannot write the trials row of {row['trial_id']}: {exc}")
-        if tracking_down:
-            continue
-        try:
-            run_id = row.get("mlflow_run_id") or tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
-            if run_id is not None:
-                tags = {tracking.STOPPED_EARLY_TAG: "true", tracking.ERROR_TAG: ""} if early else \
-                    {tracking.ERROR_TAG: why[:4000]}
-                tracking.set_tags(mlflow_uri, run_id, tags)
-                tracking.end_trial_run(mlflow_uri, run_id, "FINISHED" if early else "FAILED")
-        except TrackingError as exc:
-            tracking_down = f"cannot end the MLflow runs of the unfinished trials: {exc}"
-            faults.append(tracking_down)
-        except Exception as exc:  # noqa: BLE001 - the store's own error, e.g. its disk is full
-            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {exc}")
-    if not tracking_down:
-        try:
-            finished = [r["trial_id"] for r in rows if r["status"] == "finished"]
-            tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=finished)
-        except Exception as exc:  # noqa: BLE001 - reported with the other faults
-            faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
-    return faults
-
 
 def report_storage_faults(faults: list[str], log_path: str | None = None,
                           then: str = "launch again with --resume") -> None:

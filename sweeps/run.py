@@ -45,7 +45,7 @@ from sweeps.packs import pack_of, resume_epochs
 from sweeps.status import shell
 from sweeps.validate import OneLineParser
 from trainables.data_roots import check_root
-from trainables.lifecycle import LaunchSettings, finished_trials
+from trainables.lifecycle import LaunchSettings, close_unfinished, finished_trials
 from trainables.ray_start import DRIVER_RESOURCES, init_ray
 
 log = logging.getLogger("vitsweep")
@@ -326,8 +326,8 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
                           f"; {interrupts.reason}" if interrupts.received else "")
             reason = ("storage fault: " + watch.found[0]) if watch.found else interrupts.reason or \
                 "the launch ended before the trial finished (its driver was killed)"
-            unclosed = faults.close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id,
-                                               stopped, reason, tracking_down=watch.tracking_down)
+            unclosed = close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id,
+                                        stopped, reason, tracking_down=watch.tracking_down)
             faults.remove_trial_temp_folders([*lines.members, *(t for m in lines.members.values() for t in m)])
             if launch.spec.planned:  # one training summary, after the epilogue: the trials table's counts
                 print(lines.summary() + stopped_by, flush=True)

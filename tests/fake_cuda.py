@@ -281,6 +281,15 @@ def member_configs(protocols, *, dataset: str = "cifar10", img_size: int = 32, b
     return cfgs
 
 
+def _step_losses(pack, cfgs, batches, *, use_amp, **draws):
+    """The device half of `train.pack_step` up to the loss: its inputs, then the losses. Nothing here
+    reads a device value."""
+    from trainables import train
+
+    x, target, perms = train.step_inputs(cfgs, batches, **draws)
+    return train.member_losses(pack, x, target, perms, use_amp=use_amp)
+
+
 def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img_size: int = 32,
                     images: int = 96, chunk_images: int = 32, warmup_chunks: int = 1, step_losses=None,
                     stream=None) -> dict:
@@ -297,7 +306,7 @@ def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img
     from trainables.inputs import EvalSource, TrainSource, pack_epoch
     from trainables.packed import PackedViT
 
-    step_losses = step_losses or train.step_losses
+    step_losses = step_losses or _step_losses
     g = torch.Generator().manual_seed(0)
     with unset_fake_temporarily():  # the host data, real
         split = TensorImages(torch.randint(0, 256, (images, 3, img_size, img_size), dtype=torch.uint8, generator=g),

@@ -12,7 +12,7 @@ import torch
 from fake_cuda import fake_cuda
 
 import trainables.train as loop
-from trainables import checkpoints
+from trainables import checkpoints, optim
 from trainables.checkpoints import CorruptCheckpointError, load, local_checkpoint
 from trainables.config import RunConfig
 from trainables.packed import PackedViT, init_member
@@ -50,7 +50,7 @@ def fresh(cfg, device, model=None):
     """A pack of one with its optimiser and scheduler. Under FakeTensorMode pass a real `model`
     made outside it: moving a real module to "cuda" inside gives fake CUDA parameters."""
     pack = PackedViT([cfg], device, models=None if model is None else [model])
-    optimizer = pack.optimizer(loop.build_optimizer, cfg)
+    optimizer = pack.optimizer(optim.build_optimizer, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return pack, optimizer, scheduler
 
@@ -80,7 +80,7 @@ def test_restoring_for_a_cuda_run_loads_to_the_cpu(trained):
     saved = load(local_checkpoint(workdir))
     pack, optimizer, scheduler = fresh(cfg, "cpu")
     torch.manual_seed(123)
-    start, histories = loop.restore_pack(pack, optimizer, scheduler, [local_checkpoint(workdir)], CUDA, **QUIET)
+    start, histories = checkpoints.restore_pack(pack, optimizer, scheduler, [local_checkpoint(workdir)], CUDA, **QUIET)
     assert start == 2 and [h["epoch"] for h in histories[0]] == [1]
     assert torch.equal(torch.get_rng_state(), saved["torch_rng"]) and random.getstate() == saved["python_rng"]
 
@@ -91,7 +91,7 @@ def test_each_part_of_a_loaded_checkpoint_moves_where_it_belongs_on_cuda(trained
     model = init_member(cfg)
     with fake_cuda():  # FakeTensorMode, pinned copies stubbed (tests/fake_cuda.py)
         pack, optimizer, scheduler = fresh(cfg, CUDA, model)
-        loop.load_pack_state(pack, optimizer, scheduler, states, CUDA)
+        checkpoints.load_pack_state(pack, optimizer, scheduler, states, CUDA)
         slots = list(optimizer.state.values())
         assert slots and all(s["exp_avg"].device.type == "cuda" and s["exp_avg_sq"].device.type == "cuda"
                              for s in slots)
@@ -114,7 +114,7 @@ def test_saved_checkpoints_and_snapshots_hold_cpu_tensors_only(trained, tmp_path
     model = init_member(cfg)
     with fake_cuda():  # FakeTensorMode, pinned copies stubbed (tests/fake_cuda.py)
         pack, optimizer, _ = fresh(cfg, CUDA, model)
-        loop._save_snapshot(pack.member_state_dict(0), cfg, 3, tmp_path)
+        checkpoints.save_snapshot(pack.member_state_dict(0), cfg, 3, tmp_path)
         checkpoints.save({"model": pack.member_state_dict(0), "rng": [torch.zeros(4, dtype=torch.uint8)]},
                          tmp_path / checkpoints.CHECKPOINT_FILE)
     assert len(written) == 2 and all(next(tensors(w)) is not None for w in written)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.faults import close_unfinished, report_storage_faults
+from sweeps.faults import report_storage_faults
+from trainables.lifecycle import close_unfinished
 from trainables.config import RunConfig
 from trainables.checkpoints import CorruptCheckpointError, load_model
 from trainables.vit import ViT

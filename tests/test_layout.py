@@ -531,3 +531,91 @@ def test_the_study_name_check_sees_comparisons(tmp_path):
     module.write_text('if args.study == "hparam":\n    pass\nok = "x" in y\nbad = args.study in ("a", "b")\n'
                       'also = "factorial" != name\nmatch s:\n    case "pilot":\n        pass\n')
     assert [line for line, _ in _study_name_comparisons(module, ("hparam", "factorial", "pilot"))] == [1, 4, 5, 7]
+
+
+# -- a loop that reads top to bottom -------------------------------------------------------------------
+LOOP = ROOT / "trainables" / "train.py"
+CHECKPOINTS = ROOT / "trainables" / "checkpoints.py"
+# What a checkpoint holds (trainables/checkpoints.py builds and reads the dict). "epoch" and "history" are
+# left out: the per-epoch metrics and a trial's final dict carry keys of those names too.
+CHECKPOINT_KEYS = {"model", "optimizer", "scheduler", "torch_rng", "python_rng", "cuda_rng", "config"}
+
+
+def test_the_loop_fits_in_a_head():
+    tree = ast.parse(LOOP.read_text())
+    (train_pack,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train_pack"]
+    lines, body = len(LOOP.read_text().splitlines()), train_pack.end_lineno - train_pack.lineno + 1
+    assert lines <= 450, f"trainables/train.py has {lines} lines (at most 450: the step, optimiser, retry live apart)"
+    assert body <= 100, f"train_pack has {body} lines (at most 100: name its stages as functions)"
+
+
+def _checkpoint_key_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, key) of every checkpoint key used as a subscript, a dict literal's key or a `.get` argument."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        elif isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if k is not None]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            keys = node.args[:1]
+        else:
+            continue
+        found += [(node.lineno, k.value) for k in keys if isinstance(k, ast.Constant) and k.value in CHECKPOINT_KEYS]
+    return found
+
+
+def _file_reads_and_writes(path: Path) -> list[tuple[int, str]]:
+    """(line, call) of every `torch.save/load` and `checkpoints.save/load` (or `save`/`load` imported from it)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "trainables.checkpoints" for a in node.names if a.name in ("save", "load")}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr in ("save", "load") and isinstance(f.value, ast.Name)
+                    and f.value.id in ("torch", "checkpoints")) or (isinstance(f, ast.Name) and f.id in imported):
+                found.append((node.lineno, ast.unparse(f)))
+    return found
+
+
+def test_the_checkpoint_dict_is_built_and_read_in_checkpoints_only():
+    """Other modules hand checkpoints.py what to save and take back what they need (`save_member`,
+    `restore_pack`, `resume_point`, `load_model`): a checkpoint key written twice can drift."""
+    bad = [f"{path.relative_to(ROOT)}:{line} {call}" for package in PACKAGES for path in _modules(package)
+           if path != CHECKPOINTS for line, call in _file_reads_and_writes(path)]
+    bad += [f"{path.relative_to(ROOT)}:{line} [{key!r}]" for package in PACKAGES for path in _modules(package)
+            if path != CHECKPOINTS and ("trainables.checkpoints" in _project_imports(path))
+            for line, key in _checkpoint_key_uses(path)]
+    assert not bad, "checkpoint files and keys belong to trainables/checkpoints.py:\n" + "\n".join(bad)
+
+
+def test_the_checkpoint_walk_sees_keys_and_file_calls(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from trainables.checkpoints import load as read\nstate = read(p)\n"
+                      "x = state['optimizer'], state.get('config'), {'model': 1, 'epoch': 2}, m['epoch']\n"
+                      "torch.save(state, p)\n")
+    assert sorted(_checkpoint_key_uses(module)) == [(3, "config"), (3, "model"), (3, "optimizer")]
+    assert [call for _, call in _file_reads_and_writes(module)] == ["read", "torch.save"]
+
+
+# -- one trial closer ----------------------------------------------------------------------------------
+CLOSER = ROOT / "trainables" / "lifecycle.py"
+CLOSING = ("write_trial", "end_trial_run", "ERROR_TAG", "STOPPED_EARLY_TAG", "ERROR_TEXT_LIMIT")
+
+
+def test_one_module_closes_trials():
+    """Trial rows and runs end in trainables/lifecycle.py only (the worker, the driver and the launcher's
+    epilogue call it), under records.tracking's error tag and text limit, never a copy of the tag."""
+    bad = []
+    for package in ("trainables", "sweeps"):
+        for path in _modules(package):
+            source = path.read_text()
+            bad += [f"{path.relative_to(ROOT)}:{n}: the error tag as a literal"
+                    for n, line in enumerate(source.splitlines(), 1) if '"vitsweep.error"' in line]
+            if path != CLOSER:
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.attr}"
+                        for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+                        and node.attr in CLOSING]
+    assert not bad, "close trials through trainables.lifecycle:\n" + "\n".join(bad)

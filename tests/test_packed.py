@@ -13,7 +13,8 @@ from trainables.packed import PackedViT, init_member
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import cutmix_batch, soft_targets
 from trainables.checkpoints import SNAPSHOT_DIR, load
-from trainables.train import build_optimizer, lr_factor, random_permutation, train
+from trainables.optim import build_optimizer, lr_factor
+from trainables.train import random_permutation, train
 
 STEPS, BATCH = 20, 16
 

@@ -5,8 +5,8 @@ import torch
 
 from trainables.config import RunConfig
 from trainables.checkpoints import SNAPSHOT_DIR, load, load_model, local_checkpoint
+from trainables.optim import lr_factor
 from trainables.train import (
-    lr_factor,
     random_permutation,
     snapshot_epochs,
     train,
@@ -111,7 +111,7 @@ def test_holdout_runs_never_report_test_accuracy(tmp_path):
 @pytest.mark.parametrize("optimizer,kind", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
 @pytest.mark.parametrize("exempt", ["timm", "none"])
 def test_decay_rule_per_decay_exempt_for_each_optimizer(optimizer, kind, exempt):
-    from trainables.train import build_optimizer
+    from trainables.optim import build_optimizer
     from trainables.vit import ViT
 
     cfg = tiny(optimizer=optimizer, decay_exempt=exempt)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables import packed, train
+from trainables import optim, packed, train
 from trainables.compiled import compile_forward
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
@@ -38,7 +38,7 @@ def batches(cfgs: list[RunConfig], step: int):
 def two_steps(pack: PackedViT, cfgs: list[RunConfig]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Two `train.pack_step`s (forward, backward, AdamW) on fixed batches: (losses per step, the first
     step's gradients); the second step's losses are those of the weights the first step made."""
-    optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
+    optimizer = pack.optimizer(optim.build_optimizer, cfgs[0])
     pack.train()
     mix = [torch.Generator().manual_seed(train.epoch_seed(c.seed, 1, 2)) for c in cfgs]
     perm = [torch.Generator().manual_seed(train.epoch_seed(c.seed, 1, 3)) for c in cfgs]

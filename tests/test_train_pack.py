@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import trainables.train as loop
+from trainables import oom
 from trainables.config import RunConfig
 from trainables.checkpoints import SNAPSHOT_DIR, load, local_checkpoint
 from trainables.train import train, train_pack
@@ -118,21 +119,21 @@ def test_a_pack_out_of_gpu_memory_retries_in_halves(monkeypatch, tmp_path):
 
     monkeypatch.setattr(loop, "train_pack", fake_train_pack)
     messages = []
-    finals = loop.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
+    finals = oom.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
     assert tried == [3, 1, 2, 1, 1] and [f["trial_id"] for f in finals] == [c.trial_id for c in MEMBERS]
     assert "--pack" in messages[0]
     monkeypatch.setattr(loop, "train_pack", lambda *a, **k: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("x")))
     with pytest.raises(RuntimeError, match="even alone at batch_size=64"):
-        loop.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
+        oom.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
     # cuBLAS / cuDNN report their allocation failures as plain RuntimeErrors
     for text in ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
                  "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "CUDA error: out of memory"):
         monkeypatch.setattr(loop, "train_pack", lambda *a, text=text, **k: (_ for _ in ()).throw(RuntimeError(text)))
         with pytest.raises(RuntimeError, match="even alone"):
-            loop.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
+            oom.train_pack_fitting(MEMBERS[:1], [tmp_path], log=messages.append)
     monkeypatch.setattr(loop, "train_pack", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="^shape mismatch$"):  # anything else is not retried
-        loop.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
+        oom.train_pack_fitting(MEMBERS, [tmp_path / c.trial_id for c in MEMBERS], log=messages.append)
 
 
 def test_the_oom_retry_starts_once_the_failed_attempt_is_gone(monkeypatch, tmp_path):
@@ -159,7 +160,7 @@ def test_the_oom_retry_starts_once_the_failed_attempt_is_gone(monkeypatch, tmp_p
     monkeypatch.setattr(loop, "pack_step", step)
     monkeypatch.setattr(loop, "train_pack", train_pack)
     seen = []
-    finals = loop.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
+    finals = oom.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
                                      report=lambda ms: seen.extend((t, m["epoch"]) for t, m, _ in ms), **QUIET)
     assert starts == [(3, []), (1, [True]), (2, [True])]  # the first pack was freed before each retry
     assert [f["error"] for f in finals] == [None] * 3 and all(f["epochs_completed"] == 1 for f in finals)
@@ -180,7 +181,7 @@ def test_a_member_dropped_before_an_oom_does_not_rejoin_the_retry(monkeypatch, t
 
     monkeypatch.setattr(loop, "evaluate_pack", evaluate)
     dropped = []
-    finals = loop.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
+    finals = oom.train_pack_fitting(members, [tmp_path / c.trial_id for c in members],
                                      dropped=lambda t, f: dropped.append((t, f["failed_epoch"])), **QUIET)
     assert dropped == [(members[1].trial_id, 1)]  # told once, at once; not trained again after the error
     assert "epoch 1" in finals[1]["error"] and finals[1]["epochs_completed"] == 0

@@ -29,6 +29,7 @@ import torch
 
 from records import layout
 from trainables.config import RunConfig
+from trainables.packed import PackedViT
 from trainables.vit import ViT
 
 CHECKPOINT_DIR = "checkpoint"
@@ -112,7 +113,7 @@ def stored_epoch(storage: str, study: str, trial_id: str, scratch: str | os.Path
     local = Path(scratch) / trial_id / CHECKPOINT_FILE
     files.download(uri, local)
     try:
-        return int(load(local, name=uri)["epoch"])
+        return resume_point(local, name=uri)[0]
     finally:
         local.unlink(missing_ok=True)
 
@@ -141,15 +142,17 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str | os.PathLike, *, name: str | None = None) -> dict[str, Any]:
+def load(path: str | os.PathLike, *, name: str | None = None, keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """A checkpoint or snapshot, every tensor on the CPU, read without running any code in the file.
 
     ``name``: the file as errors call it (its storage URI when ``path`` is a local copy). Raises
-    CorruptCheckpointError naming it when the file is not a readable checkpoint."""
+    CorruptCheckpointError naming it when the file is not a readable checkpoint, or lacks one of `keys`."""
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(blob, dict):
             raise TypeError(f"holds a {type(blob).__name__}, not a dict")
+        if missing := [k for k in keys if k not in blob]:
+            raise TypeError(f"holds no {missing}")
         return blob
     except (RuntimeError, EOFError, pickle.UnpicklingError, TypeError, ValueError) as exc:
         # torch: "PytorchStreamReader failed reading zip archive" (truncated), "invalid load key" (not one),
@@ -164,18 +167,68 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
                name: str | None = None) -> tuple[ViT, RunConfig, int]:
     """Model (fp32, eval mode, on `map_location`), run config and epoch from a checkpoint or a
     snapshot file. Raises CorruptCheckpointError naming the file when it is not a readable one."""
-    blob = load(path, name=name)
-    try:
-        flat, weights, epoch = blob["config"], blob["model"], int(blob["epoch"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(
-            f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a checkpoint): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    cfg = RunConfig.from_flat(flat)
+    blob = load(path, name=name, keys=("config", "model", "epoch"))
+    cfg = RunConfig.from_flat(blob["config"])
     model = ViT(cfg.model)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
-    return model.to(map_location).eval(), cfg, epoch
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in blob["model"].items()})
+    return model.to(map_location).eval(), cfg, int(blob["epoch"])
+
+
+# -- a trial's checkpoint: the one place its keys are written and read -----------------------------------
+def save_member(pack: PackedViT, k: int, optimizer: torch.optim.Optimizer, scheduler, history: list[dict[str, Any]],
+                workdir: str | os.PathLike) -> str:
+    """Write pack member k's resumable checkpoint into its `workdir` (the latest only): its weights and
+    optimiser state, the pack's scheduler, the epoch it just recorded (the last of `history`), the
+    process's RNG states, its history and config. Returns the checkpoint's folder."""
+    path = local_checkpoint(workdir)
+    save({"model": pack.member_state_dict(k), "optimizer": pack.member_optimizer_state(optimizer, k),
+          "scheduler": scheduler.state_dict(), "epoch": history[-1]["epoch"], **rng_state(pack.device),
+          "history": history, "config": pack.configs[k].to_flat()}, path)
+    return str(path.parent)
+
+
+def save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: int, workdir: str | os.PathLike) -> None:
+    # fp16 halves storage (a thousand trials x ~8 snapshots); analysis casts back.
+    state = {k: v.half() if v.is_floating_point() else v for k, v in model_state.items()}
+    save({"model": state, "config": cfg.to_flat(), "epoch": epoch}, Path(workdir) / SNAPSHOT_DIR / snapshot_name(epoch))
+
+
+def resume_point(path: str | os.PathLike, *, name: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """(epoch, history) a checkpoint holds: where its trial continues."""
+    state = load(path, name=name)
+    return int(state["epoch"]), list(state["history"])
+
+
+def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
+                 log=print) -> tuple[int, list[list[dict]]]:
+    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories).
+
+    Checkpoints are read to the CPU (`load`); the weights then go into the pack's device, the
+    optimiser state where `Optimizer.load_state_dict` puts it, the RNG states stay CPU tensors."""
+    found = [p.exists() for p in paths]
+    if not any(found):
+        return 1, [[] for _ in paths]
+    if not all(found):
+        missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
+        raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must resume "
+                         "from the same epoch (the launcher packs trials by resume epoch)")
+    states = [load(p) for p in paths]
+    epochs = {s["epoch"] for s in states}
+    if len(epochs) > 1:
+        raise ValueError(f"pack members resume from different epochs {sorted(epochs)}; they must share one")
+    load_pack_state(pack, optimizer, scheduler, states, device)
+    for k, state in enumerate(states):
+        log(f"[{pack.configs[k].trial_id}] resumed from epoch {state['epoch']}")
+    return states[0]["epoch"] + 1, [list(s["history"]) for s in states]
+
+
+def load_pack_state(pack: PackedViT, optimizer, scheduler, states: list[dict[str, Any]], device: torch.device) -> None:
+    """Put loaded (CPU) checkpoint states, one per member, into a pack on `device`."""
+    for k, state in enumerate(states):
+        pack.load_member_state_dict(k, state["model"])
+        pack.load_member_optimizer_state(optimizer, k, state["optimizer"])
+    scheduler.load_state_dict(states[0]["scheduler"])
+    restore_rng(states[0], device)
 
 
 # -- random state --------------------------------------------------------------------------------------

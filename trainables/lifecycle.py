@@ -1,11 +1,13 @@
 """A trial's records from open to close: its ``trials`` row and its MLflow run, for every trial.
 
-    open_trials      per member: MLflow run (continues a previous one), row "running"
-    close_trial      final row + run FINISHED | FAILED, each closed whatever happens to the other
-    close_unclosed   members still "running" when their driver ends: failed, with the reason
+    open_trials       per member: MLflow run (continues a previous one), row "running"
+    close_trial       final row + run as the row says, each closed whatever happens to the other
+    close_unclosed    members still "running" when their driver ends: failed, with the reason
+    close_unfinished  after Tune returns: every trial still "running" failed, a stopped one "stopped"
 
-A trial packed with others and a trial alone (a pack of one) go through the same functions; the
-Ray layer (``trainables.ray_trial``) decides when.
+Every trial is closed by `close_trial`, whoever closes it: the Train worker (finished, or failed for a
+non-finite loss), its Tune driver (`close_unclosed`) or the launcher's epilogue (`close_unfinished`).
+A trial packed with others and a trial alone (a pack of one) go through the same functions.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from records import layout, tables, tracking
+from records.stores import TrackingError
 from trainables.config import RunConfig
 
 PACK_TAG = "vitsweep.pack"
@@ -91,51 +94,50 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
                                        wall_time_s=earlier))
         except BaseException as exc:
             for started in run_ids.values():
-                close_run(settings, started, "FAILED", {"vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"})
+                try:
+                    end_run(settings.mlflow_uri, started, "failed", f"storage fault: {type(exc).__name__}: {exc}")
+                except Exception:  # noqa: BLE001 - the storage fault is raised
+                    log.exception("could not end MLflow run %s", started)
             raise
     return run_ids
 
 
-def close_trial(settings: LaunchSettings, flat: dict[str, Any], result: dict[str, Any], run_id: str,
-                status: str, tags: dict[str, str] | None = None) -> None:
-    """Write the trial's final row and end its MLflow run, each whatever happens to the
-    other (a read-only or full results folder must not leave the run RUNNING, nor an
-    MLflow outage the row "running"); then raise the first error. A trial whose row
-    could not be written is not finished: its run ends FAILED and --resume reruns it."""
-    error = None
-    result = {**result, "mlflow_run_id": result.get("mlflow_run_id") or run_id, "ended_at": utc_now()}
+def close_trial(results: str, study: str, mlflow_uri: str, flat: dict[str, Any], result: dict[str, Any],
+                run_id: str | None, tags: dict[str, str] | None = None) -> tuple[Exception | None, Exception | None]:
+    """Write a trial's final row (`result`: ``status`` finished, failed or stopped, ``error`` why it
+    failed) and end its MLflow run as the row says (`end_run`), each whatever happens to the other (a
+    read-only or full results folder must not leave the run RUNNING, nor an MLflow outage the row
+    "running"). A trial whose row could not be written is not finished: its run ends FAILED and
+    --resume reruns it. ``run_id`` None leaves the run alone (the tracking server is gone). Returns
+    (the row's fault, the run's fault), None where there was none; an interrupt is raised."""
+    status, why = result["status"], (result.get("error") or "")[: tracking.ERROR_TEXT_LIMIT] or None
+    result = {**result, "error": why, "mlflow_run_id": result.get("mlflow_run_id") or run_id, "ended_at": utc_now()}
+    row_fault = run_fault = None
     try:
-        tables.write_trial(settings.results, settings.study, flat, result)
-    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the run is closed
-        error = exc
-        status, tags = "FAILED", {**(tags or {}), "vitsweep.error": f"storage fault: {type(exc).__name__}: {exc}"}
+        tables.write_trial(results, study, flat, result)
+    except BaseException as exc:  # noqa: BLE001 - returned (an interrupt raised) once the run is closed
+        row_fault = exc
+        if status != "failed":
+            status, why = "failed", f"storage fault: {type(exc).__name__}: {exc}"
     try:
-        close_run(settings, run_id, status, tags, quiet=False)
-    except BaseException as exc:  # noqa: BLE001 - re-raised below
-        error = error or exc
-    if error is not None:
-        raise error
+        if run_id is not None:
+            end_run(mlflow_uri, run_id, status, why, tags)
+    except Exception as exc:  # noqa: BLE001 - returned
+        run_fault = exc
+    if row_fault is not None and not isinstance(row_fault, Exception):
+        raise row_fault  # an interrupt, once the run is closed
+    return row_fault, run_fault
 
 
-def close_run(settings: LaunchSettings, run_id: str, status: str, tags: dict[str, str] | None = None,
-              *, quiet: bool = True) -> None:
-    """Tag and end an MLflow run; ``quiet``: log a failure instead of raising it (when
-    another error is already on its way)."""
-    try:
-        if tags:
-            tracking.set_tags(settings.mlflow_uri, run_id, tags)
-        tracking.end_trial_run(settings.mlflow_uri, run_id, status)
-    except Exception:
-        if not quiet:
-            raise
-        log.exception("could not end MLflow run %s %s", run_id, status)
-
-
-def close_failed(settings: LaunchSettings, cfg: RunConfig, run_id: str, why: str, pack_id: str | None,
-                 **fields: Any) -> None:
-    """Close one trial as failed with its reason (row ``error``, run tag ``vitsweep.error``)."""
-    close_trial(settings, cfg.to_flat(), outcome(settings, cfg, "failed", pack_id, error=why[:5000], **fields),
-                run_id, "FAILED", {"vitsweep.error": why[:5000]})
+def end_run(mlflow_uri: str, run_id: str, status: str, why: str | None = None,
+            tags: dict[str, str] | None = None) -> None:
+    """End a trial's MLflow run as its row's ``status`` says: finished FINISHED; stopped (a scheduler
+    stopped it) FINISHED, tagged stopped early; failed FAILED, with `why` in its error tag. ``tags``: more."""
+    tags = {**(tags or {}), tracking.ERROR_TAG: (why or "")[: tracking.ERROR_TEXT_LIMIT] if status == "failed" else None}
+    if status == "stopped":
+        tags[tracking.STOPPED_EARLY_TAG] = "true"
+    tracking.set_tags(mlflow_uri, run_id, tags)
+    tracking.end_trial_run(mlflow_uri, run_id, "FAILED" if status == "failed" else "FINISHED")
 
 
 def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids: dict[str, str], why: str,
@@ -151,13 +153,64 @@ def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids:
         except OSError as exc:
             row, errors = None, [*errors, exc]
         if row is None or row["status"] == "running":
-            try:
-                close_failed(settings, cfg, run_ids[cfg.trial_id], why, pack_id,
-                             started_at=(row or {}).get("started_at"))
-            except Exception as exc:  # noqa: BLE001 - the first is raised once every member is closed
-                errors.append(exc)
+            result = outcome(settings, cfg, "failed", pack_id, error=why, started_at=(row or {}).get("started_at"))
+            errors += [f for f in close_trial(settings.results, settings.study, settings.mlflow_uri, cfg.to_flat(),
+                                              result, run_ids[cfg.trial_id]) if f is not None]
     if errors:
         raise errors[0]
+
+
+def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],
+                     reason: str = "the launch ended before the trial finished", *,
+                     tracking_down: bool = False) -> list[str]:
+    """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the
+    hparam study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag
+    vitsweep.stopped_early); any other unfinished trial becomes "failed" with ``reason`` (its row's
+    own error, when it has one, is kept), its run FAILED with the same reason. A finished trial's
+    run ends FINISHED (``tracking.end_orphaned_runs``), whichever of row and run was closed first.
+
+    Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest:
+    each row is closed on its own; after one MLflow call failed for its whole retry budget the
+    remaining runs are left to the next launch (which closes them before it starts), as all are when
+    ``tracking_down`` (the launcher's probe found the server gone). Returns one line per fault
+    (empty: none)."""
+    faults: list[str] = []
+    try:
+        table = tables.read_table(results, study, "trials")
+        rows = table.to_pylist() if table is not None else []
+    except OSError as exc:
+        faults.append(f"cannot read the trials table under {results}: {exc}")
+        rows = []
+    if tracking_down:
+        faults.append("the MLflow runs of the unfinished trials are left for the next launch to close "
+                      "(the tracking server does not answer)")
+    for row in rows:
+        early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
+        if not early and row["status"] != "running":
+            continue
+        closed = {**row, "status": "stopped" if early else "failed", "error": None if early else row.get("error") or reason}
+        run_id, run_fault = None, None
+        try:
+            run_id = None if tracking_down else \
+                row.get("mlflow_run_id") or tracking.find_trial_run(mlflow_uri, experiment_id, row["trial_id"])
+        except Exception as exc:  # noqa: BLE001 - told below, as a failed end of the run
+            run_fault = exc
+        row_fault, end_fault = close_trial(results, study, mlflow_uri, row, closed, run_id)
+        run_fault = run_fault or end_fault
+        if row_fault is not None:  # the row stays "running": `vitsweep status` calls it stale, --resume reruns it
+            faults.append(f"cannot write the trials row of {row['trial_id']}: {row_fault}")
+        if isinstance(run_fault, TrackingError):
+            tracking_down = True
+            faults.append(f"cannot end the MLflow runs of the unfinished trials: {run_fault}")
+        elif run_fault is not None:  # the store's own error, e.g. its disk is full
+            faults.append(f"cannot end the MLflow run of {row['trial_id']}: {run_fault}")
+    if not tracking_down:
+        try:
+            finished = [r["trial_id"] for r in rows if r["status"] == "finished"]
+            tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=finished)
+        except Exception as exc:  # noqa: BLE001 - reported with the other faults
+            faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
+    return faults
 
 
 def prior_wall_time(row: dict[str, Any] | None) -> float:

@@ -1,5 +1,5 @@
 """The thin Ray layer: one Tune trial = one pack of trials (a lone trial is a pack of one) = one
-Ray Train run of the plain loop (``trainables.train.train_pack_fitting``).
+Ray Train run of the plain loop (``trainables.oom.train_pack_fitting``).
 
 Ray 2.5x/2.6x runs Train V2, where ``Tuner(TorchTrainer)`` is gone; the recommended pattern is a
 Tune *function* trainable that launches a ``TorchTrainer`` and forwards its reports to Tune with
@@ -40,14 +40,17 @@ from typing import Any
 from records import files, layout, tables, tracking
 from trainables import checkpoints, lifecycle
 from trainables.config import RunConfig
+from trainables.data_roots import DataRootError
+from trainables.datasets import prepare_root
 from trainables.epoch_records import EpochRecords
 from trainables.lifecycle import LaunchSettings
+from trainables.oom import train_pack_fitting
 
 # Reported (instead of raised) by a worker whose data set is missing, or by a lone trial whose loss
 # turned non-finite: a retry cannot fix that, and Train V2 / Tune retry every raised error, so the
 # trial ends failed without retries (the launcher counts it as a failure).
 UNRETRIABLE = "vitsweep_unretriable_error"
-SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc")
+SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc", "epochs_completed", "test_acc", "did_not_learn")
 
 
 def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict | None,
@@ -132,20 +135,9 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on each Ray Train worker: restore each member, train, report, close each member."""
     import ray.train
 
-    from trainables.data_roots import DataRootError
-    from trainables.datasets import prepare_root
-
-    settings = LaunchSettings(**loop_config["settings"])
-    cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+    worker = PackWorker(LaunchSettings(**loop_config["settings"]), loop_config, ray.train.get_context().get_world_rank())
     try:
-        prepare_root(cfgs[0].dataset, cfgs[0].data_root)  # this node's copy (the launcher checked its own)
-    except DataRootError as exc:
-        error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
-        ray.train.report(error)  # for Tune's result (the launcher counts the trial as failed)
-        return error  # for the driver, which closes every member with it
-    worker = PackWorker(settings, loop_config, ray.train.get_context().get_world_rank())
-    try:
-        return worker.run(lambda metrics: ray.train.report(metrics))
+        return worker.run(ray.train.report)
     finally:
         worker.cleanup()
 
@@ -157,10 +149,9 @@ class PackWorker:
         self.settings, self.rank = settings, rank
         self.pack_id, self.tag, self.solo = loop_config["pack_id"], loop_config["tag"], loop_config["solo"]
         self.run_ids: dict[str, str] = loop_config["run_ids"]
-        cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
-        self.members = lifecycle.still_open(settings, cfgs)  # a retried worker skips closed members
-        self.started = {c.trial_id: row.get("started_at") for c, row in self.members}
-        self.earlier = {c.trial_id: lifecycle.prior_wall_time(row) for c, row in self.members}
+        self.cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+        self.members = lifecycle.still_open(settings, self.cfgs)  # a retried worker skips closed members
+        self.rows = {c.trial_id: row for c, row in self.members}  # as they were when this attempt started
         self.cfg_of = {c.trial_id: c for c, _ in self.members}
         self.root = Path(tempfile.mkdtemp(prefix=f"vitsweep-{self.pack_id}-"))
         self.workdirs = {c.trial_id: self.root / c.trial_id for c, _ in self.members}
@@ -188,15 +179,17 @@ class PackWorker:
         for trial_id, workdir in self.workdirs.items():
             uri = checkpoints.find_stored(self.settings.storage, self.settings.study, trial_id)
             local = checkpoints.local_checkpoint(workdir)
-            if uri is not None and files.download(uri, local):
-                state = checkpoints.load(local, name=uri)
-                self.histories[trial_id], self.epochs[trial_id] = list(state["history"]), int(state["epoch"])
-            else:
-                self.histories[trial_id], self.epochs[trial_id] = [], 0
+            found = uri is not None and files.download(uri, local)
+            self.epochs[trial_id], self.histories[trial_id] = (
+                checkpoints.resume_point(local, name=uri) if found else (0, []))
 
     def run(self, report_to_train) -> dict[str, str] | None:
-        from trainables.train import train_pack_fitting
-
+        try:
+            prepare_root(self.cfgs[0].dataset, self.cfgs[0].data_root)  # this node's copy (the launcher checked its own)
+        except DataRootError as exc:
+            error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
+            report_to_train(error)  # for Tune's result (the launcher counts the trial as failed)
+            return error  # for the driver, which closes every member with it
         self.restore()
         # Members resume together only from the same epoch: they re-form by the epoch their checkpoint
         # holds (an upload cut short by a kill leaves one behind), each group trained as its own pack.
@@ -276,18 +269,17 @@ class PackWorker:
                                      step=final["epochs_completed"])
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
-                checkpoint_path=self.settings.checkpoint_uri(trial_id), wall_time_s=self.earlier[trial_id] + time.perf_counter() - self.t0,
-                epochs_completed=final.get("epochs_completed"), test_acc=final.get("test_acc"),
-                did_not_learn=final.get("did_not_learn"), started_at=self.started[trial_id],
-                **{k: final.get(k) for k in SUMMARY},
+                checkpoint_path=self.settings.checkpoint_uri(trial_id),
+                wall_time_s=lifecycle.prior_wall_time(self.rows[trial_id]) + time.perf_counter() - self.t0,
+                started_at=self.rows[trial_id].get("started_at"), **{k: final.get(k) for k in SUMMARY},
             )
             inputs = final.get("inputs") or {}
             if inputs.get("dataset"):  # the run's input: the data set it trained on (mlflow.log_input)
                 tracking.log_dataset_input(self.settings.mlflow_uri, run_id, inputs["dataset"])
-            lifecycle.close_trial(self.settings, cfg.to_flat(), result, run_id, "FAILED" if error else "FINISHED",
-                                  {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
-                                   "vitsweep.error": error or "",
-                                   **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})})
+            self.faults += [f for f in lifecycle.close_trial(
+                self.settings.results, self.settings.study, self.settings.mlflow_uri, cfg.to_flat(), result, run_id,
+                {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
+                 **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})}) if f is not None]
         except Exception as exc:  # noqa: BLE001 - row and run closed per member; the first fault raised at the end
             self.faults.append(exc)
 

@@ -14,10 +14,9 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
 * per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
-* a resumable checkpoint (model, optimiser, scheduler, epoch, RNG states,
-  history, config) every ``checkpoint_every`` epochs (and at most every
-  ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU trials) and at the end, written
-  atomically; only the latest is kept. A run whose ``workdir`` holds one
+* a resumable checkpoint (``trainables.checkpoints.save_member``) every ``checkpoint_every``
+  epochs (and at most every ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU
+  trials) and at the end, written atomically; only the latest is kept. A run whose ``workdir`` holds one
   continues from it. Every random draw is derived from (seed, epoch): the
   shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
   and RPT, so a resumed run draws what an uninterrupted one would have drawn,
@@ -42,7 +41,6 @@ non-finite leaves the pack at the end of that epoch, the others go on.
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import random
@@ -61,9 +59,9 @@ from trainables.augment import augmentation
 from trainables.compiled import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
-from trainables.fast_paths import is_out_of_memory
 from trainables.images import normalize, to_device
 from trainables.inputs import EvalSource, TrainSource, pack_epoch
+from trainables.optim import build_optimizer, lr_scheduler
 from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, soft_targets
 
@@ -97,37 +95,6 @@ def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + stream) % (2**63 - 1)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    """The one place the weight-decay rule lives (``cfg.decay_exempt``).
-
-    ``timm``: no decay on biases, norms, the CLS token and learned PE parameters
-    (``ViT.no_weight_decay``), as in timm/DeiT. ``none``: every parameter decays, which
-    with ``adam`` is the literal ``torch.optim.Adam(model.parameters(), weight_decay=wd)``
-    of Study P's table. ``adam`` adds the decay to the gradient (coupled L2); ``adamw``
-    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``.
-    Fused where torch has the kernel for the device (CUDA, CPU): a few launches per step instead of
-    foreach's ~50, and its step counters live on the device (foreach reads them on the host)."""
-    skip = model.no_weight_decay() if cfg.decay_exempt == "timm" else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            exempt = cfg.decay_exempt == "timm" and (p.ndim <= 1 or name in skip)
-            (no_decay if exempt else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = next(model.parameters()).device.type in ("cuda", "cpu")
-    return (torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam)(groups, lr=cfg.lr, fused=fused)
-
-
-def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
-    """Linear warm-up to 1, then cosine decay to 0 (or constant)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[RunConfig], batches, *,
               num_classes: int, mean, std, mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
               use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,16 +119,6 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     losses, correct = pack.fast_paths.run(forward_backward)
     optimizer.step()
     return losses, correct
-
-
-def step_losses(pack: PackedViT, cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
-                mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator],
-                use_amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device half of `pack_step` up to the loss (what tests/fake_cuda.py runs on fake CUDA
-    tensors): `step_inputs`, then `member_losses`. Nothing here reads a device value."""
-    x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
-                                   perm_gens=perm_gens)
-    return member_losses(pack, x, target, perms, use_amp=use_amp)
 
 
 def step_inputs(cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
@@ -218,15 +175,9 @@ def _all_reduce(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: int, workdir: Path) -> None:
-    # fp16 halves storage (a thousand trials x ~8 snapshots); analysis casts back.
-    state = {k: v.half() if v.is_floating_point() else v for k, v in model_state.items()}
-    checkpoints.save({"model": state, "config": cfg.to_flat(), "epoch": epoch},
-                     workdir / checkpoints.SNAPSHOT_DIR / checkpoints.snapshot_name(epoch))
+def _rank_and_world() -> tuple[int, int]:
+    distributed = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:
@@ -264,143 +215,123 @@ def train_pack(
     cfg = cfgs[0]  # everything in the pack key is the same for every member
     workdirs = [Path(w) for w in workdirs]
     device = resolve_device(cfg.device)
-    rank, world = _rank(), (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+    rank, world = _rank_and_world()
     if world > 1 and len(cfgs) > 1:
         raise ValueError(f"a pack of {len(cfgs)} trials cannot run under DDP ({world} workers); DDP trials train alone")
     random.seed(cfg.seed)
-
-    # The holdout split is fixed per data set (seed 0) so every trial tunes on the same images.
-    data = load_dataset(cfg.dataset, cfg.data_root, seed=0, holdout_fraction=cfg.holdout_fraction)
-    train_split = data.train
-    if 0 < cfg.max_train_images < len(train_split):
-        train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
-    # One device copy of the split; each member reads it under its own protocol's augmentation.
-    base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
-                       device=device, num_workers=cfg.num_workers)
-    sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
-    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
-                             num_workers=cfg.num_workers)
+    data, sources, eval_source, inputs = pack_inputs(cfgs, device)
     batch_size = max(1, cfg.batch_size // world)
-    inputs = input_record(data, train_split, cfg, device)  # the data set and device, for each member's run
 
     pack = PackedViT(cfgs, device, log=log)  # each member initialised from its own seed (init_member)
     optimizer = pack.optimizer(build_optimizer, cfg)
-    steps_per_epoch = base.steps(batch_size, num_replicas=world)
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"batch_size {cfg.batch_size} is larger than the {len(train_split)} training images of {cfg.dataset!r}"
-        )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step,
-            warmup_steps=cfg.warmup_epochs * steps_per_epoch,
-            total_steps=cfg.epochs * steps_per_epoch,
-            schedule=cfg.schedule,
-        ),
-    )
-
-    ckpt_paths = [checkpoints.local_checkpoint(w) for w in workdirs]
-    start_epoch, histories = restore_pack(pack, optimizer, scheduler, ckpt_paths, device, log)
+    scheduler = lr_scheduler(optimizer, cfg, sources[0], batch_size, world)
+    start_epoch, histories = checkpoints.restore_pack(pack, optimizer, scheduler,
+                                                      [checkpoints.local_checkpoint(w) for w in workdirs], device, log)
     if start_epoch == 1 and rank == 0:
         for k in range(pack.k):
-            _save_snapshot(pack.member_state_dict(k), cfgs[k], 0, workdirs[k])
+            checkpoints.save_snapshot(pack.member_state_dict(k), cfgs[k], 0, workdirs[k])
 
     wrap_forward(pack, cfg, device, world)
     use_amp = cfg.amp and device.type == "cuda"
     snapshots = set(snapshot_epochs(cfg.epochs))
-    t_run = time.perf_counter()
-    last_checkpoint = time.monotonic()
+    t_run, last_checkpoint = time.perf_counter(), time.monotonic()
     members = list(range(len(cfgs)))  # original index of each member still in the pack
     finals: list[dict[str, Any]] = [{"error": None} for _ in cfgs]
 
     for epoch in range(start_epoch, cfg.epochs + 1):
         pack.train()
-        mix_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 2)) for i in members]
-        perm_gens = [torch.Generator().manual_seed(epoch_seed(cfgs[i].seed, epoch, 3)) for i in members]
-        # Sums stay on the device: a per-step .item() would stall the GPU every step.
-        loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
-        correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
-        count = 0
         t0 = time.perf_counter()
-        steps = pack_epoch([sources[i] for i in members], [cfgs[i].seed for i in members], epoch=epoch,
-                           batch_size=batch_size, num_replicas=world, rank=rank)  # one call per protocol group
-        for batches in steps:  # each member's augmented batch, already on the device
-            losses, correct_here = pack_step(pack, optimizer, [cfgs[i] for i in members], batches,
-                                             num_classes=data.num_classes, mean=data.mean, std=data.std,
-                                             mix_gens=mix_gens, perm_gens=perm_gens, use_amp=use_amp)
-            scheduler.step()
-            batch = batches[0][1].numel()
-            loss_sum += losses * batch
-            correct += correct_here
-            count += batch
-        totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
-        loss_sums, corrects, count = totals[: pack.k], totals[pack.k : 2 * pack.k], totals[-1]
+        loss_sums, corrects, count = train_epoch(pack, optimizer, scheduler, [cfgs[i] for i in members],
+                                                 [sources[i] for i in members], data, epoch=epoch,
+                                                 batch_size=batch_size, use_amp=use_amp)
         train_time = time.perf_counter() - t0
         diverged = [k for k in range(pack.k) if not math.isfinite(loss_sums[k])]
         for k in diverged:
             i = members[k]
-            finals[i] = {**(dict(histories[i][-1]) if histories[i] else {}), "error": (
-                f"training loss is {loss_sums[k] / max(count, 1)} at epoch {epoch}: diverged"), "failed_epoch": epoch}
+            finals[i] = {"error": f"training loss is {loss_sums[k] / max(count, 1)} at epoch {epoch}: diverged",
+                         "failed_epoch": epoch}
             log(f"[{cfgs[i].trial_id}] {finals[i]['error']}; dropped from the pack")
             if dropped is not None:
                 dropped(cfgs[i].trial_id, _final(finals[i], histories[i], cfg, data.num_classes, inputs))
         if len(diverged) == pack.k:
-            members = []
             break
         if diverged:
             keep = pack.drop(optimizer, diverged)
-            loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
-            members = [members[k] for k in keep]
+            loss_sums, corrects, members = ([values[k] for k in keep] for values in (loss_sums, corrects, members))
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
         evals = evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
-        reports = []
         checkpoint_now = epoch == cfg.epochs or (
             epoch % cfg.checkpoint_every == 0 and time.monotonic() - last_checkpoint >= cfg.checkpoint_interval_s)
-        if checkpoint_now:
-            last_checkpoint = time.monotonic()
+        last_checkpoint = time.monotonic() if checkpoint_now else last_checkpoint
         # Every member's checkpoint is written before any report, so a crash in a report (or a killed
         # driver) leaves all members resumable from the same epoch, i.e. still one pack.
+        reports = []
         for k, i in enumerate(members):
-            metrics = {
-                "epoch": epoch,
-                "train_loss": loss_sums[k] / max(count, 1),
-                "train_acc": corrects[k] / max(count, 1),
-                "eval_loss": evals[k][0],
-                "eval_acc": evals[k][1],
-                "lr": scheduler.get_last_lr()[0],
+            histories[i].append({
+                "epoch": epoch, "train_loss": loss_sums[k] / max(count, 1), "train_acc": corrects[k] / max(count, 1),
+                "eval_loss": evals[k][0], "eval_acc": evals[k][1], "lr": scheduler.get_last_lr()[0],
                 "images_per_s": count / max(train_time, 1e-9),  # per member: a pack of K trains K x this
-                "wall_time_s": time.perf_counter() - t_run,
-            }
-            histories[i].append(metrics)
+                "wall_time_s": time.perf_counter() - t_run})
             checkpoint_dir = None
             if rank == 0:
                 if epoch in snapshots:
-                    _save_snapshot(pack.member_state_dict(k), cfgs[i], epoch, workdirs[i])
+                    checkpoints.save_snapshot(pack.member_state_dict(k), cfgs[i], epoch, workdirs[i])
                 if checkpoint_now:
-                    checkpoints.save(
-                        {
-                            "model": pack.member_state_dict(k),
-                            "optimizer": pack.member_optimizer_state(optimizer, k),
-                            "scheduler": scheduler.state_dict(),
-                            "epoch": epoch,
-                            **checkpoints.rng_state(device),
-                            "history": histories[i],
-                            "config": cfgs[i].to_flat(),
-                        },
-                        ckpt_paths[i],
-                    )
-                    checkpoint_dir = str(ckpt_paths[i].parent)
-                log(
-                    f"[{cfgs[i].trial_id}] epoch {epoch}/{cfg.epochs} loss {metrics['train_loss']:.3f} "
-                    f"acc {metrics['train_acc']:.3f} {cfg.eval_split} {metrics['eval_acc']:.3f} "
-                    f"lr {metrics['lr']:.2e} {metrics['images_per_s']:.0f} img/s"
-                )
-            reports.append((cfgs[i].trial_id, metrics, checkpoint_dir))
+                    checkpoint_dir = checkpoints.save_member(pack, k, optimizer, scheduler, histories[i], workdirs[i])
+                log_epoch(cfgs[i], histories[i][-1], log)
+            reports.append((cfgs[i].trial_id, histories[i][-1], checkpoint_dir))
         if report is not None:
             report(reports)
 
     return [_final(finals[i], histories[i], cfg, data.num_classes, inputs) for i in range(len(cfgs))]
+
+
+def pack_inputs(cfgs: Sequence[RunConfig], device: torch.device):
+    """(the data set, each member's training source, the evaluation source, the input record). The
+    holdout split is fixed per data set (seed 0), so every trial tunes on the same images; the training
+    split has one device copy, which each member reads under its own protocol's augmentation."""
+    cfg = cfgs[0]
+    data = load_dataset(cfg.dataset, cfg.data_root, seed=0, holdout_fraction=cfg.holdout_fraction)
+    train_split = data.train
+    if 0 < cfg.max_train_images < len(train_split):
+        train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
+    base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
+                       device=device, num_workers=cfg.num_workers)
+    sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
+    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
+                             num_workers=cfg.num_workers)
+    return data, sources, eval_source, input_record(data, train_split, cfg, device)
+
+
+def train_epoch(pack: PackedViT, optimizer, scheduler, cfgs: Sequence[RunConfig], sources: Sequence[TrainSource],
+                data, *, epoch: int, batch_size: int, use_amp: bool) -> tuple[list[float], list[float], float]:
+    """One epoch of every member, each under its own draws: (summed losses (K), correct counts (K), images
+    per member), over every rank. The sums stay on the device: a per-step .item() would stall the GPU."""
+    rank, world = _rank_and_world()
+    device = pack.device
+    mix_gens = [torch.Generator().manual_seed(epoch_seed(c.seed, epoch, 2)) for c in cfgs]
+    perm_gens = [torch.Generator().manual_seed(epoch_seed(c.seed, epoch, 3)) for c in cfgs]
+    loss_sum, correct = torch.zeros(2, pack.k, device=device, dtype=torch.float64)  # (K,) each
+    count = 0
+    steps = pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=batch_size, num_replicas=world,
+                       rank=rank)  # one call per protocol group
+    for batches in steps:  # each member's augmented batch, already on the device
+        losses, correct_here = pack_step(pack, optimizer, cfgs, batches, num_classes=data.num_classes,
+                                         mean=data.mean, std=data.std, mix_gens=mix_gens, perm_gens=perm_gens,
+                                         use_amp=use_amp)
+        scheduler.step()
+        batch = batches[0][1].numel()
+        loss_sum += losses * batch
+        correct += correct_here
+        count += batch
+    totals = _all_reduce([*loss_sum.tolist(), *correct.tolist(), count], device)
+    return totals[: pack.k], totals[pack.k : 2 * pack.k], totals[-1]
+
+
+def log_epoch(cfg: RunConfig, metrics: dict[str, Any], log) -> None:
+    log(f"[{cfg.trial_id}] epoch {metrics['epoch']}/{cfg.epochs} loss {metrics['train_loss']:.3f} "
+        f"acc {metrics['train_acc']:.3f} {cfg.eval_split} {metrics['eval_acc']:.3f} "
+        f"lr {metrics['lr']:.2e} {metrics['images_per_s']:.0f} img/s")
 
 
 def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfig, num_classes: int,
@@ -416,91 +347,6 @@ def _final(outcome: dict[str, Any], history: list[dict[str, Any]], cfg: RunConfi
     return final
 
 
-def train_pack_fitting(
-    cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *, report: PackReport | None = None,
-    dropped: Dropped | None = None, log=print,
-) -> list[dict[str, Any]]:
-    """`train_pack`, retried in halves when the pack runs out of GPU memory: each half resumes from
-    the members' own checkpoints, so work done before the error is kept (the epochs after the last
-    checkpoint are trained and reported again: a caller keeps each epoch once). A member that does
-    not fit alone fails with a message naming the batch size; a split pack's message names --pack.
-
-    The retry starts outside the ``except`` block, once the failed attempt is gone: its traceback
-    holds every frame of that attempt (model, optimiser state, the data's device copy, activations),
-    so retrying inside the handler, or keeping the exception, would keep all of it on the device."""
-    error, gone = None, {}  # gone: members dropped (and closed) for a non-finite loss before the error
-
-    def on_drop(trial_id: str, final: dict[str, Any]) -> None:
-        gone[trial_id] = final
-        if dropped is not None:
-            dropped(trial_id, final)
-
-    try:
-        return train_pack(cfgs, workdirs, report=report, dropped=on_drop, log=log)
-    except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
-        if not is_out_of_memory(exc):
-            raise
-        if len(cfgs) == 1:
-            raise RuntimeError(
-                f"trial {cfgs[0].trial_id} runs out of GPU memory even alone at batch_size={cfgs[0].batch_size}: "
-                f"{exc}"
-            ) from exc
-        error = f"{type(exc).__name__}: {str(exc)[:300]}"  # text only: no reference to the attempt
-    release_device_memory()
-    # A dropped member never rejoins: its checkpoint stays at its last good epoch, behind the others'.
-    left = [(c, w) for c, w in zip(cfgs, workdirs) if c.trial_id not in gone]
-    half = max(1, len(left) // 2)
-    log(f"a pack of {len(cfgs)} ran out of GPU memory ({error}); training its {len(left)} remaining members as "
-        f"packs of {half} and {len(left) - half} (a smaller --pack avoids this retry)")
-    finals = dict(gone)
-    for part in (left[:half], left[half:]):
-        if part:
-            done = train_pack_fitting([c for c, _ in part], [w for _, w in part], report=report, dropped=dropped,
-                                      log=log)
-            finals.update(zip((c.trial_id for c, _ in part), done))
-    return [finals[c.trial_id] for c in cfgs]
-
-
-def release_device_memory() -> None:
-    """Free what a dropped attempt held: its reference cycles (frames, autograd graphs), then the
-    caching allocator's now unused blocks (a no-op without CUDA)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
-                 log=print) -> tuple[int, list[list[dict]]]:
-    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories).
-
-    Checkpoints are read to the CPU (`checkpoints.load`); the weights then go into the pack's device,
-    the optimiser state where `Optimizer.load_state_dict` puts it, the RNG states stay CPU tensors."""
-    found = [p.exists() for p in paths]
-    if not any(found):
-        return 1, [[] for _ in paths]
-    if not all(found):
-        missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
-        raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must resume "
-                         "from the same epoch (the launcher packs trials by resume epoch)")
-    states = [checkpoints.load(p) for p in paths]
-    epochs = {s["epoch"] for s in states}
-    if len(epochs) > 1:
-        raise ValueError(f"pack members resume from different epochs {sorted(epochs)}; they must share one")
-    load_pack_state(pack, optimizer, scheduler, states, device)
-    for k, state in enumerate(states):
-        log(f"[{pack.configs[k].trial_id}] resumed from epoch {state['epoch']}")
-    return states[0]["epoch"] + 1, [list(s["history"]) for s in states]
-
-
-def load_pack_state(pack: PackedViT, optimizer, scheduler, states: list[dict[str, Any]], device: torch.device) -> None:
-    """Put loaded (CPU) checkpoint states, one per member, into a pack on `device`."""
-    for k, state in enumerate(states):
-        pack.load_member_state_dict(k, state["model"])
-        pack.load_member_optimizer_state(optimizer, k, state["optimizer"])
-    scheduler.load_state_dict(states[0]["scheduler"])
-    checkpoints.restore_rng(states[0], device)
-
-
 @torch.no_grad()
 def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
                   use_amp: bool = False) -> list[tuple[float, float]]:
@@ -508,8 +354,7 @@ def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
     The forward runs under the training step's precision (`mixed_precision`); the loss in fp32.
     The sums stay on the device: one read at the end, none per batch."""
     pack.eval()
-    loss_sum = torch.zeros(pack.k, device=device, dtype=torch.float64)
-    correct = torch.zeros(pack.k, device=device, dtype=torch.float64)
+    loss_sum, correct = torch.zeros(2, pack.k, device=device, dtype=torch.float64)  # (K,) each
     count = 0
     for images, labels in batches:
         x = normalize(images.to(device, non_blocking=True), mean, std)
@@ -542,16 +387,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workdir", default="results/adhoc")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config field")
     args = parser.parse_args(argv)
-    fields = {
-        "data_root": args.data_root,
-        "pe": args.pe,
-        "protocol": args.protocol,
-        "rpt": args.rpt,
-        "epochs": args.epochs,
-        "warmup_epochs": min(args.epochs, RunConfig.warmup_epochs),
-        "seed": args.seed,
-        **dict(kv.split("=", 1) for kv in args.set),
-    }
+    fields = {name: getattr(args, name) for name in ("data_root", "pe", "protocol", "rpt", "epochs", "seed")}
+    fields["warmup_epochs"] = min(args.epochs, RunConfig.warmup_epochs)
+    fields.update(kv.split("=", 1) for kv in args.set)  # any run-config field, these included
     cfg = RunConfig.for_dataset(args.dataset, preset=args.preset, **fields)
     final = train(cfg, Path(args.workdir) / cfg.trial_id)
     print(f"final {cfg.eval_split} accuracy {final['eval_acc']:.4f}")
