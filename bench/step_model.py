@@ -23,8 +23,9 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
   bf16; LayerNorm, softmax and the loss in fp32); one-hot targets as CUDA makes them (a fill and
   a scatter: the CPU's one_hot first reads its input's range on the host).
 
-Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, eager only: packs were not
-compiled). After: fused AdamW, RoPE in the autocast dtype; eager, and compiled. The H200 estimate
+Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, q, k, v split head-major,
+eager only: packs were not compiled). After: fused AdamW, RoPE in the autocast dtype, q, k, v split
+token-major (`vit.split_heads`); eager, and compiled. The H200 estimate
 follows from the fixed assumptions printed at the top:
 
     time per step = max(bytes / bandwidth + FLOPs / matmul rate, kernels x host cost per kernel)
@@ -46,7 +47,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables import images, pos_embed, train
+from trainables import images, pos_embed, train, vit
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
 
@@ -175,12 +176,18 @@ class Census(TorchDispatchMode):
 
 @contextlib.contextmanager
 def variant(before: bool) -> Iterator[None]:
-    """The code as it was before this issue (foreach AdamW, fp32 RoPE tables) or as it is."""
+    """The code as it was before this issue (foreach AdamW, fp32 RoPE tables, q, k, v split
+    head-major) or as it is."""
     if not before:
         yield
         return
     build = train.build_optimizer
     dtype = pos_embed.step_dtype
+    heads = vit.split_heads
+
+    def head_major(qkv, heads):  # q, k, v unbound after a head-major permute
+        B, T, D3 = qkv.shape
+        return qkv.reshape(B, T, 3, heads, D3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
 
     def foreach(model, cfg):
         optimizer = build(model, cfg)
@@ -188,11 +195,11 @@ def variant(before: bool) -> Iterator[None]:
             group["fused"], group["foreach"] = False, True
         return optimizer
 
-    train.build_optimizer, pos_embed.step_dtype = foreach, (lambda cos, sin: (cos, sin))
+    train.build_optimizer, pos_embed.step_dtype, vit.split_heads = foreach, (lambda cos, sin: (cos, sin)), head_major
     try:
         yield
     finally:
-        train.build_optimizer, pos_embed.step_dtype = build, dtype
+        train.build_optimizer, pos_embed.step_dtype, vit.split_heads = build, dtype, heads
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -256,36 +263,52 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
             rows = {"eager": {"kernels": counted.kernels, "mb_per_image": counted.bytes / n / 1e6,
                               "gflop_per_image": counted.flops / n / 1e9, "images_per_step": n}}
             if compiled:
+                forward, args = _region(pack, cfgs)
                 region = Census()
-                params, x = _region_inputs(pack, cfgs)
                 with region:
-                    _region_step(pack, params, x, pack.forward_stacked)
-                graph = inductor_census(pack, params, x)
+                    _region_step(forward, args)
+                graph = inductor_census(forward, args)
+                rest = counted.bytes - region.bytes
                 rows["compiled"] = {**rows["eager"], "kernels": counted.kernels - region.kernels + graph["kernels"],
-                                    "mb_per_image": (counted.bytes - region.bytes + graph["bytes"]) / n / 1e6}
+                                    "mb_per_image": (rest + graph["bytes"]) / n / 1e6,
+                                    "parts_mb_per_image": {"forward graph": graph["forward"] / n / 1e6,
+                                                           "backward graph": graph["backward"] / n / 1e6,
+                                                           "rest of the step (eager)": rest / n / 1e6}}
     images.clear_device_constants()
     return rows
 
 
-def _region_inputs(pack, cfgs):
-    """What the compiled graph takes: the (cast) stacked parameters as leaves, and the images."""
+def _region(pack, cfgs):
+    """What the loop compiles, and its inputs: K > 1 the vmapped forward over the (cast) stacked
+    parameters, which enter as leaves; K = 1 the plain module (its parameters and autocast's casts
+    inside the graph)."""
+    x = torch.randn(len(cfgs), BATCH, 3, 32, 32)
+    if not pack.stacked:
+        return (lambda x: pack.forward_module(x).logits), (x[0],)
     params = {n: p.detach().requires_grad_() for n, p in pack._autocast_params(torch.device("cpu")).items()}
-    return params, torch.randn(len(cfgs), BATCH, 3, 32, 32)
+    return (lambda params, x: pack.forward_stacked(params, pack.buffers, x, None, False)), (params, x)
 
 
-def _region_step(pack, params, x, forward) -> None:
-    logits = forward(params, pack.buffers, x, None, False)
+def _region_step(forward, args) -> None:
+    logits = forward(*args)
     logits.backward(torch.ones_like(logits))
 
 
-def inductor_census(pack, params, x) -> dict:
-    """Inductor's kernels and bytes for the vmapped forward and its backward: codegen only."""
+def inductor_census(forward, args) -> dict:
+    """Inductor's kernels and bytes (`GraphLowering.count_bytes`, what `num_bytes_accessed` sums) of
+    the compiled forward and its backward: codegen only.
+
+    One counting rule set here: inductor lowers a variance over few elements (LayerNorm's 192) in two
+    passes on the CPU (`config.cpp.use_two_step_variance_threshold`, 1024) but as one Welford
+    reduction for CUDA's fp32 inputs (threshold `unroll_reductions_threshold`, 8), so the CPU's
+    lowering would read every LayerNorm's input three times where CUDA's reads it once; the CUDA
+    choice is taken."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics
     from torch._inductor.graph import GraphLowering
 
-    kernels = []
+    kernels, graph_bytes = [], []
 
     class Uncompiled:  # what codegen made, never loaded: no C++ compiled, nothing run
         __file__ = "step_model"
@@ -296,6 +319,7 @@ def inductor_census(pack, params, x) -> dict:
     def codegen_only(graph):
         graph.codegen()
         kernels.append(len(graph.scheduler.nodes))
+        graph_bytes.append(graph.count_bytes()[0])
         return Uncompiled()
 
     torch._dynamo.reset()
@@ -304,21 +328,28 @@ def inductor_census(pack, params, x) -> dict:
     quiet.__enter__()
     torch._logging.set_logs(inductor_metrics=True)  # inductor counts its bytes only with its metrics log on
     saved = (GraphLowering.compile_to_module, functorch_config.force_non_lazy_backward_lowering,
-             inductor_config.fx_graph_cache)
+             inductor_config.fx_graph_cache, inductor_config.compile_threads,
+             inductor_config.cpp.use_two_step_variance_threshold)
     GraphLowering.compile_to_module = codegen_only
     functorch_config.force_non_lazy_backward_lowering = True  # the backward is lowered with the forward
     inductor_config.fx_graph_cache = False
+    inductor_config.compile_threads = 1  # nothing is compiled: no pool of compile workers to start
+    inductor_config.cpp.use_two_step_variance_threshold = 0  # CUDA's Welford (see the docstring)
     try:
         with contextlib.suppress(_Counted):
-            _region_step(pack, params, x, torch.compile(pack.forward_stacked, backend="inductor"))
+            _region_step(torch.compile(forward, backend="inductor"), args)
     finally:
         (GraphLowering.compile_to_module, functorch_config.force_non_lazy_backward_lowering,
-         inductor_config.fx_graph_cache) = saved
+         inductor_config.fx_graph_cache, inductor_config.compile_threads,
+         inductor_config.cpp.use_two_step_variance_threshold) = saved
         torch._logging.set_logs()
         quiet.__exit__(None, None, None)
     if len(kernels) != 2:
         raise RuntimeError(f"expected one forward and one backward graph, inductor lowered {len(kernels)}")
-    return {"kernels": sum(kernels), "bytes": metrics.num_bytes_accessed}
+    if sum(graph_bytes) != metrics.num_bytes_accessed:
+        raise RuntimeError(f"graph bytes {graph_bytes} do not sum to num_bytes_accessed {metrics.num_bytes_accessed}")
+    return {"kernels": sum(kernels), "bytes": metrics.num_bytes_accessed, "forward": graph_bytes[0],
+            "backward": graph_bytes[1]}
 
 
 class _Counted(Exception):
@@ -336,8 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pe", nargs="+", default=["ape", "rope2d"], choices=["ape", "rope2d"])
     parser.add_argument("--k", nargs="+", type=int, default=[1, 8, 16])
-    parser.add_argument("--compiled-k", nargs="+", type=int, default=[8],
-                        help="the K whose compiled step is lowered (about a minute each on 2 cores; default 8)")
+    parser.add_argument("--compiled-k", nargs="+", type=int, default=[1, 8, 16],
+                        help="the K whose compiled step is lowered (about two minutes each on 2 idle cores)")
     args = parser.parse_args(argv)
     F.scaled_dot_product_attention = fused_sdpa
     train.soft_targets = _one_hot
@@ -363,6 +394,9 @@ def main(argv: list[str] | None = None) -> dict:
                 rows[(pe, k, name)] = row
                 print(f"{pe:7s} {k:3d}  {name:16s} {row['kernels']:12,d} {row['mb_per_image']:9.1f} "
                       f"{row['gflop_per_image']:11.3f} {row['est_images_per_s']:11,.0f}", flush=True)
+                if "parts_mb_per_image" in row:
+                    print(" " * 30 + "MB/image: " + ", ".join(f"{part} {mb:.2f}"
+                                                             for part, mb in row["parts_mb_per_image"].items()))
     if ("ape", 8, "after (compiled)") in rows:
         got = rows[("ape", 8, "after (compiled)")]["est_images_per_s"]
         print(f"target: compiled K = 8 APE >= {TARGET:,} img/s (estimate): {got:,.0f} "
