@@ -9,13 +9,14 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
 
 * eager: a dispatch census of every op: kernels = ops that compute (views, allocations, metadata
   and host scalars left out); bytes = every op's tensor inputs and outputs (a view or a broadcast
-  counts the memory it can reach, no more); matmul FLOPs = 2 x the multiply-adds of matmuls,
+  counts the memory it can reach, no more; an op that writes in place and returns nothing, as the
+  optimisers' foreach and fused kernels, counts what it writes once more); matmul FLOPs = 2 x the multiply-adds of matmuls,
   convolutions and attention;
 * compiled (`trainables.compiled`: the vmapped forward and its backward, one graph): inductor's own
   count of the bytes its kernels access (`torch._inductor.metrics.num_bytes_accessed`, inductor's
   metrics log on) and its scheduler's kernels, for that graph; the rest of the step as eager. The
-  kernels are inductor's CPU fusion standing in for Triton's (the same scheduler decides both);
-  codegen only, no C++ is compiled and nothing runs;
+  kernels are inductor's CPU fusion standing in for Triton's (the same scheduler, with the CPU
+  backend's fusion rules); lowered and scheduled only: no kernel source written, nothing runs;
 * attention: the GPU's fused kernel, modelled as one op per direction (forward reads q, k, v and
   writes out and the log-sum-exp; backward reads those and dout, writes dq, dk, dv), batched over
   the members as CUDA's batching rule does; the CPU has no such kernel under vmap.
@@ -154,6 +155,18 @@ def matmul_flops(func, args, out) -> int:
     return 0
 
 
+def _written_in_place(func, args, kwargs, out) -> list[torch.Tensor]:
+    """What an op that returns nothing writes: its mutable arguments (the foreach optimiser's `_foreach_*_`
+    and the fused `_fused_adamw_`, which writes its grads only when it unscales them). An in-place op
+    that returns its result (`add_`) is counted through its output."""
+    if any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+        return []
+    bound = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
+    return [t for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+            and not (a.name == "grads" and bound.get("grad_scale") is None)
+            for t in tree_flatten(bound.get(a.name))[0] if isinstance(t, torch.Tensor)]
+
+
 class Census(TorchDispatchMode):
     """Kernels, bytes and matmul FLOPs of the ops dispatched under it (see the module docstring)."""
 
@@ -169,7 +182,7 @@ class Census(TorchDispatchMode):
         if not tensors or all(t.dim() == 0 for t in tensors):  # host scalars (foreach's step counters)
             return out
         self.kernels += 1
-        self.bytes += sum(_reach(t) for t in tensors)
+        self.bytes += sum(_reach(t) for t in tensors + _written_in_place(func, args, kwargs or {}, out))
         self.flops += matmul_flops(func, args, out)
         return out
 
@@ -284,6 +297,8 @@ def _region(pack, cfgs):
     inside the graph)."""
     x = torch.randn(len(cfgs), BATCH, 3, 32, 32)
     if not pack.stacked:
+        for p in pack.params.values():  # as after the step's zero_grad: the backward accumulates nothing
+            p.grad = None
         return (lambda x: pack.forward_module(x).logits), (x[0],)
     params = {n: p.detach().requires_grad_() for n, p in pack._autocast_params(torch.device("cpu")).items()}
     return (lambda params, x: pack.forward_stacked(params, pack.buffers, x, None, False)), (params, x)
@@ -296,7 +311,7 @@ def _region_step(forward, args) -> None:
 
 def inductor_census(forward, args) -> dict:
     """Inductor's kernels and bytes (`GraphLowering.count_bytes`, what `num_bytes_accessed` sums) of
-    the compiled forward and its backward: codegen only.
+    the compiled forward and its backward: lowered and scheduled (fused), no kernel source written.
 
     One counting rule set here: inductor lowers a variance over few elements (LayerNorm's 192) in two
     passes on the CPU (`config.cpp.use_two_step_variance_threshold`, 1024) but as one Welford
@@ -310,14 +325,15 @@ def inductor_census(forward, args) -> dict:
 
     kernels, graph_bytes = [], []
 
-    class Uncompiled:  # what codegen made, never loaded: no C++ compiled, nothing run
+    class Uncompiled:  # scheduled, never generated: no kernel source written, nothing compiled or run
         __file__ = "step_model"
 
         def call(self, *args):
             raise _Counted
 
-    def codegen_only(graph):
-        graph.codegen()
+    def schedule_only(graph):  # what `graph.codegen()` does before it writes the kernels' source
+        graph.init_wrapper_code()
+        graph._update_scheduler()
         kernels.append(len(graph.scheduler.nodes))
         graph_bytes.append(graph.count_bytes()[0])
         return Uncompiled()
@@ -330,7 +346,7 @@ def inductor_census(forward, args) -> dict:
     saved = (GraphLowering.compile_to_module, functorch_config.force_non_lazy_backward_lowering,
              inductor_config.fx_graph_cache, inductor_config.compile_threads,
              inductor_config.cpp.use_two_step_variance_threshold)
-    GraphLowering.compile_to_module = codegen_only
+    GraphLowering.compile_to_module = schedule_only
     functorch_config.force_non_lazy_backward_lowering = True  # the backward is lowered with the forward
     inductor_config.fx_graph_cache = False
     inductor_config.compile_threads = 1  # nothing is compiled: no pool of compile workers to start
