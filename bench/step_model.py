@@ -25,8 +25,9 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
   a scatter: the CPU's one_hot first reads its input's range on the host).
 
 Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, q, k, v split head-major,
-eager only: packs were not compiled). After: fused AdamW, RoPE in the autocast dtype, q, k, v split
-token-major (`vit.split_heads`); eager, and compiled. The H200 estimate
+RoPE's pairs turned by quarters and a cat; eager only: packs were not compiled). After: fused AdamW,
+RoPE in the autocast dtype, q, k, v split token-major (`vit.split_heads`), pairs swapped by a flip
+(`pos_embed.swap_pairs`); eager, and compiled. The H200 estimate
 follows from the fixed assumptions printed at the top:
 
     time per step = max(bytes / bandwidth + FLOPs / matmul rate, kernels x host cost per kernel)
@@ -190,7 +191,7 @@ class Census(TorchDispatchMode):
 @contextlib.contextmanager
 def variant(before: bool) -> Iterator[None]:
     """The code as it was before this issue (foreach AdamW, fp32 RoPE tables, q, k, v split
-    head-major) or as it is."""
+    head-major, RoPE's pairs turned by cutting quarters and a cat) or as it is."""
     if not before:
         yield
         return
@@ -198,9 +199,20 @@ def variant(before: bool) -> Iterator[None]:
     dtype = pos_embed.step_dtype
     heads = vit.split_heads
 
+    tables, rotate = pos_embed.pair_tables, vit.apply_rotation
+
     def head_major(qkv, heads):  # q, k, v unbound after a head-major permute
         B, T, D3 = qkv.shape
         return qkv.reshape(B, T, 3, heads, D3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def unsigned_tables(angles):
+        a, b = angles.chunk(2, dim=-1)
+        full = torch.cat([a, a, b, b], dim=-1)
+        return full.cos(), full.sin()
+
+    def rotate_by_quarters(x, cos, sin):  # x cos + [-x2, x1, -x4, x3] sin, the quarters cut and catted
+        x1, x2, x3, x4 = x.chunk(4, dim=-1)
+        return (x * cos + torch.cat([-x2, x1, -x4, x3], dim=-1) * sin).to(x.dtype)
 
     def foreach(model, cfg):
         optimizer = build(model, cfg)
@@ -209,10 +221,12 @@ def variant(before: bool) -> Iterator[None]:
         return optimizer
 
     train.build_optimizer, pos_embed.step_dtype, vit.split_heads = foreach, (lambda cos, sin: (cos, sin)), head_major
+    pos_embed.pair_tables, vit.apply_rotation = unsigned_tables, rotate_by_quarters
     try:
         yield
     finally:
         train.build_optimizer, pos_embed.step_dtype, vit.split_heads = build, dtype, heads
+        pos_embed.pair_tables, vit.apply_rotation = tables, rotate
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
