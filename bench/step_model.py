@@ -9,13 +9,14 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
 
 * eager: a dispatch census of every op: kernels = ops that compute (views, allocations, metadata
   and host scalars left out); bytes = every op's tensor inputs and outputs (a view or a broadcast
-  counts the memory it can reach, no more); matmul FLOPs = 2 x the multiply-adds of matmuls,
+  counts the memory it can reach, no more; an op that writes in place and returns nothing, as the
+  optimisers' foreach and fused kernels, counts what it writes once more); matmul FLOPs = 2 x the multiply-adds of matmuls,
   convolutions and attention;
 * compiled (`trainables.compiled`: the vmapped forward and its backward, one graph): inductor's own
   count of the bytes its kernels access (`torch._inductor.metrics.num_bytes_accessed`, inductor's
   metrics log on) and its scheduler's kernels, for that graph; the rest of the step as eager. The
-  kernels are inductor's CPU fusion standing in for Triton's (the same scheduler decides both);
-  codegen only, no C++ is compiled and nothing runs;
+  kernels are inductor's CPU fusion standing in for Triton's (the same scheduler, with the CPU
+  backend's fusion rules); lowered and scheduled only: no kernel source written, nothing runs;
 * attention: the GPU's fused kernel, modelled as one op per direction (forward reads q, k, v and
   writes out and the log-sum-exp; backward reads those and dout, writes dq, dk, dv), batched over
   the members as CUDA's batching rule does; the CPU has no such kernel under vmap.
@@ -23,8 +24,10 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
   bf16; LayerNorm, softmax and the loss in fp32); one-hot targets as CUDA makes them (a fill and
   a scatter: the CPU's one_hot first reads its input's range on the host).
 
-Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, eager only: packs were not
-compiled). After: fused AdamW, RoPE in the autocast dtype; eager, and compiled. The H200 estimate
+Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, q, k, v split head-major,
+RoPE's pairs turned by quarters and a cat; eager only: packs were not compiled). After: fused AdamW,
+RoPE in the autocast dtype, q, k, v split token-major (`vit.split_heads`), pairs swapped by a flip
+(`pos_embed.swap_pairs`); eager, and compiled. The H200 estimate
 follows from the fixed assumptions printed at the top:
 
     time per step = max(bytes / bandwidth + FLOPs / matmul rate, kernels x host cost per kernel)
@@ -46,7 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables import images, optim, pos_embed, train
+from trainables import images, optim, pos_embed, train, vit
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
 
@@ -153,6 +156,18 @@ def matmul_flops(func, args, out) -> int:
     return 0
 
 
+def _written_in_place(func, args, kwargs, out) -> list[torch.Tensor]:
+    """What an op that returns nothing writes: its mutable arguments (the foreach optimiser's `_foreach_*_`
+    and the fused `_fused_adamw_`, which writes its grads only when it unscales them). An in-place op
+    that returns its result (`add_`) is counted through its output."""
+    if any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+        return []
+    bound = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
+    return [t for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+            and not (a.name == "grads" and bound.get("grad_scale") is None)
+            for t in tree_flatten(bound.get(a.name))[0] if isinstance(t, torch.Tensor)]
+
+
 class Census(TorchDispatchMode):
     """Kernels, bytes and matmul FLOPs of the ops dispatched under it (see the module docstring)."""
 
@@ -168,19 +183,36 @@ class Census(TorchDispatchMode):
         if not tensors or all(t.dim() == 0 for t in tensors):  # host scalars (foreach's step counters)
             return out
         self.kernels += 1
-        self.bytes += sum(_reach(t) for t in tensors)
+        self.bytes += sum(_reach(t) for t in tensors + _written_in_place(func, args, kwargs or {}, out))
         self.flops += matmul_flops(func, args, out)
         return out
 
 
 @contextlib.contextmanager
 def variant(before: bool) -> Iterator[None]:
-    """The code as it was before this issue (foreach AdamW, fp32 RoPE tables) or as it is."""
+    """The code as it was before this issue (foreach AdamW, fp32 RoPE tables, q, k, v split
+    head-major, RoPE's pairs turned by cutting quarters and a cat) or as it is."""
     if not before:
         yield
         return
     build = optim.build_optimizer
     dtype = pos_embed.step_dtype
+    heads = vit.split_heads
+
+    tables, rotate = pos_embed.pair_tables, vit.apply_rotation
+
+    def head_major(qkv, heads):  # q, k, v unbound after a head-major permute
+        B, T, D3 = qkv.shape
+        return qkv.reshape(B, T, 3, heads, D3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def unsigned_tables(angles):
+        a, b = angles.chunk(2, dim=-1)
+        full = torch.cat([a, a, b, b], dim=-1)
+        return full.cos(), full.sin()
+
+    def rotate_by_quarters(x, cos, sin):  # x cos + [-x2, x1, -x4, x3] sin, the quarters cut and catted
+        x1, x2, x3, x4 = x.chunk(4, dim=-1)
+        return (x * cos + torch.cat([-x2, x1, -x4, x3], dim=-1) * sin).to(x.dtype)
 
     def foreach(model, cfg):
         optimizer = build(model, cfg)
@@ -188,11 +220,13 @@ def variant(before: bool) -> Iterator[None]:
             group["fused"], group["foreach"] = False, True
         return optimizer
 
-    optim.build_optimizer, pos_embed.step_dtype = foreach, (lambda cos, sin: (cos, sin))
+    optim.build_optimizer, pos_embed.step_dtype, vit.split_heads = foreach, (lambda cos, sin: (cos, sin)), head_major
+    pos_embed.pair_tables, vit.apply_rotation = unsigned_tables, rotate_by_quarters
     try:
         yield
     finally:
-        optim.build_optimizer, pos_embed.step_dtype = build, dtype
+        optim.build_optimizer, pos_embed.step_dtype, vit.split_heads = build, dtype, heads
+        pos_embed.pair_tables, vit.apply_rotation = tables, rotate
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -256,46 +290,66 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
             rows = {"eager": {"kernels": counted.kernels, "mb_per_image": counted.bytes / n / 1e6,
                               "gflop_per_image": counted.flops / n / 1e9, "images_per_step": n}}
             if compiled:
+                forward, args = _region(pack, cfgs)
                 region = Census()
-                params, x = _region_inputs(pack, cfgs)
                 with region:
-                    _region_step(pack, params, x, pack.forward_stacked)
-                graph = inductor_census(pack, params, x)
+                    _region_step(forward, args)
+                graph = inductor_census(forward, args)
+                rest = counted.bytes - region.bytes
                 rows["compiled"] = {**rows["eager"], "kernels": counted.kernels - region.kernels + graph["kernels"],
-                                    "mb_per_image": (counted.bytes - region.bytes + graph["bytes"]) / n / 1e6}
+                                    "mb_per_image": (rest + graph["bytes"]) / n / 1e6,
+                                    "parts_mb_per_image": {"forward graph": graph["forward"] / n / 1e6,
+                                                           "backward graph": graph["backward"] / n / 1e6,
+                                                           "rest of the step (eager)": rest / n / 1e6}}
     images.clear_device_constants()
     return rows
 
 
-def _region_inputs(pack, cfgs):
-    """What the compiled graph takes: the (cast) stacked parameters as leaves, and the images."""
+def _region(pack, cfgs):
+    """What the loop compiles, and its inputs: K > 1 the vmapped forward over the (cast) stacked
+    parameters, which enter as leaves; K = 1 the plain module (its parameters and autocast's casts
+    inside the graph)."""
+    x = torch.randn(len(cfgs), BATCH, 3, 32, 32)
+    if not pack.stacked:
+        for p in pack.params.values():  # as after the step's zero_grad: the backward accumulates nothing
+            p.grad = None
+        return (lambda x: pack.forward_module(x).logits), (x[0],)
     params = {n: p.detach().requires_grad_() for n, p in pack._autocast_params(torch.device("cpu")).items()}
-    return params, torch.randn(len(cfgs), BATCH, 3, 32, 32)
+    return (lambda params, x: pack.forward_stacked(params, pack.buffers, x, None, False)), (params, x)
 
 
-def _region_step(pack, params, x, forward) -> None:
-    logits = forward(params, pack.buffers, x, None, False)
+def _region_step(forward, args) -> None:
+    logits = forward(*args)
     logits.backward(torch.ones_like(logits))
 
 
-def inductor_census(pack, params, x) -> dict:
-    """Inductor's kernels and bytes for the vmapped forward and its backward: codegen only."""
+def inductor_census(forward, args) -> dict:
+    """Inductor's kernels and bytes (`GraphLowering.count_bytes`, what `num_bytes_accessed` sums) of
+    the compiled forward and its backward: lowered and scheduled (fused), no kernel source written.
+
+    One counting rule set here: inductor lowers a variance over few elements (LayerNorm's 192) in two
+    passes on the CPU (`config.cpp.use_two_step_variance_threshold`, 1024) but as one Welford
+    reduction for CUDA's fp32 inputs (threshold `unroll_reductions_threshold`, 8), so the CPU's
+    lowering would read every LayerNorm's input three times where CUDA's reads it once; the CUDA
+    choice is taken."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor import metrics
     from torch._inductor.graph import GraphLowering
 
-    kernels = []
+    kernels, graph_bytes = [], []
 
-    class Uncompiled:  # what codegen made, never loaded: no C++ compiled, nothing run
+    class Uncompiled:  # scheduled, never generated: no kernel source written, nothing compiled or run
         __file__ = "step_model"
 
         def call(self, *args):
             raise _Counted
 
-    def codegen_only(graph):
-        graph.codegen()
+    def schedule_only(graph):  # what `graph.codegen()` does before it writes the kernels' source
+        graph.init_wrapper_code()
+        graph._update_scheduler()
         kernels.append(len(graph.scheduler.nodes))
+        graph_bytes.append(graph.count_bytes()[0])
         return Uncompiled()
 
     torch._dynamo.reset()
@@ -304,21 +358,28 @@ def inductor_census(pack, params, x) -> dict:
     quiet.__enter__()
     torch._logging.set_logs(inductor_metrics=True)  # inductor counts its bytes only with its metrics log on
     saved = (GraphLowering.compile_to_module, functorch_config.force_non_lazy_backward_lowering,
-             inductor_config.fx_graph_cache)
-    GraphLowering.compile_to_module = codegen_only
+             inductor_config.fx_graph_cache, inductor_config.compile_threads,
+             inductor_config.cpp.use_two_step_variance_threshold)
+    GraphLowering.compile_to_module = schedule_only
     functorch_config.force_non_lazy_backward_lowering = True  # the backward is lowered with the forward
     inductor_config.fx_graph_cache = False
+    inductor_config.compile_threads = 1  # nothing is compiled: no pool of compile workers to start
+    inductor_config.cpp.use_two_step_variance_threshold = 0  # CUDA's Welford (see the docstring)
     try:
         with contextlib.suppress(_Counted):
-            _region_step(pack, params, x, torch.compile(pack.forward_stacked, backend="inductor"))
+            _region_step(torch.compile(forward, backend="inductor"), args)
     finally:
         (GraphLowering.compile_to_module, functorch_config.force_non_lazy_backward_lowering,
-         inductor_config.fx_graph_cache) = saved
+         inductor_config.fx_graph_cache, inductor_config.compile_threads,
+         inductor_config.cpp.use_two_step_variance_threshold) = saved
         torch._logging.set_logs()
         quiet.__exit__(None, None, None)
     if len(kernels) != 2:
         raise RuntimeError(f"expected one forward and one backward graph, inductor lowered {len(kernels)}")
-    return {"kernels": sum(kernels), "bytes": metrics.num_bytes_accessed}
+    if sum(graph_bytes) != metrics.num_bytes_accessed:
+        raise RuntimeError(f"graph bytes {graph_bytes} do not sum to num_bytes_accessed {metrics.num_bytes_accessed}")
+    return {"kernels": sum(kernels), "bytes": metrics.num_bytes_accessed, "forward": graph_bytes[0],
+            "backward": graph_bytes[1]}
 
 
 class _Counted(Exception):
@@ -336,8 +397,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pe", nargs="+", default=["ape", "rope2d"], choices=["ape", "rope2d"])
     parser.add_argument("--k", nargs="+", type=int, default=[1, 8, 16])
-    parser.add_argument("--compiled-k", nargs="+", type=int, default=[8],
-                        help="the K whose compiled step is lowered (about a minute each on 2 cores; default 8)")
+    parser.add_argument("--compiled-k", nargs="+", type=int, default=[1, 8, 16],
+                        help="the K whose compiled step is lowered (about two minutes each on 2 idle cores)")
     args = parser.parse_args(argv)
     F.scaled_dot_product_attention = fused_sdpa
     train.soft_targets = _one_hot
@@ -363,6 +424,9 @@ def main(argv: list[str] | None = None) -> dict:
                 rows[(pe, k, name)] = row
                 print(f"{pe:7s} {k:3d}  {name:16s} {row['kernels']:12,d} {row['mb_per_image']:9.1f} "
                       f"{row['gflop_per_image']:11.3f} {row['est_images_per_s']:11,.0f}", flush=True)
+                if "parts_mb_per_image" in row:
+                    print(" " * 30 + "MB/image: " + ", ".join(f"{part} {mb:.2f}"
+                                                             for part, mb in row["parts_mb_per_image"].items()))
     if ("ape", 8, "after (compiled)") in rows:
         got = rows[("ape", 8, "after (compiled)")]["est_images_per_s"]
         print(f"target: compiled K = 8 APE >= {TARGET:,} img/s (estimate): {got:,.0f} "

@@ -5,13 +5,14 @@
 
 Trials pack together when their pack keys are equal (`trainables.pack_keys.pack_key`: every run-config
 field but seed, the protocol switches, cutmix_prob and RPT) and they resume from the same epoch (the
-epoch each one's stored checkpoint holds, `resume_epochs`). Packs
+epoch each one's stored checkpoint holds, `resume_epochs`); `compile` is in the key, so compiled
+trials pack with compiled trials only (the loop compiles a pack's vmapped forward and its backward,
+`trainables/compiled.py`, falling back to eager if the first step fails). Packs
 fill greedily in the study's trial order, so `study_l --seeds 5 --pack 8` is CIFAR-10 8 + 2,
 Tiny-ImageNet 8 + 2 and CIFAR-100 5 x 8. Some trials always train alone (K = 1):
 
   * dropout or drop path (`study_p`, `vit_s` presets): per-member random draws under vmap;
   * DDP trials (`--workers-per-trial` > 1): their batch is split across processes instead;
-  * `compile=True` trials: the vmapped forward of a pack is not compiled, the plain module is;
   * a study that declares why its trials train alone (its `UNPACKED` hook, `sweeps/study.py`):
     the hparam study, whose searcher proposes and ASHA stops trials one at a time.
 
@@ -65,8 +66,6 @@ def solo_reason(cfg: RunConfig, *, workers_per_trial: int = 1) -> str | None:
         return reason
     if workers_per_trial > 1:
         return f"--workers-per-trial {workers_per_trial} trains each trial with DDP"
-    if cfg.compile:
-        return "compile=True compiles the plain module; a pack's vmapped forward is not compiled"
     return pack_blocker(cfg)
 
 

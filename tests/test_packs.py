@@ -65,6 +65,16 @@ def test_trials_resuming_from_different_epochs_never_share_a_pack():
     assert {configs[0].trial_id, configs[1].trial_id} in [set(p.trial_ids) for p in resumed]
 
 
+def test_compiled_trials_pack_with_compiled_trials_only():
+    """A pack's vmapped forward compiles (trainables/compiled.py): compile=True trials pack; `compile`
+    is in the pack key, so they never share a pack with eager trials."""
+    configs = options.build_trials(_args("study_l", "--seeds", "5", "--datasets", "cifar10"))
+    compiled = [c.with_overrides({"compile": True}) for c in configs[:6]]
+    found = form_packs(compiled + configs[6:], 8)
+    assert sorted(len(p.members) for p in found) == [4, 6]
+    assert all(len({c.compile for c in p.members}) == 1 for p in found)
+
+
 def test_a_single_trial_pack_keeps_its_trial_id_and_bad_sizes_fail():
     found = packs("demo")
     assert [p.pack_id for p in found] == [p.members[0].trial_id for p in found]

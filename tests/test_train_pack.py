@@ -192,7 +192,7 @@ def test_compile_wraps_the_ddp_module_and_compiles_a_packs_vmapped_forward(monke
     """Compiling the bare module after wrapping it in DDP replaced the DDP wrap: no gradient
     all-reduce, each rank trained on its own. A pack compiles its vmapped forward (no CUDA graphs:
     its inputs are the stacked leaves); the compile is CUDA-only and can be taken down again."""
-    from trainables.compiled import wrap_forward
+    from trainables.fast_paths import wrap_forward
     from trainables.packed import PackedViT
 
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids=None: ("ddp", m))

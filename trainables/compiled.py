@@ -1,16 +1,17 @@
-"""The forward of a pack wrapped for DDP and/or `torch.compile`: the one place the loop wraps it.
+"""A pack's forward under `torch.compile` (`trainables.fast_paths.wrap_forward` decides when).
 
-K = 1: DDP (``world`` > 1), then ``torch.compile`` over the DDP module, in that order, so DDP's
-gradient all-reduce hooks stay in the step (compiling the bare module under DDP would train each rank
-on its own); on CUDA with CUDA graphs (mode "reduce-overhead": the whole forward's kernels replayed;
-batch shapes are fixed, partial batches dropped), each call marked as a new step first.
+K = 1: ``torch.compile`` over the module as the loop wrapped it (after DDP, so DDP's gradient
+all-reduce hooks stay in the step: compiling the bare module under DDP would train each rank on its
+own); on CUDA with CUDA graphs (mode "reduce-overhead": the whole forward's kernels replayed; batch
+shapes are fixed, partial batches dropped), each call marked as a new step first.
 
 K > 1: the vmapped forward (`PackedViT.forward_stacked`) compiled as one graph (Dynamo captures
 ``vmap(functional_call(...))`` without breaks), forward and backward, in the default mode: its inputs
 are the stacked leaves, which CUDA graphs would copy into static buffers at every replay.
 
 Compiling is opt-in (``compile=True``) until a GPU has measured it, and CUDA only in training (on the
-CPU it measured slower). The compiler stack is imported only here, so an eager run never loads it.
+CPU it measured slower). Only a compiled run imports this module, so an eager run never loads the
+compiler (`torch.compile` and CUDA graphs' step marks import it on first use).
 A compile that fails on the first step falls back to the eager forward with one logged line
 (`pack.fast_paths`).
 """
@@ -19,17 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from trainables.config import RunConfig
 from trainables.packed import PackedViT
-
-
-def wrap_forward(pack: PackedViT, cfg: RunConfig, device: torch.device, world: int) -> None:
-    """DDP for several workers, then torch.compile when ``cfg.compile`` and the device is CUDA."""
-    if world > 1:
-        pack.wrap(lambda module: torch.nn.parallel.DistributedDataParallel(
-            module, device_ids=[device.index] if device.type == "cuda" else None))
-    if cfg.compile and device.type == "cuda":
-        compile_forward(pack, mode=None if pack.stacked else "reduce-overhead")
 
 
 def compile_forward(pack: PackedViT, *, mode: str | None = None, backend: str = "inductor") -> None:

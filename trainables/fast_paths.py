@@ -7,14 +7,20 @@ the first step fails with a fast path still unproven, the latest one added is ta
 logged line and the step runs again, until it succeeds or none is left (then the error is raised).
 Once a step succeeds every fast path is proven and `run` is a plain call. Running out of memory is
 never a fast path's fault: it goes on to `train_pack_fitting`, which retries in halves.
+
+`wrap_forward` puts them in place: the one place the loop wraps a pack's forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from trainables.config import RunConfig
+    from trainables.packed import PackedViT
 
 _T = TypeVar("_T")
 
@@ -56,3 +62,15 @@ class FastPaths:
             self.unproven = []
             return out
         return step()
+
+
+def wrap_forward(pack: PackedViT, cfg: RunConfig, device: torch.device, world: int) -> None:
+    """The one place the loop wraps a pack's forward: DDP for several workers, then the compiled
+    forward (`trainables.compiled`, imported only then) when ``cfg.compile`` and the device is CUDA."""
+    if world > 1:
+        pack.wrap(lambda module: torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None))
+    if cfg.compile and device.type == "cuda":
+        from trainables.compiled import compile_forward
+
+        compile_forward(pack, mode=None if pack.stacked else "reduce-overhead")

@@ -41,7 +41,7 @@ from trainables.vit_config import ViTConfig
 # (Study P's 10000, Heo et al.'s axial 100) only concerns the fixed axial `rope2d`.
 MIXED_ROPE_INIT_BASE = 10.0
 
-Rotation = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (T, hd) or (H, T, hd)
+Rotation = tuple[torch.Tensor, torch.Tensor]  # (cos, signed sin: `pair_tables`), each (T, hd) or (H, T, hd)
 
 
 def grid_coordinates(grid: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,23 +70,25 @@ def sincos2d_table(grid: int, dim: int, temperature: float = 10000.0) -> torch.T
     return torch.cat([patches.new_zeros(1, dim), patches]).float()[None]  # (1, T, D)
 
 
-def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """The 90-degree turn of every channel pair: x = [x1, x2, x3, x4] (quarters of hd) -> [-x2, x1, -x4, x3].
+def swap_pairs(x: torch.Tensor) -> torch.Tensor:
+    """The two members of every channel pair swapped: x = [x1, x2, x3, x4] (quarters of hd) -> [x2, x1, x4, x3].
 
-    Channel j of quarter 1 pairs with channel j of quarter 2 (and 3 with 4), Study P's RoPE layout.
+    Channel j of quarter 1 pairs with channel j of quarter 2 (and 3 with 4), Study P's RoPE layout. A flip
+    of each half's two quarters, not chunks and a cat: under torch.compile an index that fuses into the
+    rotation, where a cat of quarters is written out (and its backward too).
     """
-    x1, x2, x3, x4 = x.chunk(4, dim=-1)
-    return torch.cat([-x2, x1, -x4, x3], dim=-1)
+    return x.unflatten(-1, (2, 2, -1)).flip(-2).flatten(-3)
 
 
 def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each channel pair (a, b) of q or k by its angle phi: (a cos phi - b sin phi, b cos phi + a sin phi).
 
-    x: (B, H, T, hd); cos, sin: (T, hd) or (H, T, hd), the angle repeated on both members of its pair.
+    x: (B, H, T, hd); cos, sin: (T, hd) or (H, T, hd) from `pair_tables`, the angle repeated on both
+    members of its pair, sin signed for `swap_pairs` ([-sin, sin] on each pair).
     Tables come in the step's dtype (`step_dtype`); the result is cast back so q/k keep their dtype
     whatever the tables' (as timm's `apply_rot_embed`).
     """
-    return (x * cos + rotate_pairs(x) * sin).to(x.dtype)
+    return (x * cos + swap_pairs(x) * sin).to(x.dtype)
 
 
 def step_dtype(cos: torch.Tensor, sin: torch.Tensor) -> Rotation:
@@ -101,13 +103,16 @@ def step_dtype(cos: torch.Tensor, sin: torch.Tensor) -> Rotation:
 
 
 def pair_tables(angles: torch.Tensor) -> Rotation:
-    """Per-pair angles (..., T, hd/2) = [a (hd/4), b (hd/4)] -> (cos, sin) (..., T, hd) in `rotate_pairs` layout.
+    """Per-pair angles (..., T, hd/2) = [a (hd/4), b (hd/4)] -> (cos, sin) (..., T, hd) for `apply_rotation`:
+    cos = [cos a, cos a, cos b, cos b], sin = [-sin a, sin a, -sin b, sin b] (the sign of the pair's first
+    member, so the rotation is x cos + swap_pairs(x) sin).
 
     Pair j of the first half (channels j, Q+j) turns by a_j; pair j of the second half (2Q+j, 3Q+j) by b_j.
     """
     a, b = angles.chunk(2, dim=-1)
     full = torch.cat([a, a, b, b], dim=-1)
-    return full.cos(), full.sin()
+    s1, s2, s3, s4 = full.sin().chunk(4, dim=-1)
+    return full.cos(), torch.cat([-s1, s2, -s3, s4], dim=-1)
 
 
 class PositionalEncoding(nn.Module):

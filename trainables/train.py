@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from records.vocab import did_not_learn
 from trainables import checkpoints
 from trainables.augment import augmentation
-from trainables.compiled import wrap_forward
+from trainables.fast_paths import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
 from trainables.images import normalize, to_device
