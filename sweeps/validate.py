@@ -78,7 +78,7 @@ FIELDS: dict[str, Field] = {
     "warmup_epochs": _ge(0, int), "schedule": Field(str, choices=SCHEDULES), "seed": _ge(0, int),
     "eval_split": Field(str, choices=EVAL_SPLITS), "holdout_fraction": Field(float, 0, True, 1, False),
     "crop_padding": _ge(0, int),
-    "max_train_images": _ge(0, int), "checkpoint_every": _POSITIVE_INT, "checkpoint_interval_s": _ge(0),
+    "max_train_images": _ge(0, int), "epoch_eval_images": _ge(0, int), "checkpoint_every": _POSITIVE_INT, "checkpoint_interval_s": _ge(0),
     "device": Field(str, choices=DEVICES), "amp": Field(bool), "num_workers": _ge(-1, int), "compile": Field(bool),
     "protocol": Field(str, choices=vocab.PROTOCOLS),
     "img_size": _POSITIVE_INT, "patch_size": _POSITIVE_INT, "in_chans": _POSITIVE_INT, "num_classes": _POSITIVE_INT,

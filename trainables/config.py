@@ -99,6 +99,9 @@ class RunConfig:
     # size (RandomCrop(img_size, padding=4)), which Study L's files set.
     crop_padding: int = 0
     max_train_images: int = 0  # 0 = the whole train split; a cap for demos and tests
+    # Images of a fixed class-stratified subset of the evaluation split scored after each epoch but the
+    # last, which scores the whole split (0: the whole split every epoch); the epochs table's eval_images.
+    epoch_eval_images: int = 0
     checkpoint_every: int = 1  # epochs between resumable checkpoints
     # ... and at least this many seconds between them (0: every checkpoint_every epochs). At GPU speed
     # an epoch takes seconds, and K checkpoints per epoch would cost more than the epoch itself.
@@ -140,6 +143,8 @@ class RunConfig:
             raise ValueError(f"cutmix_prob must lie in [0, 1], got {self.cutmix_prob}")
         if self.num_workers < -1:
             raise ValueError(f"num_workers must be >= 0, or -1 for the CPUs the trial holds; got {self.num_workers}")
+        if self.epoch_eval_images < 0:
+            raise ValueError(f"epoch_eval_images must be >= 0 (0: the whole split every epoch), got {self.epoch_eval_images}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if not self.checkpoint_interval_s >= 0:

@@ -11,7 +11,8 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   fresh patch permutation through the model's ``perm``), cross-entropy with
   optional label smoothing; bf16 autocast on CUDA, no host sync per step, fused
   AdamW, and ``torch.compile`` when ``compile`` is set (CUDA; ``trainables.compiled``);
-* per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
+* per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split`` (a fixed subset of
+  ``epoch_eval_images`` but after the last epoch: ``inputs.EpochEval``),
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
 * a resumable checkpoint (model, optimiser, scheduler, epoch, RNG states,
@@ -63,7 +64,7 @@ from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
 from trainables.fast_paths import is_out_of_memory
 from trainables.images import to_device
-from trainables.inputs import EvalSource, TrainSource, pack_epoch
+from trainables.inputs import EpochEval, TrainSource, pack_epoch
 from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, normalize, soft_targets
 
@@ -278,8 +279,8 @@ def train_pack(
     base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
                        device=device, num_workers=cfg.num_workers)
     sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
-    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
-                             num_workers=cfg.num_workers)
+    evals_at = EpochEval(data.test if cfg.eval_split == "test" else data.holdout, cfg.epoch_eval_images, data.img_size,
+                         device=device, num_workers=cfg.num_workers)
     batch_size = max(1, cfg.batch_size // world)
     inputs = input_record(data, train_split, cfg, device)  # the data set and device, for each member's run
 
@@ -353,6 +354,7 @@ def train_pack(
             keep = pack.drop(optimizer, diverged)
             loss_sums, corrects = [loss_sums[k] for k in keep], [corrects[k] for k in keep]
             members = [members[k] for k in keep]
+        eval_source = evals_at.source(epoch, cfg.epochs)
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
         evals = evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
         reports = []
@@ -369,6 +371,7 @@ def train_pack(
                 "train_acc": corrects[k] / max(count, 1),
                 "eval_loss": evals[k][0],
                 "eval_acc": evals[k][1],
+                "eval_images": len(eval_source.split),
                 "lr": scheduler.get_last_lr()[0],
                 "images_per_s": count / max(train_time, 1e-9),  # per member: a pack of K trains K x this
                 "wall_time_s": time.perf_counter() - t_run,
