@@ -25,7 +25,7 @@ Sizing, for 8 minutes of an H200 (``BUDGET_S``): ``START_S`` for the interpreter
 reads of the archive, ``MEASURE_S`` for the snapshots, the rest for training. bench/step_model.py
 estimates the packed study_l APE step at K = 4 (eager, bf16, batch 128 per member) at 62,161
 images/s for the pack (``STEP_MODEL_IMAGES_PER_S``): an epoch of the four members (200,000 images)
-in 3.2 s, so its estimate affords Lee's full 100 epochs in the ~330 s of training. The step model
+in 3.2 s, so its estimate affords Lee's full 100 epochs in the 360 s of training. The step model
 prices the step alone, not the augmentation (AutoAugment runs on the device), the input chunks or
 the Python between kernels, so the script first trains 100 steps of the pack (``CALIBRATION_IMAGES``
 per member) and trains the smaller of 100 and what that measured rate affords
@@ -66,10 +66,10 @@ STEP_MODEL_IMAGES_PER_S = 62_161  # bench/step_model.py --k 4 --pe ape: "after (
 MAX_EPOCHS = 100  # Lee et al.'s
 CALIBRATION_IMAGES = 12_800  # per member: 100 steps of batch 128
 EPOCH_EVAL_IMAGES = 1_000
-# --tiny: the same code at a size a CPU runs in seconds (procedural shapes, the tiny preset).
-TINY = {"dataset": "shapes", "preset": "tiny", "epochs": 2, "max_train_images": 128, "batch_size": 32,
-        "epoch_eval_images": 40, "device": "cpu", "num_workers": 0}
-TINY_CALIBRATION_IMAGES, TINY_MEASURE_IMAGES = 64, 48
+# --tiny: the same code at a size a CPU runs in seconds: a small folder of random images it writes
+# itself (10 classes, TINY_IMAGES per class and split) and the tiny preset.
+TINY = {"preset": "tiny", "epochs": 2, "batch_size": 16, "epoch_eval_images": 20, "device": "cpu", "num_workers": 0}
+TINY_IMAGES, TINY_CALIBRATION_IMAGES = 8, 32
 
 
 def affordable_epochs(train_s: float, images_per_s: float, train_images: int, members: int) -> int:
@@ -79,15 +79,29 @@ def affordable_epochs(train_s: float, images_per_s: float, train_images: int, me
 
 
 def configs(*, data_root: str, epochs: int, tiny: bool, device: str, **extra) -> list[RunConfig]:
-    base = dict(TINY) if tiny else {"dataset": "folder", "preset": "study_l", "epoch_eval_images": EPOCH_EVAL_IMAGES,
-                                    "device": device}
-    dataset, preset = base.pop("dataset"), base.pop("preset")
+    base = dict(TINY) if tiny else {"preset": "study_l", "epoch_eval_images": EPOCH_EVAL_IMAGES, "device": device}
+    preset = base.pop("preset")
     base.update(epochs=epochs, **extra)
-    return [RunConfig.for_dataset(dataset, preset=preset, **{
+    return [RunConfig.for_dataset("folder", preset=preset, **{
         **LEE_RECIPE, **base, "study": STUDY, "data_root": data_root, "pe": "ape", "protocol": protocol, "seed": 0,
-        "warmup_epochs": max(1, base["epochs"] // 10) if base["epochs"] > 1 else 0,
-        "checkpoint_every": base["epochs"]})  # one resumable checkpoint, at the end: nothing here resumes
+        "warmup_epochs": max(1, epochs // 10) if epochs > 1 else 0,
+        "checkpoint_every": epochs})  # one resumable checkpoint, at the end: nothing here resumes
         for protocol in PROTOCOLS]
+
+
+def tiny_folder(root: Path) -> str:
+    """A train/<class>/ + test/<class>/ folder of random 32 px PNGs, as cifar10-jpeg lays them out."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in range(10):
+            (root / split / f"class{c}").mkdir(parents=True, exist_ok=True)
+            for i in range(TINY_IMAGES):
+                pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.png")
+    return str(root)
 
 
 def calibrate(args: argparse.Namespace) -> float:
@@ -108,14 +122,15 @@ def choose_epochs(args: argparse.Namespace, train_images: int) -> int:
     if args.epochs:
         print(f"epochs: {args.epochs} (--epochs)")
         return args.epochs
-    if args.tiny:
-        return TINY["epochs"]
     train_s = BUDGET_S - START_S - MEASURE_S
     estimated = affordable_epochs(train_s, STEP_MODEL_IMAGES_PER_S, train_images, len(PROTOCOLS))
     t0 = time.perf_counter()
     rate = calibrate(args)
     train_s -= time.perf_counter() - t0
     measured = affordable_epochs(train_s, rate, train_images, len(PROTOCOLS))
+    if args.tiny:  # the sizing ran; the epochs stay tiny
+        print(f"epochs: {TINY['epochs']} (--tiny; the budget would afford {min(estimated, measured)})")
+        return TINY["epochs"]
     print(f"epochs: {min(estimated, measured)} = min(step model {estimated} at {STEP_MODEL_IMAGES_PER_S:,} img/s, "
           f"measured {measured} at {rate:,.0f} img/s for the pack) in {train_s:.0f} s of training", flush=True)
     return min(estimated, measured)
@@ -127,7 +142,7 @@ def now() -> datetime.datetime:
 
 def run(args: argparse.Namespace) -> list[dict]:
     out, version, started = str(Path(args.out).resolve()), args.code_version or code_version(), now()
-    train_images = TINY["max_train_images"] if args.tiny else 50_000
+    train_images = 10 * TINY_IMAGES if args.tiny else 50_000
     epochs = choose_epochs(args, train_images)
     cfgs = configs(data_root=args.data_root, epochs=epochs, tiny=args.tiny, device=args.device)
     workdirs = [Path(out) / "storage" / STUDY / c.trial_id for c in cfgs]
@@ -153,13 +168,13 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def measure(out: str, cfgs: list[RunConfig], workdirs: list[Path], args: argparse.Namespace) -> list[dict]:
-    """Every snapshot of every member on the whole test split (``--tiny``: a few images): the
-    attention passes only. One status dict per snapshot."""
+    """Every snapshot of every member on the whole test split: the attention passes only. One status
+    dict per snapshot."""
     import torch
 
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_root, seed=0)
-    images, labels = evaluation_subset(data.test, TINY_MEASURE_IMAGES if args.tiny else None, seed=0)
+    images, labels = evaluation_subset(data.test, seed=0)
     statuses, t0 = [], time.perf_counter()
     for cfg, workdir in zip(cfgs, workdirs):
         for path in checkpoints.local_snapshots(workdir):
@@ -173,12 +188,21 @@ def measure(out: str, cfgs: list[RunConfig], workdirs: list[Path], args: argpars
     return statuses
 
 
+def run_tiny(args: argparse.Namespace) -> list[dict]:
+    scratch = Path(tempfile.mkdtemp(prefix="gpu_study_l_tiny-"))
+    try:
+        args.data_root = tiny_folder(scratch)
+        return run(args)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the results folder: tables under OUT/study_l_gpu/")
     parser.add_argument("--data-root", default="data/cifar10-jpeg",
                         help="cifar10-jpeg unpacked: a folder of train/<class>/ and test/<class>/ (not with --tiny)")
-    parser.add_argument("--tiny", action="store_true", help="CPU, procedural shapes, tiny model: seconds")
+    parser.add_argument("--tiny", action="store_true", help="CPU, a tiny folder of random images it writes, the tiny model: seconds")
     parser.add_argument("--epochs", type=int, default=0, help="epochs (default: what the budget affords)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--code-version", help="the git commit the copy was made from (default: this checkout's)")
@@ -188,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.tiny and not (Path(args.data_root) / "train").is_dir():
         parser.error(f"--data-root {args.data_root!r} has no train/ folder: unpack cifar10-jpeg.tar.gz and name "
                      "its cifar10-jpeg/ folder")
-    return run(args)
+    return run_tiny(args) if args.tiny else run(args)
 
 
 if __name__ == "__main__":
