@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", required=True, help="the results folder: tables under OUT/study_l_gpu/")
     parser.add_argument("--data-root", default="data/cifar10-jpeg",
                         help="cifar10-jpeg unpacked: a folder of train/<class>/ and test/<class>/ (not with --tiny)")
-    parser.add_argument("--tiny", action="store_true", help="CPU, a tiny folder of random images it writes, the tiny model: seconds")
+    parser.add_argument("--tiny", action="store_true", 
+                        help="CPU, a tiny folder of random images it writes, the tiny model: seconds")
     parser.add_argument("--epochs", type=int, default=0, help="epochs (default: what the budget affords)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--code-version", help="the git commit the copy was made from (default: this checkout's)")

@@ -119,7 +119,8 @@ def accuracy_section(data: StudyData) -> str:
     rows = []
     for protocol, g in t.groupby("protocol"):
         s = summarise(g.assign(value=g["test_acc"]), ["protocol"]).iloc[0]
-        rows.append({"protocol": protocol_label(protocol), "n": int(s["n"]), "test accuracy (whole test split)": cell(s)})
+        rows.append({"protocol": protocol_label(protocol), "n": int(s["n"]),
+                     "test accuracy (whole test split)": cell(s)})
     return markdown(pd.DataFrame(rows))
 
 
@@ -136,8 +137,11 @@ def run_section(data: StudyData) -> list[str]:
                      f"{raw['wall_time_s'].max() / 60:.1f} min of training loop.")
     if "eval_images" in e and e["eval_images"].notna().any():
         last = e["epoch"] == e.groupby("trial_id")["epoch"].transform("max")
-        lines.append(f"- Scored each epoch on {', '.join(map(str, sorted(e.loc[~last, 'eval_images'].dropna().astype(int).unique()))) or '—'} "
-                     f"test images, after the last on {', '.join(map(str, sorted(e.loc[last, 'eval_images'].dropna().astype(int).unique())))}.")
+
+        def sizes(rows) -> str:
+            return ", ".join(map(str, sorted(rows["eval_images"].dropna().astype(int).unique()))) or "—"
+
+        lines.append(f"- Scored each epoch on {sizes(e[~last])} test images, after the last on {sizes(e[last])}.")
     if not m.empty:
         lines.append(f"- Measured: {m.groupby(['trial_id', 'checkpoint_epoch']).ngroups} checkpoints (epochs "
                      f"{', '.join(map(str, sorted({int(x) for x in m['checkpoint_epoch']})))}) on "

@@ -32,6 +32,7 @@ process, 100 steps of batch 128 on the whole training split)::
 
     what                                          load   measured
     direct, 1 trial, 1 thread                     2-5    500 training images/s; 10,000 test images scored in ~6 s
+    direct, 1 trial, AutoAugment, 1 thread        6      250 training images/s (50 steps)
     direct, pack of 2, 2 threads                  5-6    41 images/s per member (the cores held by other work)
     issue #35, pack of 2 on 2 cores (idle)        -      500-600 images/s
     old pilot, analysis, 1 actor, 250 images      11-17  12-20 s per checkpoint (dim 96)

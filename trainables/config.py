@@ -144,7 +144,7 @@ class RunConfig:
         if self.num_workers < -1:
             raise ValueError(f"num_workers must be >= 0, or -1 for the CPUs the trial holds; got {self.num_workers}")
         if self.epoch_eval_images < 0:
-            raise ValueError(f"epoch_eval_images must be >= 0 (0: the whole split every epoch), got {self.epoch_eval_images}")
+            raise ValueError(f"epoch_eval_images must be >= 0 (0: the whole split), got {self.epoch_eval_images}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if not self.checkpoint_interval_s >= 0:
