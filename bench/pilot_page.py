@@ -35,7 +35,8 @@ from analysis.study_data import StudyData  # noqa: E402
 from records.provenance import code_version  # noqa: E402
 
 STUDY = "pilot"
-SECTIONS = ("L", "T")  # Study L's figures and the training-time ones; Study P left the pilot
+SECTIONS = ("L", "T")
+LEFT_UNIFORM = 0.02  # issue #35: attention has left uniform when the baseline's minimum MAD is this far below  # Study L's figures and the training-time ones; Study P left the pilot
 STUDY_P_NEEDS = (
     "Study P's claims are **untestable at this scale**, and its five models (no PE, APE, sinusoidal, "
     "2-D RoPE, APE + RPT) are not in this pilot. Each of its claims needs a trained APE that has learned "
@@ -111,7 +112,15 @@ def emergence_section(data: StudyData) -> str:
         by = {int(e): r for e, r in zip(g["checkpoint_epoch"], g.to_dict("records"))}
         rows.append({"protocol": protocol_label(protocol), "n": int(g["n"].max()),
                      **{f"epoch {e}": cell(by[e]) if e in by else "—" for e in epochs}})
-    return markdown(pd.DataFrame(rows))
+    table = markdown(pd.DataFrame(rows))
+    base = s[(s["protocol"] == "baseline") & (s["checkpoint_epoch"] == max(epochs))]
+    if base.empty:
+        return table
+    grid = int(data.trials["img_size"].iloc[0] // data.trials["patch_size"].iloc[0])
+    below = uniform_mad(grid) - float(base["mean"].iloc[0])
+    return (f"{table}\n\nThe baseline's minimum MAD at the last snapshot (epoch {max(epochs)}) lies {below:.3f} below "
+            f"uniform attention ({'at least' if below >= LEFT_UNIFORM else 'less than'} the {LEFT_UNIFORM} this pilot "
+            "was sized to reach).")
 
 
 def accuracy_section(data: StudyData) -> str:

@@ -81,6 +81,7 @@ def test_page_has_the_emergence_table_over_every_snapshot_epoch(page):
     header = next(line for line in section.splitlines() if line.startswith("| protocol"))
     assert header == "| protocol | n | " + " | ".join(f"epoch {e}" for e in SNAPSHOTS) + " |"
     assert "uniform attention 0.418" in section
+    assert "(epoch 5) lies 0.062 below uniform attention (at least the 0.02" in section
     body = [line for line in section.splitlines()
             if line.startswith("| ") and not line.startswith(("| protocol", "| ---"))]
     assert len(body) == 2  # baseline and CutMix
