@@ -23,8 +23,9 @@ all measured on one number of images, so an ``eval_size`` that gives another tha
 already measured is refused unless ``force`` measures them all again.
 
 Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every
-CPU starves Ray Data's other tasks and hangs forever, so the pool is sized
-from the cluster's resources with one CPU left free, and at least one actor.
+CPU starves Ray Data's other tasks and hangs forever, so the actors' CPU
+shares leave one CPU of the cluster's resources unreserved; on CPUs there
+is still one single-threaded actor per core (``pool_size``).
 """
 
 from __future__ import annotations
@@ -179,18 +180,19 @@ def _fetch(path: str) -> str:
     return local
 
 
-def pool_size(max_actors: int | None, gpus_per_actor: float) -> tuple[int, float, float]:
-    """(actors, cpus per actor, gpus per actor) that fit the cluster with a CPU to spare."""
-    import ray
+def pool_size(cpus: float, gpus: float, max_actors: int | None, gpus_per_actor: float) -> tuple[int, float, float]:
+    """(actors, cpus per actor, gpus per actor) for a cluster of ``cpus`` and ``gpus``, with a CPU to spare.
 
-    total = ray.cluster_resources()
-    cpus, gpus = total.get("CPU", 1.0), total.get("GPU", 0.0)
+    CPU actors: one per core, one thread each, their CPU shares adding up to one CPU less than the
+    cluster's. A Ray CPU is a reservation, not a core: the one left unreserved keeps Ray Data's own
+    tasks running (see the module docstring), and an actor's thread still uses the core, so 2 cores
+    measure two checkpoints at once instead of one."""
     if gpus >= 1 and gpus_per_actor > 0:
         fit = max(1, math.floor(gpus / gpus_per_actor))
         cpu_each = max(0.5, min(2.0, (cpus - 1) / fit))
         return (min(fit, max_actors or fit), cpu_each, gpus_per_actor)
-    fit = max(1, math.floor(cpus) - 1)
-    return (min(fit, max_actors or fit), 1.0 if cpus >= 2 else 0.5, 0.0)
+    actors = min(max(1, math.floor(cpus)), max_actors or math.inf)
+    return (actors, max(0.5, cpus - 1) / actors, 0.0)
 
 
 def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
@@ -216,7 +218,8 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
     ray.data.DataContext.get_current().enable_progress_bars = verbose
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.ERROR)
-    actors, cpu_each, gpu_each = pool_size(max_actors, gpus_per_actor)
+    total = ray.cluster_resources()
+    actors, cpu_each, gpu_each = pool_size(total.get("CPU", 1.0), total.get("GPU", 0.0), max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
         Measurer,
         fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,

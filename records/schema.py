@@ -92,6 +92,7 @@ EPOCHS = pa.schema(
         ("train_acc", pa.float64()),
         ("eval_loss", pa.float64()),
         ("eval_acc", pa.float64()),
+        ("eval_images", pa.int64()),  # images eval_loss/eval_acc were scored on (trainables.inputs.EpochEval)
         ("lr", pa.float64()),
         ("images_per_s", pa.float64()),
         ("wall_time_s", pa.float64()),

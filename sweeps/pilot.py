@@ -1,76 +1,71 @@
-"""Pilot: both studies at laptop scale on a real folder data set (CIFAR-10 as JPEG folders).
+"""Pilot II: Study L's headline, baseline vs CutMix, on all of CIFAR-10 at CPU scale.
 
-    vitsweep sweep pilot --data-root DIR --stage all    # 8 conditions x 3 seeds = 24 trials
+    vitsweep sweep pilot --data-root DIR --stage all    # 2 conditions x 5 seeds = 10 trials, ~1 h on 2 idle cores
     vitsweep sweep pilot --data-root DIR --dry-run      # the trial table, nothing started
+    PYTHONPATH=. python3 bench/pilot_page.py --results results   # docs/pilot/: the page and figures, from the results
 
-DIR holds any ``train/<class>/`` + ``test/<class>/`` (or ``val/``) layout of
-images (data set ``folder``); the pilot was sized on CIFAR-10's 32 px images
-(``../shared/data/cifar10-jpeg.tar.gz`` unpacked). Results: ``docs/pilot/``.
+DIR holds any ``train/<class>/`` + ``test/<class>/`` layout of images (data set ``folder``); the
+pilot is sized on ``cifar10-jpeg`` (``../shared/data/cifar10-jpeg.tar.gz`` unpacked: 50,000
+training and 10,000 test images at 32 px). Results: ``docs/pilot/``.
 
-Conditions (8): Study P's five models on the baseline protocol, PE {none,
-ape, sincos2d, rope2d} plus ape + RPT; and Study L's baseline, AutoAugment,
-CutMix and modern on APE (ape-baseline is shared by both parts: one trial
-set, not two). One recipe for all: Lee et al.'s (``sweeps.study_l.LEE_RECIPE``:
-AdamW lr 1e-3, wd 0.05 on every parameter, pad-4 crop, CutMix on half the
-batches, cosine with warm-up), because both studies' claims are compared
-within the pilot, so Study P's coupled-L2 Adam is not used here. Label
-smoothing alone is not in the grid (it is part of ``modern`` only).
+Conditions (2): Lee et al.'s baseline and CutMix, APE, each with 5 seeds, on the whole training
+split. Recipe: Lee et al.'s (``sweeps.study_l.LEE_RECIPE``: AdamW lr 1e-3, wd 0.05 on every
+parameter, pad-4 crop + flip, CutMix on half the batches, batch 128, 1 warm-up epoch then cosine).
+Model: preset ``tiny`` deepened to 4 blocks (dim 64, 4 heads, MLP ratio 2, 8x8 patches of 4 px,
+~0.2M parameters): the issue measured it leaving uniform attention within a few epochs on the whole
+split (minimum MAD 0.399 after 2 epochs, 0.378 after 4; uniform attention 0.418 on 8x8).
 
-Model and scale, chosen by the sizing below: preset ``tiny`` widened to dim
-96, depth 4, 4 heads, MLP ratio 2 (~0.3M parameters, 8x8 patches of 4 px), a
-class-stratified cap of 5,000 training images, 2 epochs (1 warm-up), and
-every log-spaced snapshot (epochs 0, 1, 2) measured on a seeded 250-image
-subset of the test split, so the untrained model and the emergence over
-training are measured too. Training accuracy (``test_acc``) is always scored
-on the whole test split. This is far below both papers' budgets: the issue's
-own probe (dim 96, depth 4, 12 epochs on 5,000 images) still left minimum
-MAD at 0.400 against 0.417 for uniform attention on the 8x8 grid, so at 2
-epochs attention stays near uniform and the results page reports the uniform
-value beside every MAD. No budget that leaves uniform fits the 55-90 minutes.
+Why these and not more: 5 seeds, because a directional claim ("CutMix lowers minimum MAD") can reach
+a verdict only from 5 paired seeds (``analysis.claim_tests.decides``: the exact sign-flip test's
+smallest p with 3 pairs is 1/8); 3 seeds would buy AutoAugment as a third condition but no verdict.
+5 epochs, the most that 10 trials fit into the hour. Study P's five models left the pilot:
+docs/pilot/ states its claims as untestable at this scale, and what they would take.
 
-Sizing (2026-12-01, the 2-core development machine shared with other work,
-load average 5-30; "direct" = ``trainables.train.train`` in one process):
+Every epoch scores a fixed stratified 1,000-image subset of the test split (``epoch_eval_images``),
+the last epoch the whole split (``test_acc``). The analysis measures every log-spaced snapshot
+(epochs 0, 1, 2, 4, 5) on a seeded 250-image subset of the test split, one single-threaded actor
+per core: Study L's claims read the minimum MAD (a mean over 250 images x 64 queries per head) and
+the test accuracy of training (the whole split).
 
-    what                                        load    measured
-    direct, 1 trial, train on 5,000 images      6       434 images/s; epoch 22 s (11.5 s train,
-                                                        ~10 s scoring the 10,000 test images)
-    direct, folder decode of 60,000 JPEGs       6       ~5 s per trial
-    launcher, 8 trials x 1 epoch, 2 at a time   15-30   81-133 s per trial, 7.5 min for 8
-    direct, analysis of one checkpoint          7-22    250 images 14 s, 500: 64 s, 1,000: 105 s
-    launcher, analysis, one actor, 250 images   11-17   12-20 s per checkpoint
-    chosen: 24 trials x 2 epochs, 72 snapshots          ~32 min train + ~17 min analysis + report
+Sizing (2026-12-03, the 2-core development VM shared with four other helpers: load average 2-7
+during the probes, so the rates below are low; "direct" = ``trainables.train.train_pack`` in one
+process, 100 steps of batch 128 on the whole training split)::
 
-The analysis cost is all model forward passes (52 passes per checkpoint:
-PE scales x clean/JPEG/blur/RPI, severities), linear in ``EVAL_SIZE``; the
-pool holds one actor on 2 cores (one CPU is left free for Ray Data).
+    what                                          load   measured
+    direct, 1 trial, 1 thread                     2-5    500 training images/s; 10,000 test images scored in ~6 s
+    direct, 2 trials at once, 1 thread each       6-7    257 and 237 training images/s (baseline, CutMix)
+    direct, 1 trial, AutoAugment, 1 thread        6      250 training images/s (50 steps)
+    direct, pack of 2, 2 threads                  5-6    41 images/s per member (the cores held by other work)
+    issue #35, pack of 2 on 2 cores (idle)        -      500-600 images/s
+    direct, analysis of one checkpoint, 1 thread  3-7    500 images: 30-64 s (52 passes: every intervention)
+
+    plan at 450 images/s per trial, two trials at once (one per core, the launcher's default on a CPU):
+    an epoch of one trial 111 s + 1,000 test images; 10 trials x 5 epochs / 2  = 46 min training
+    50 snapshots x ~15 s (250 images, dim 64) / 2 actors                     = ~6 min analysis
+    Ray and data start-up per trial (~15 s), the report                      = ~3 min; ~55 min in all
+
+At 300 images/s per trial (cores half taken by other work) training takes ~70 min; ``--epochs 4``
+cuts it by a fifth (the issue measured minimum MAD 0.378 after 4 epochs).
 """
 
 from sweeps.common import StudyOptions, make_trials
 from sweeps.study_l import LEE_RECIPE
 
-EPOCHS = 2
-MAX_TRAIN_IMAGES = 5000
-# Hooks (sweeps/study.py). Every snapshot is measured on this seeded subset of the test split (the studies: the whole split);
-# 250 images keep 72 checkpoints within ~17 min on 2 loaded cores (see the sizing table).
+EPOCHS = 5
+SEEDS = 5
+PROTOCOLS = ("baseline", "cutmix")
+EPOCH_EVAL_IMAGES = 1000
+# Hooks (sweeps/study.py): the analysis measures every snapshot, so the page draws emergence over
+# training, on a seeded subset of the test split (the studies: the whole split); see the sizing.
 EVAL_SIZE = 250
-# The analysis stage measures every log-spaced snapshot, so the report draws emergence over training.
 CHECKPOINTS = "all"
-MODEL = {"dim": 96, "depth": 4, "heads": 4, "mlp_ratio": 2.0}
-RECIPE = {**LEE_RECIPE, **MODEL, "max_train_images": MAX_TRAIN_IMAGES, "batch_size": 128, "lr": 1e-3,
-          "weight_decay": 0.05, "warmup_epochs": 1}
-DEFAULTS = StudyOptions(datasets=("folder",), seeds=3, epochs=EPOCHS, preset="tiny")
-
-# (pe, rpt, protocol): Study P's five models, then Study L's protocols on APE (baseline shared).
-STUDY_P = (("none", False, "baseline"), ("ape", False, "baseline"), ("sincos2d", False, "baseline"),
-           ("rope2d", False, "baseline"), ("ape", True, "baseline"))
-STUDY_L = (("ape", False, "autoaugment"), ("ape", False, "cutmix"), ("ape", False, "modern"))
-CONDITIONS = STUDY_P + STUDY_L
+MODEL = {"dim": 64, "depth": 4, "heads": 4, "mlp_ratio": 2.0}
+RECIPE = {**LEE_RECIPE, **MODEL, "batch_size": 128, "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 1,
+          "epoch_eval_images": EPOCH_EVAL_IMAGES}
+DEFAULTS = StudyOptions(datasets=("folder",), seeds=SEEDS, epochs=EPOCHS, preset="tiny")
 
 
 def trials(options: StudyOptions):
-    conditions = [
-        {"dataset": dataset, "pe": pe, "rpt": rpt, "protocol": protocol}
-        for dataset in options.datasets
-        for pe, rpt, protocol in CONDITIONS
-    ]
+    conditions = [{"dataset": dataset, "pe": "ape", "protocol": protocol}
+                  for dataset in options.datasets for protocol in PROTOCOLS]
     return make_trials("pilot", options, conditions, base=RECIPE)

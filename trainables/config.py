@@ -94,6 +94,9 @@ class RunConfig:
     crop_padding: int = spec(0, ge=0, help="zero padding (pixels) of the random crop below 224 px; 0: img_size // 8 "
                              "(Lee et al. pad 4 at every size, which Study L's files set)")
     max_train_images: int = spec(0, ge=0, help="0: the whole train split; a cap for demos and tests")
+    epoch_eval_images: int = spec(0, ge=0, help=(
+        "images of a fixed class-stratified subset of the evaluation split scored after each epoch but the "
+        "last, which scores the whole split (0: the whole split every epoch); the epochs table's eval_images"))
     checkpoint_every: int = spec(1, ge=1, help="epochs between resumable checkpoints")
     checkpoint_interval_s: float = spec(0.0, ge=0, help=(
         "... and at least this many seconds between them (0: every checkpoint_every epochs): at GPU speed an "

@@ -52,6 +52,7 @@ from trainables.images import (
     resize_center_crop,
     to_device,
 )
+from trainables.datasets import capped_subset
 from trainables.protocols import epoch_order
 
 
@@ -306,3 +307,23 @@ class EvalSource:
                             pin_memory=self.device.type == "cuda")
         for images, labels in loader:
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+class EpochEval:
+    """What the loop scores after each epoch: a fixed class-stratified subset of ``images`` images of
+    ``split`` (``capped_subset``, seeded: the same images every epoch and in every trial) after every
+    epoch but the last, the whole split after the last, so a run's final score is on the whole split
+    while its per-epoch curve costs a fraction of it. ``images`` 0 (or >= the split): the whole split
+    every epoch."""
+
+    def __init__(self, split: Dataset, images: int, img_size: int, *, device: torch.device | str,
+                 num_workers: int = -1):
+        self.whole = EvalSource(split, img_size, device=device, num_workers=num_workers)
+        self.subset = self.whole
+        if 0 < images < len(split):
+            rows = capped_subset(split.labels, images)
+            self.subset = EvalSource(split.subset(rows, evaluation=True), img_size, device=device,
+                                     num_workers=num_workers)
+
+    def source(self, epoch: int, epochs: int) -> EvalSource:
+        return self.whole if epoch == epochs else self.subset

@@ -11,7 +11,8 @@ One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
   fresh patch permutation through the model's ``perm``), cross-entropy with
   optional label smoothing; bf16 autocast on CUDA, no host sync per step, fused
   AdamW, and ``torch.compile`` when ``compile`` is set (CUDA; ``trainables.compiled``);
-* per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split``,
+* per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split`` (a fixed subset of
+  ``epoch_eval_images`` but after the last epoch: ``inputs.EpochEval``),
   learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
   Ray layer can plug in without this module knowing Ray;
 * a resumable checkpoint (``trainables.checkpoints.save_member``) every ``checkpoint_every``
@@ -60,7 +61,7 @@ from trainables.fast_paths import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
 from trainables.images import normalize, to_device
-from trainables.inputs import EvalSource, TrainSource, pack_epoch
+from trainables.inputs import EpochEval, TrainSource, pack_epoch
 from trainables.optim import build_optimizer, lr_scheduler
 from trainables.packed import PackedViT, mixed_precision
 from trainables.protocols import cutmix_batch, soft_targets
@@ -219,7 +220,7 @@ def train_pack(
     if world > 1 and len(cfgs) > 1:
         raise ValueError(f"a pack of {len(cfgs)} trials cannot run under DDP ({world} workers); DDP trials train alone")
     random.seed(cfg.seed)
-    data, sources, eval_source, inputs = pack_inputs(cfgs, device)
+    data, sources, evals_at, inputs = pack_inputs(cfgs, device)
     batch_size = max(1, cfg.batch_size // world)
 
     pack = PackedViT(cfgs, device, log=log)  # each member initialised from its own seed (init_member)
@@ -258,6 +259,7 @@ def train_pack(
         if diverged:
             keep = pack.drop(optimizer, diverged)
             loss_sums, corrects, members = ([values[k] for k in keep] for values in (loss_sums, corrects, members))
+        eval_source = evals_at.source(epoch, cfg.epochs)
         eval_batches = eval_source.batches(max(256, cfg.batch_size), num_replicas=world, rank=rank)
         evals = evaluate_pack(pack, eval_batches, data.mean, data.std, device, use_amp=use_amp)
         checkpoint_now = epoch == cfg.epochs or (
@@ -269,7 +271,8 @@ def train_pack(
         for k, i in enumerate(members):
             histories[i].append({
                 "epoch": epoch, "train_loss": loss_sums[k] / max(count, 1), "train_acc": corrects[k] / max(count, 1),
-                "eval_loss": evals[k][0], "eval_acc": evals[k][1], "lr": scheduler.get_last_lr()[0],
+                "eval_loss": evals[k][0], "eval_acc": evals[k][1], "eval_images": len(eval_source.split),
+                "lr": scheduler.get_last_lr()[0],
                 "images_per_s": count / max(train_time, 1e-9),  # per member: a pack of K trains K x this
                 "wall_time_s": time.perf_counter() - t_run})
             checkpoint_dir = None
@@ -287,7 +290,7 @@ def train_pack(
 
 
 def pack_inputs(cfgs: Sequence[RunConfig], device: torch.device):
-    """(the data set, each member's training source, the evaluation source, the input record). The
+    """(the data set, each member's training source, the per-epoch evaluation, the input record). The
     holdout split is fixed per data set (seed 0), so every trial tunes on the same images; the training
     split has one device copy, which each member reads under its own protocol's augmentation."""
     cfg = cfgs[0]
@@ -298,9 +301,9 @@ def pack_inputs(cfgs: Sequence[RunConfig], device: torch.device):
     base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
                        device=device, num_workers=cfg.num_workers)
     sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
-    eval_source = EvalSource(data.test if cfg.eval_split == "test" else data.holdout, data.img_size, device=device,
-                             num_workers=cfg.num_workers)
-    return data, sources, eval_source, input_record(data, train_split, cfg, device)
+    evals_at = EpochEval(data.test if cfg.eval_split == "test" else data.holdout, cfg.epoch_eval_images, data.img_size,
+                         device=device, num_workers=cfg.num_workers)
+    return data, sources, evals_at, input_record(data, train_split, cfg, device)
 
 
 def train_epoch(pack: PackedViT, optimizer, scheduler, cfgs: Sequence[RunConfig], sources: Sequence[TrainSource],
