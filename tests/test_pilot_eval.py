@@ -38,7 +38,7 @@ def test_epoch_eval_zero_or_a_subset_as_large_as_the_split_scores_the_whole_spli
 
 
 def test_epoch_eval_images_must_not_be_negative():
-    with pytest.raises(ValueError, match="epoch_eval_images must be >= 0.*got -1"):
+    with pytest.raises(ValueError, match="epoch_eval_images must be an integer >= 0, got -1"):
         RunConfig.for_dataset("shapes", preset="tiny", epoch_eval_images=-1)
 
 

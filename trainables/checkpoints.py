@@ -194,9 +194,10 @@ def save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: i
 
 
 def resume_point(path: str | os.PathLike, *, name: str | None = None) -> tuple[int, list[dict[str, Any]]]:
-    """(epoch, history) a checkpoint holds: where its trial continues."""
+    """(epoch, history) a checkpoint holds: where its trial continues (an earlier version's Train
+    checkpoint of a lone trial may hold no history: its epochs are in the epochs table)."""
     state = load(path, name=name)
-    return int(state["epoch"]), list(state["history"])
+    return int(state["epoch"]), list(state.get("history", []))
 
 
 def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
