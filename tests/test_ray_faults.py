@@ -35,7 +35,7 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
 # Checkpoints at epochs 2 and 4 only: during epoch 4 the epochs table (3) runs ahead of the checkpoint (2),
 # as with GPU checkpoints throttled by checkpoint_interval_s.
-SWEEP = ["demo", "--set", "epochs=4", "--set", "checkpoint_every=2", "--set", "max_train_images=512",
+SWEEP = ["demo", "--set", "epochs=4", "--set", "checkpoint_every=2", "--set", "max_train_images=1024",
          "--max-concurrent", "2", "--max-failures", "0"]
 
 
