@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainables import folded
 from trainables.config import RunConfig
 from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
 from trainables.packed import PackedViT, init_member
@@ -151,6 +152,34 @@ def test_packed_forward_equals_each_model_for_every_pe(pe):
         assert torch.allclose(out, ref, atol=1e-5)
         shared = pack.eval()(x[0])  # evaluation: one batch for every member
         assert torch.allclose(shared, torch.stack([m.eval()(x[0]).logits for m in models]), atol=1e-5)
+
+
+@pytest.mark.parametrize("pe", sorted(POS_EMBEDS))
+def test_folded_linear_layers_train_as_the_unfolded_pack_for_every_pe(pe, monkeypatch):
+    """The packed Linear layers with their biases and LayerNorms folded into one matmul each
+    (`trainables.folded`) give the unfolded pack's losses over two steps and its first gradients
+    (fp32), on the ViT's parameters: the fold is a computation, not a layout."""
+    cfgs = [member(0, pe=pe), member(1, "cutmix+label_smoothing", pe=pe, rpt=True, rpt_per_image=True)]
+    batches = list(zip(*(fixed_batches(c, 2) for c in cfgs)))
+
+    def two_steps():
+        pack = PackedViT(cfgs).train()
+        optimizer = pack.optimizer(build_optimizer)
+        scheduler = schedule(optimizer, 2)
+        losses = packed_step(pack, optimizer, scheduler, batches[0])
+        grads = {name: p.grad.clone() for name, p in pack.params.items()}
+        return pack, torch.stack([losses, packed_step(pack, optimizer, scheduler, batches[1])]), grads
+
+    pack, losses, grads = two_steps()
+    assert sum(isinstance(m, folded.FoldedLinear) for m in pack.base.modules()) == 4 * cfgs[0].model.depth
+    assert pack.member_state_dict(1).keys() == init_member(cfgs[1]).state_dict().keys()
+    monkeypatch.setattr(folded, "fold_linears", lambda base: [])
+    unfolded, expected_losses, expected_grads = two_steps()
+    assert not any(isinstance(m, folded.FoldedLinear) for m in unfolded.base.modules())
+    assert torch.allclose(losses, expected_losses, rtol=0, atol=1e-6), (losses, expected_losses)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
 
 
 def test_members_start_from_the_weights_of_their_unpacked_runs(tmp_path):
