@@ -171,7 +171,7 @@ def test_folded_linear_layers_train_as_the_unfolded_pack_for_every_pe(pe, monkey
         return pack, torch.stack([losses, packed_step(pack, optimizer, scheduler, batches[1])]), grads
 
     pack, losses, grads = two_steps()
-    assert sum(isinstance(m, folded.FoldedLinear) for m in pack.base.modules()) == 4 * cfgs[0].model.depth
+    assert sum(isinstance(m, folded.FoldedLinear) for m in pack.base.modules()) == 3 * cfgs[0].model.depth  # qkv, fc1, fc2
     assert pack.member_state_dict(1).keys() == init_member(cfgs[1]).state_dict().keys()
     monkeypatch.setattr(folded, "fold_linears", lambda base: [])
     unfolded, expected_losses, expected_grads = two_steps()
@@ -298,13 +298,13 @@ def _saved_bytes(fn) -> tuple[torch.Tensor, dict[torch.dtype, int]]:
 
 
 def test_packed_forward_under_autocast_is_bf16_like_the_plain_module():
-    """vmap splits a batched F.linear into matmul + bias add; with fp32 biases the add would promote
-    every Linear output to fp32. The pack passes bf16 copies of the Linear parameters, so logits
-    and the bf16 activations saved for backward are the plain module's (with the same explicit
-    attention, the CPU's), while the optimiser's leaves and their gradients stay fp32. (vmap runs a
-    LayerNorm with per-member weights as normalise-then-scale, which also keeps the normalised
-    fp32 tokens, and its patch-embedding convolution runs in fp32: the fp32 part is ~2x the plain
-    module's, a small share of the total.)"""
+    """vmap hides Linear from autocast; with fp32 biases the add would promote every Linear output
+    to fp32. The pack folds the Linear parameters into bf16 weights (`trainables.folded`), so
+    logits and the bf16 activations saved for backward are the plain module's (with the same
+    explicit attention, the CPU's; the folded inputs' columns of ones are within the margin), while
+    the optimiser's leaves and their gradients stay fp32. (The packed LayerNorm keeps the
+    normalised fp32 tokens, and its patch-embedding convolution runs in fp32: the fp32 part is ~2x
+    the plain module's, a small share of the total.)"""
     cfgs = [member(0, pe="ape"), member(1, pe="ape")]
     pack = PackedViT(cfgs).train()
     plain = init_member(cfgs[0]).train()
