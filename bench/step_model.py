@@ -313,8 +313,8 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
 
 def _region(pack, cfgs):
     """What the loop compiles, and its inputs: K > 1 the vmapped forward over the stacked parameters,
-    which enter as leaves (their folds and casts in the graph); K = 1 the plain module (its parameters and autocast's casts
-    inside the graph)."""
+    which enter as leaves (their folds and casts in the graph); K = 1 the plain module (its
+    parameters and autocast's casts inside the graph)."""
     x = torch.randn(len(cfgs), BATCH, 3, 32, 32)
     if not pack.stacked:
         for p in pack.params.values():  # as after the step's zero_grad: the backward accumulates nothing

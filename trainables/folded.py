@@ -42,18 +42,17 @@ class FoldedLinear(nn.Module):
 
 def fold_linears(base: nn.Module) -> list[tuple[str, str | None]]:
     """Swap, in place, each transformer block's qkv, fc1 and fc2 for `FoldedLinear` and the
-    LayerNorms in front of qkv and fc1 for their normalisation alone; returns (Linear, its LayerNorm or None)
-    by name, what `fold_params` folds."""
+    LayerNorms in front of qkv and fc1 for their normalisation alone; returns (Linear, its
+    LayerNorm or None) by name, what `fold_params` folds."""
     plan = []
     for name, block in base.blocks.named_children():
-        prefix = f"blocks.{name}."
-        for norm, owner, linear in (("norm1", block.attn, "qkv"), ("norm2", block.mlp, "fc1"), (None, block.mlp, "fc2")):
-            full = prefix + ("attn." if owner is block.attn else "mlp.") + linear
-            setattr(owner, linear, FoldedLinear(getattr(owner, linear)))
+        for norm, path in (("norm1", "attn.qkv"), ("norm2", "mlp.fc1"), (None, "mlp.fc2")):
+            owner, linear = path.split(".")
+            setattr(getattr(block, owner), linear, FoldedLinear(getattr(getattr(block, owner), linear)))
             if norm is not None:
                 ln = getattr(block, norm)
                 setattr(block, norm, nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False))
-            plan.append((full, prefix + norm if norm else None))
+            plan.append((f"blocks.{name}.{path}", f"blocks.{name}.{norm}" if norm else None))
     return plan
 
 
