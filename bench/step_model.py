@@ -25,9 +25,11 @@ only: nothing is computed, so K = 16 costs what K = 1 does):
   a scatter: the CPU's one_hot first reads its input's range on the host).
 
 Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, q, k, v split head-major,
-RoPE's pairs turned by quarters and a cat; eager only: packs were not compiled). After: fused AdamW,
-RoPE in the autocast dtype, q, k, v split token-major (`vit.split_heads`), pairs swapped by a flip
-(`pos_embed.swap_pairs`); eager, and compiled. The H200 estimate
+RoPE's pairs turned by quarters and a cat, each Linear a matmul and a bias add; eager only: packs were
+not compiled). After: fused AdamW, RoPE in the autocast dtype, q, k, v split token-major
+(`vit.split_heads`), pairs swapped by a flip (`pos_embed.swap_pairs`), the packed Linear layers' biases
+and LayerNorms folded into their matmuls (`trainables.folded`: matmul FLOPs count the padded width);
+eager, and compiled. The H200 estimate
 follows from the fixed assumptions printed at the top:
 
     time per step = max(bytes / bandwidth + FLOPs / matmul rate, kernels x host cost per kernel)
@@ -49,7 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables import images, optim, pos_embed, train, vit
+from trainables import folded, images, optim, pos_embed, train, vit
 from trainables.config import RunConfig
 from trainables.packed import PackedViT
 
@@ -191,13 +193,15 @@ class Census(TorchDispatchMode):
 @contextlib.contextmanager
 def variant(before: bool) -> Iterator[None]:
     """The code as it was before this issue (foreach AdamW, fp32 RoPE tables, q, k, v split
-    head-major, RoPE's pairs turned by cutting quarters and a cat) or as it is."""
+    head-major, RoPE's pairs turned by cutting quarters and a cat, Linear biases and LayerNorms
+    unfolded) or as it is."""
     if not before:
         yield
         return
     build = optim.build_optimizer
     dtype = pos_embed.step_dtype
     heads = vit.split_heads
+    fold = folded.fold_linears
 
     tables, rotate = pos_embed.pair_tables, vit.apply_rotation
 
@@ -221,12 +225,14 @@ def variant(before: bool) -> Iterator[None]:
         return optimizer
 
     optim.build_optimizer, pos_embed.step_dtype, vit.split_heads = foreach, (lambda cos, sin: (cos, sin)), head_major
+    folded.fold_linears = lambda base: []
     pos_embed.pair_tables, vit.apply_rotation = unsigned_tables, rotate_by_quarters
     try:
         yield
     finally:
         optim.build_optimizer, pos_embed.step_dtype, vit.split_heads = build, dtype, heads
         pos_embed.pair_tables, vit.apply_rotation = tables, rotate
+        folded.fold_linears = fold
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -306,15 +312,15 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
 
 
 def _region(pack, cfgs):
-    """What the loop compiles, and its inputs: K > 1 the vmapped forward over the (cast) stacked
-    parameters, which enter as leaves; K = 1 the plain module (its parameters and autocast's casts
-    inside the graph)."""
+    """What the loop compiles, and its inputs: K > 1 the vmapped forward over the stacked parameters,
+    which enter as leaves (their folds and casts in the graph); K = 1 the plain module (its
+    parameters and autocast's casts inside the graph)."""
     x = torch.randn(len(cfgs), BATCH, 3, 32, 32)
     if not pack.stacked:
         for p in pack.params.values():  # as after the step's zero_grad: the backward accumulates nothing
             p.grad = None
         return (lambda x: pack.forward_module(x).logits), (x[0],)
-    params = {n: p.detach().requires_grad_() for n, p in pack._autocast_params(torch.device("cpu")).items()}
+    params = {n: p.detach().requires_grad_() for n, p in pack.params.items()}
     return (lambda params, x: pack.forward_stacked(params, pack.buffers, x, None, False)), (params, x)
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainables import folded
 from trainables.config import RunConfig
 from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
 from trainables.packed import PackedViT, init_member
@@ -153,6 +154,35 @@ def test_packed_forward_equals_each_model_for_every_pe(pe):
         assert torch.allclose(shared, torch.stack([m.eval()(x[0]).logits for m in models]), atol=1e-5)
 
 
+@pytest.mark.parametrize("pe", sorted(POS_EMBEDS))
+def test_folded_linear_layers_train_as_the_unfolded_pack_for_every_pe(pe, monkeypatch):
+    """The packed Linear layers with their biases and LayerNorms folded into one matmul each
+    (`trainables.folded`) give the unfolded pack's losses over two steps and its first gradients
+    (fp32), on the ViT's parameters: the fold is a computation, not a layout."""
+    cfgs = [member(0, pe=pe), member(1, "cutmix+label_smoothing", pe=pe, rpt=True, rpt_per_image=True)]
+    batches = list(zip(*(fixed_batches(c, 2) for c in cfgs)))
+
+    def two_steps():
+        pack = PackedViT(cfgs).train()
+        optimizer = pack.optimizer(build_optimizer)
+        scheduler = schedule(optimizer, 2)
+        losses = packed_step(pack, optimizer, scheduler, batches[0])
+        grads = {name: p.grad.clone() for name, p in pack.params.items()}
+        return pack, torch.stack([losses, packed_step(pack, optimizer, scheduler, batches[1])]), grads
+
+    pack, losses, grads = two_steps()
+    folds = [m for m in pack.base.modules() if isinstance(m, folded.FoldedLinear)]
+    assert len(folds) == 3 * cfgs[0].model.depth  # qkv, fc1, fc2
+    assert pack.member_state_dict(1).keys() == init_member(cfgs[1]).state_dict().keys()
+    monkeypatch.setattr(folded, "fold_linears", lambda base: [])
+    unfolded, expected_losses, expected_grads = two_steps()
+    assert not any(isinstance(m, folded.FoldedLinear) for m in unfolded.base.modules())
+    assert torch.allclose(losses, expected_losses, rtol=0, atol=1e-6), (losses, expected_losses)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+
+
 def test_members_start_from_the_weights_of_their_unpacked_runs(tmp_path):
     cfg = RunConfig.for_dataset("shapes", preset="tiny", seed=3, epochs=1, warmup_epochs=0, batch_size=64,
                                 max_train_images=64, pe="rope2d_mixed")
@@ -269,13 +299,13 @@ def _saved_bytes(fn) -> tuple[torch.Tensor, dict[torch.dtype, int]]:
 
 
 def test_packed_forward_under_autocast_is_bf16_like_the_plain_module():
-    """vmap splits a batched F.linear into matmul + bias add; with fp32 biases the add would promote
-    every Linear output to fp32. The pack passes bf16 copies of the Linear parameters, so logits
-    and the bf16 activations saved for backward are the plain module's (with the same explicit
-    attention, the CPU's), while the optimiser's leaves and their gradients stay fp32. (vmap runs a
-    LayerNorm with per-member weights as normalise-then-scale, which also keeps the normalised
-    fp32 tokens, and its patch-embedding convolution runs in fp32: the fp32 part is ~2x the plain
-    module's, a small share of the total.)"""
+    """vmap hides Linear from autocast; with fp32 biases the add would promote every Linear output
+    to fp32. The pack folds the Linear parameters into bf16 weights (`trainables.folded`), so
+    logits and the bf16 activations saved for backward are the plain module's (with the same
+    explicit attention, the CPU's; the folded inputs' columns of ones are within the margin), while
+    the optimiser's leaves and their gradients stay fp32. (The packed LayerNorm keeps the
+    normalised fp32 tokens, and its patch-embedding convolution runs in fp32: the fp32 part is ~2x
+    the plain module's, a small share of the total.)"""
     cfgs = [member(0, pe="ape"), member(1, pe="ape")]
     pack = PackedViT(cfgs).train()
     plain = init_member(cfgs[0]).train()

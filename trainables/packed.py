@@ -25,8 +25,10 @@ Care under vmap:
     batching rule (CUDA), the explicit softmax path where they have none (CPU: vmap would fall back
     to a per-member loop), chosen in one place, `fused_attention_under_vmap`; a fused call that fails
     on the first step falls back to the explicit path (`pack.fast_paths`, `trainables.fast_paths`);
-  * precision: under autocast the Linear parameters enter the vmapped forward as bf16 copies
-    (`_autocast_params`), so Linear outputs are bf16 as in the plain module;
+  * Linear: each block's Linear layers run as one matmul with the bias, and the LayerNorm before
+    qkv and fc1, folded in (`trainables.folded`: vmap would split the bias add from the matmul);
+    under autocast the folded weights are made in bf16, so Linear outputs are bf16 as in the plain
+    module (vmap hides the Linear from autocast, and an fp32 bias add would promote them to fp32);
   * RPT: members differ (no RPT, one permutation per batch (N,), one per image (B, N)), so every
     member's permutation is expanded to (B, N) and gathered; a gather reproduces `patches[:, perm]`
     exactly, and no RPT in any member passes no permutation at all;
@@ -75,6 +77,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from trainables.config import RunConfig
+from trainables import folded
 from trainables.fast_paths import FastPaths
 from trainables.images import to_device
 from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
@@ -179,6 +182,7 @@ class PackedViT:
         if not self.explicit_attention:
             self.fast_paths.add("the fused attention under vmap", "the explicit softmax attention",
                                 lambda: setattr(self, "explicit_attention", True))
+        self._folds = folded.fold_linears(self.base)
         # What autocast runs in low precision inside the plain module and vmap hides from it: Linear.
         self._low_precision = {f"{name}.{leaf}" for name, module in self.base.named_modules()
                                if isinstance(module, nn.Linear) for leaf, _ in module.named_parameters()}
@@ -248,8 +252,7 @@ class PackedViT:
             else:
                 perm = torch.stack([_full_perm(p, batch, self._n_patches, images.device) for p in perm])
 
-        return self.forward_stacked(self._autocast_params(images.device), self.buffers, images, perm,
-                                    self.explicit_attention)
+        return self.forward_stacked(self.params, self.buffers, images, perm, self.explicit_attention)
 
     def _vmapped(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], images: torch.Tensor,
                  perm: torch.Tensor | None, explicit: bool) -> torch.Tensor:
@@ -259,22 +262,14 @@ class PackedViT:
             out = functional_call(self.base, (params, buffers), (x,), {"perm": p, "explicit_attention": explicit})
             return out.logits
 
+        # Under autocast Linear runs in its low precision, as the plain module's does: vmap hides it
+        # from autocast (an fp32 bias add would promote its output to fp32), so its weights are cast
+        # here, in the graph that `wrap` compiles, as autocast would; fp32 leaves, fp32 gradients.
+        device = images.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        params = folded.fold_params(params, self._folds, self._low_precision, dtype)
         in_dims = (0, 0, None if images.ndim == 4 else 0, None if perm is None else 0)
         return vmap(member, in_dims=in_dims, randomness="error")(params, buffers, images, perm)
-
-    def _autocast_params(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The stacked parameters as the forward should see them. Under autocast the plain module's
-        Linear runs in bf16 (weight, bias and output), but vmap splits a batched F.linear into a
-        matmul and a bias add before autocast sees it, and the add of an fp32 bias would promote
-        every Linear output back to fp32 (twice the activation memory). So under autocast the
-        Linear weights and biases go in as low-precision copies, as autocast itself would cast
-        them; the casts are differentiable, so the fp32 leaves (the optimiser's master weights)
-        get fp32 gradients. Everything else (norms, CLS, PE, the patch embedding's convolution,
-        which vmap runs in fp32) stays fp32."""
-        if not torch.is_autocast_enabled(device.type):
-            return self.params
-        dtype = torch.get_autocast_dtype(device.type)
-        return {name: p.to(dtype) if name in self._low_precision else p for name, p in self.params.items()}
 
     def losses(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """logits (K, B, C), soft targets (K, B, C) -> (K,) mean cross-entropy per member, each with its
