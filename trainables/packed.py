@@ -76,8 +76,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from trainables.config import RunConfig
 from trainables import folded
+from trainables.config import RunConfig
 from trainables.fast_paths import FastPaths
 from trainables.images import to_device
 from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
