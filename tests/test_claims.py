@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import claim_tests, claims, seedstats
+from analysis import canvas, claims, seedstats
 from analysis.study_data import StudyData
 from sweeps import options
 from sweeps import run as launcher
@@ -243,14 +243,13 @@ def test_fs_claims_away_from_224_px_test_the_mean_over_the_severity_grid():
 # -- preconditions ------------------------------------------------------------------------------
 def test_uniform_attention_mad_matches_the_metric():
     import torch
-
-    from analysis.metrics import mean_attention_distance
+    from test_metrics import mean_attention_distance
 
     for grid, expected in ((8, 0.418), (14, 0.396)):
         tokens = 1 + grid * grid
         uniform = torch.full((1, 1, tokens, tokens), 1.0 / tokens)
-        assert claim_tests.uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
-        assert claim_tests.uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
+        assert canvas.uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
+        assert canvas.uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
 
 
 def test_a_claim_whose_precondition_is_not_met_is_untestable_at_this_scale():
