@@ -11,15 +11,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.labels import (
-    FACTORS,
-    METRIC_LABELS,
-    SWITCH_LABELS,
-    model_key,
-    model_label,
-    protocol_key,
-    protocol_label,
-)
+from analysis.labels import FACTORS, METRIC_LABELS, SWITCH_LABELS, model_key, model_label, protocol_key, protocol_label
 from analysis.paper_numbers import PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN, condition_numbers
 from analysis.seedstats import INTERVAL, mean_ci, mean_std, seed_summary
 from records.vocab import SWITCHES, protocol_switches

@@ -6,14 +6,14 @@
     <storage>/<study>/snapshots/<trial>/epoch_0004.pt
     <storage>/<study>/train/<trial>/checkpoint_*/state.pt   lone trials of earlier versions (read only)
 
-A checkpoint holds tensors, dicts, lists, tuples, numbers and strings only, all on the CPU: it is
-read with ``torch.load(weights_only=True, map_location="cpu")``, so a file on shared storage
-cannot run code in a worker or in ``vitsweep analyze``, and a checkpoint written on a GPU loads
-anywhere. Each part then moves where it belongs: weights by ``load_state_dict`` into the model's
-device, optimiser state as ``Optimizer.load_state_dict`` places it (moments to the parameter's
-device, Adam's ``step`` stays a CPU tensor), RNG states stay CPU ``ByteTensor``s
-(``torch.set_rng_state`` refuses anything else). ``epoch.json`` beside a stored checkpoint names
-its epoch, so the launcher re-forms packs without downloading checkpoints.
+A checkpoint holds tensors, dicts, lists, tuples, numbers and strings only, all on the CPU: it is read
+with ``torch.load(weights_only=True, map_location="cpu")``, so a file on shared storage cannot run code
+in a worker or in ``vitsweep analyze``, and a checkpoint written on a GPU loads anywhere. Each part then
+moves where it belongs: weights by ``load_state_dict`` into the model's device, optimiser state as
+``Optimizer.load_state_dict`` places it (moments to the parameter's device, Adam's ``step`` stays a CPU
+tensor), RNG states stay CPU ``ByteTensor``s (``torch.set_rng_state`` refuses anything else).
+``epoch.json`` beside a stored checkpoint names its epoch, so the launcher re-forms packs without
+downloading checkpoints.
 """
 
 from __future__ import annotations
