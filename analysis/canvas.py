@@ -1,7 +1,7 @@
 """The canvas every figure shares: sizes, fonts, the panel grid, axis style, legends, the uniform-attention
-MAD line and PNG (150 dpi), SVG and PDF renderings. Matplotlib and numpy only: the report's figures
-(``analysis.plotting``, ``figures_*``) and a checkpoint's own figure, drawn by a Ray Data actor
-(``analysis.trial_record``), both draw on it, and the actor needs none of the report's stack.
+MAD line and PNG (150 dpi), SVG and PDF renderings. The report's figures (``analysis.plotting``,
+``figures_*``) and a checkpoint's own figure, drawn by a Ray Data actor (``analysis.trial_record``),
+both draw on it: the actor needs none of the report's stack (pandas, seed statistics, labels).
 
 Figures are ``matplotlib.figure.Figure`` objects rendered by the Agg / SVG / PDF canvases: no pyplot,
 no global state, nothing left open.
@@ -19,6 +19,8 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from analysis.uniform_attention import uniform_mad
+
 FONT = 10  # axis labels and panel titles
 SMALL = 9  # legends and tick labels: the floor for a printed figure
 DPI = 150
@@ -31,15 +33,6 @@ PAGE_IN = 12.0
 # so a 0.01 seed spread is not drawn as the full height of the axis.
 MIN_SPAN = 0.1
 MAD_LABEL = "MAD / max grid distance √2(G−1)"
-
-
-def uniform_mad(grid: int) -> float:
-    """``mad`` of uniform attention over the patch keys of a G x G grid (the query's own patch
-    included): the mean Euclidean grid distance over all ordered pairs over sqrt(2) (G - 1), 0.418 at
-    G 8, 0.396 at G 14, where an untrained model's heads start. In numpy: the report imports no torch."""
-    row, col = np.divmod(np.arange(grid * grid), grid)
-    distance = np.hypot(row[:, None] - row[None], col[:, None] - col[None])
-    return float(distance.mean() / (np.sqrt(2.0) * (grid - 1)))
 
 
 def uniform_level(ax, grid_sides, axis: str = "y") -> None:

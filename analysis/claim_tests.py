@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.canvas import uniform_mad
 from analysis.labels import model_label
 from analysis.paper_numbers import (PAPER_L_ACC_GAIN, PAPER_L_CUTMIX_MAX, PAPER_L_MIN_MAD, PAPER_L_NO_CUTMIX_MIN,
                                     PAPER_P_APE_SCALING, PAPER_P_MODELS)
 from analysis.seedstats import ALPHA, Comparison, compare, one_sample
+from analysis.uniform_attention import uniform_mad
 from records.vocab import canonical_protocol
 from trainables.data_roots import DATASET_SPECS
 

@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib import colormaps
 
-from analysis import canvas
 from records import measurements, tracking
 from records.vocab import BLUR_HEADLINE, CLS_SINK_MASS, JPEG_HEADLINE
 
@@ -95,6 +93,8 @@ def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int
 def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
     """Three panels of one checkpoint: SSDC per layer (clean, under RPI), MAD and entropy per head
     (MAD beside uniform attention's on the G x G ``grid``)."""
+    from analysis import canvas  # matplotlib: imported when a figure is drawn, not by `vitsweep --help`
+
     fig, axes = canvas.grid(1, 3, w=3.8, h=3.2)
     ssdc = {k: {} for k in (("clean", "ssdc"), ("rpi", "ssdc"))}
     per_head: dict[str, dict[int, dict[int, float]]] = {"mad": defaultdict(dict), "entropy": defaultdict(dict)}
@@ -115,10 +115,9 @@ def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
     canvas.style(ax, layer_axis="x")
     canvas.legend(ax)
     for ax, (metric, ylabel) in zip(axes[0, 1:], (("mad", canvas.MAD_LABEL), ("entropy", "normalised entropy"))):
-        cmap = colormaps["tab10"]
         for head, values in sorted(per_head[metric].items()):
             layers = sorted(values)
-            ax.plot(layers, [values[layer] for layer in layers], "o-", ms=3, lw=1, color=cmap(head % 10),
+            ax.plot(layers, [values[layer] for layer in layers], "o-", ms=3, lw=1, color=f"C{head % 10}",
                     label=f"head {head}")
         ax.set(title=f"{'MAD' if metric == 'mad' else 'entropy'} per head", xlabel="layer", ylabel=ylabel,
                ylim=(0, 1.02))
@@ -135,6 +134,8 @@ def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int,
     """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run;
     a (key, step) the run already has is not logged again. Returns the points whose kept value differs
     (``records.measurements.log_new_points``)."""
+    from analysis import canvas  # (see trial_figure)
+
     scalars = {key: {epoch: value} for key, value in summarize(rows).items()}
     changed = measurements.log_new_points(uri, run_id, {**scalars, **layer_profiles(rows, epoch)})
     fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}", grid)

@@ -26,13 +26,13 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 
 from analysis import canvas, figures, plotting  # noqa: E402
-from analysis.canvas import uniform_mad  # noqa: E402
 from analysis.claim_tests import MDE  # noqa: E402
 from analysis.claims import evaluate_claims  # noqa: E402
 from analysis.labels import protocol_label  # noqa: E402
 from analysis.page import slug  # noqa: E402
 from analysis.seedstats import INTERVAL, summarise  # noqa: E402
 from analysis.study_data import StudyData  # noqa: E402
+from analysis.uniform_attention import uniform_mad  # noqa: E402
 from records.provenance import code_version  # noqa: E402
 
 STUDY = "pilot"

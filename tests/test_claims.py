@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import canvas, claims, seedstats
+from analysis import claims, seedstats
 from analysis.study_data import StudyData
+from analysis.uniform_attention import uniform_mad
 from sweeps import options
 from sweeps import run as launcher
 
@@ -248,8 +249,8 @@ def test_uniform_attention_mad_matches_the_metric():
     for grid, expected in ((8, 0.418), (14, 0.396)):
         tokens = 1 + grid * grid
         uniform = torch.full((1, 1, tokens, tokens), 1.0 / tokens)
-        assert canvas.uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
-        assert canvas.uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
+        assert uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
+        assert uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
 
 
 def test_a_claim_whose_precondition_is_not_met_is_untestable_at_this_scale():

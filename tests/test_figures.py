@@ -22,6 +22,7 @@ from test_report import LAYERS, N_IMAGES, write_study
 from analysis import canvas, figures, labels, page, seedstats
 from analysis import plotting as pl
 from analysis.study_data import StudyData
+from analysis.uniform_attention import uniform_mad
 from records import vocab
 
 PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
@@ -221,8 +222,8 @@ def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
     early = m[(m["trial_id"] == sink_trial) & (m["metric"] == "mad") & m["layer"].isin([0, 1])]["value"].mean()
     assert pt.loc[sink_trial, "mad_early"] == pytest.approx(early)
 
-    assert canvas.uniform_mad(8) == pytest.approx(0.418, abs=5e-4)
-    assert canvas.uniform_mad(14) == pytest.approx(0.396, abs=5e-4)
+    assert uniform_mad(8) == pytest.approx(0.418, abs=5e-4)
+    assert uniform_mad(14) == pytest.approx(0.396, abs=5e-4)
     for make in (figures.mad_per_layer, figures.mad_entropy, figures.protocol_summary):
         for plot in make(data):
             lines = [line for ax in plot.figure.axes for line in ax.get_lines()
