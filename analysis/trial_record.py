@@ -3,18 +3,16 @@
 The analysis job (``analysis.job``) calls ``log_checkpoint`` after writing a checkpoint's rows to
 Parquet. On the trial's run it logs
 
-- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of
-  ``n_images`` images: ``test_acc``'s set when it is the whole test split, the default),
-  ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS
-  sink), ``ape_norm_ratio`` (a learned APE);
-- per-layer curves with the layer as the step and the checkpoint epoch in the key
-  (``layer_profiles``, keys from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean),
-  ``layers/ssdc_rpi_epoch_0100``, ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100``
-  and ``layers/mad_min_epoch_0100`` (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI
-  plots SSDC against depth for each checkpoint, all in one ``layers`` section of the run's charts after
-  the training curves (``epochs/...``);
-- the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and
-  entropy of every head per layer (``trial_figure``).
+- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of ``n_images``
+  images: ``test_acc``'s set when it is the whole test split, the default), ``n_images``, ``dssdc_rpi``,
+  ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS sink), ``ape_norm_ratio`` (a learned APE);
+- per-layer curves with the layer as the step and the checkpoint epoch in the key (``layer_profiles``, keys
+  from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean), ``layers/ssdc_rpi_epoch_0100``,
+  ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100`` and ``layers/mad_min_epoch_0100``
+  (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI plots SSDC against depth for each
+  checkpoint, all in one ``layers`` section of the run's charts after the training curves (``epochs/...``);
+- the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and entropy of
+  every head per layer (``trial_figure``, drawn on ``analysis.canvas``).
 """
 
 from __future__ import annotations
