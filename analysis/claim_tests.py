@@ -9,19 +9,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from analysis.labels import model_label
-from analysis.paper_numbers import (
-    PAPER_L_ACC_GAIN,
-    PAPER_L_CUTMIX_MAX,
-    PAPER_L_MIN_MAD,
-    PAPER_L_NO_CUTMIX_MIN,
-    PAPER_P_APE_SCALING,
-    PAPER_P_MODELS,
-)
+from analysis.paper_numbers import (PAPER_L_ACC_GAIN, PAPER_L_CUTMIX_MAX, PAPER_L_MIN_MAD, PAPER_L_NO_CUTMIX_MIN,
+                                    PAPER_P_APE_SCALING, PAPER_P_MODELS)
 from analysis.seedstats import ALPHA, Comparison, compare, one_sample
+from analysis.uniform_attention import uniform_mad
 from records.vocab import canonical_protocol
 from trainables.data_roots import DATASET_SPECS
 
@@ -99,7 +93,7 @@ def decides(claim: Claim, c: Comparison) -> bool:
 
 
 def verdict(claim: Claim, c: Comparison, p_holm: float, separated: bool, met: bool | None) -> str:
-    """The verdict words of one claim row (``claims.VERDICTS``) from its comparison and Holm-adjusted p.
+    """The verdict words of one claim row from its comparison and Holm-adjusted p.
 
     A claim of no effect, in this order: consistent with no effect when the 95% interval lies inside
     ±margin (even if it excludes 0); differs when it lies wholly outside, or excludes 0 with adjusted
@@ -153,14 +147,6 @@ def precondition(needs: str | None, data: StudyData, dataset: str) -> tuple[bool
     met = v <= uniform - MAD_BELOW_UNIFORM
     return met, (f"local heads: baseline's minimum MAD {v:.3f}, uniform attention {uniform:.3f} on {grid} x {grid}: "
                  f"{'at least' if met else 'less than'} {MAD_BELOW_UNIFORM} below: {'met' if met else 'not met'}")
-
-
-def uniform_mad(grid: int) -> float:
-    """``mad`` of uniform attention over the G x G patch keys (the query's own patch included): the mean
-    Euclidean grid distance over all ordered pairs over sqrt(2) (G - 1): 0.418 on 8 x 8, 0.396 on 14 x 14."""
-    row, col = np.divmod(np.arange(grid * grid), grid)
-    distance = np.hypot(row[:, None] - row[None], col[:, None] - col[None])
-    return float(distance.mean() / (math.sqrt(2.0) * (grid - 1)))
 
 
 def grid_size(data: StudyData, dataset: str) -> int | None:

@@ -3,17 +3,13 @@
 A claim compares two groups of trials on one per-trial metric (paired by seed where seeds pair), or
 tests a within-trial difference across seeds (``Claim.b`` None); the statistics of one claim are
 ``analysis.claim_tests``, the tests themselves ``analysis.seedstats``. The p values of one report are
-Holm-adjusted per paper and data set (one family each) and every verdict reads the adjusted p.
-Trials flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group,
-and every claim is computed twice: on the trials that learned (the verdict) and with the
-non-learners kept, their measurements as they are (``verdict (all trials)``); a row whose two
-verdicts differ is flagged. A claim whose precondition is not met at this scale
-is "untestable at this scale", whatever its test says (``claim_tests.PRECONDITIONS``).
-
-It knows no plotting and no storage; it reads a ``StudyData`` (``analysis.study_data``) through its
-``per_trial`` table and its ``pin`` method. Labels come from ``analysis.labels``, the papers'
-numbers from ``analysis.paper_numbers``; the ablation and conditions tables are
-``analysis.condition_tables``.
+Holm-adjusted per paper and data set (one family each) and every verdict reads the adjusted p. Trials
+flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group, and every
+claim is computed twice: on the trials that learned (the verdict) and with the non-learners kept, their
+measurements as they are (``verdict (all trials)``); a row whose two verdicts differ is flagged. A claim
+whose precondition is not met at this scale is "untestable at this scale", whatever its test says
+(``claim_tests.PRECONDITIONS``). It knows no plotting and no storage: it reads a ``StudyData``'s
+``per_trial`` table and its ``pin`` method.
 """
 
 from __future__ import annotations
@@ -25,18 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.claim_tests import (
-    CONSISTENT,
-    DIFFERS,
-    INCONCLUSIVE,
-    UNTESTABLE,
-    claim_stats,
-    decides,
-    paper_numbers,
-    power_mark,
-    precondition,
-    verdict,
-)
+from analysis.claim_tests import claim_stats, decides, paper_numbers, power_mark, precondition, verdict
 from analysis.labels import METRIC_LABELS, group_label
 from analysis.seedstats import holm
 from records.vocab import MODERN, SWITCHES
@@ -122,8 +107,6 @@ CLAIMS = (
            APE, None, "greater", margin=MARGINS["dssdc"], needs="APE frame"),
 )
 
-VERDICTS = ("supported", "not supported", CONSISTENT, INCONCLUSIVE, DIFFERS, UNTESTABLE, "not enough seeds",
-            "no data")
 FS_GRID = {"fs_jpeg": "fs_jpeg_grid", "fs_blur": "fs_blur_grid"}  # the per-trial mean over the severity grid
 HEADLINE_MARK, GRID_MARK = "paper's severity, 224 px", "mean FS over the measured severity grid"
 GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_grid": "FS blur, mean over the sigma grid"}

@@ -11,15 +11,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.labels import (
-    FACTORS,
-    METRIC_LABELS,
-    SWITCH_LABELS,
-    model_key,
-    model_label,
-    protocol_key,
-    protocol_label,
-)
+from analysis.labels import FACTORS, METRIC_LABELS, SWITCH_LABELS, model_key, model_label, protocol_key, protocol_label
 from analysis.paper_numbers import PAPER_L_CUTMIX_MAX, PAPER_L_NO_CUTMIX_MIN, condition_numbers
 from analysis.seedstats import INTERVAL, mean_ci, mean_std, seed_summary
 from records.vocab import SWITCHES, protocol_switches
@@ -29,12 +21,11 @@ if TYPE_CHECKING:
 
 
 def ablation_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
-    """Study L's protocol ablation per dataset: (dataset, table, separation note).
-
-    Rows: protocols (all present, in ablation order); minimum MAD (smallest per-head MAD in the network)
-    as mean ± std and test accuracy as mean [95% t interval] over seeds, with n. The note marks the paper's binary CutMix
-    separation: the largest condition-mean minimum MAD among CutMix conditions against the smallest
-    among the others."""
+    """Study L's protocol ablation per dataset: (dataset, table, separation note). Rows: protocols (all
+    present, in ablation order); minimum MAD (smallest per-head MAD in the network) as mean ± std and
+    test accuracy as mean [95% t interval] over seeds, with n. The note marks the paper's binary CutMix
+    separation: the largest condition-mean minimum MAD among CutMix conditions against the smallest among
+    the others."""
     pt = data.per_trial
     if pt.empty or pt["min_mad"].notna().sum() == 0:
         return []
@@ -76,12 +67,11 @@ SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "f
 
 
 def conditions_table(data: StudyData) -> pd.DataFrame:
-    """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n
-    and each metric as mean ± std, test accuracy also with its 95% t interval over seeds (``INTERVAL``).
-
+    """Every condition (dataset x pe x token order x protocol x each ``data.condition_fields``) with n and
+    each metric as mean ± std, test accuracy also with its 95% t interval over seeds (``INTERVAL``).
     Beside accuracy and fragility: their standard error from ``n images`` (binomial for accuracy, the
-    delta method over the paired counts for FS; mean over the condition's trials), the test-set
-    sampling error the seed spread does not contain; and how many of the n trials ``did not learn``."""
+    delta method over the paired counts for FS; mean over the condition's trials), the test-set sampling
+    error the seed spread does not contain; and how many of the n trials ``did not learn``."""
     pt = data.per_trial
     if pt.empty:
         return pd.DataFrame()
@@ -119,7 +109,7 @@ def _numbers(row: dict, metric: str, values) -> None:
 
 def conditions_numbers(data: StudyData) -> pd.DataFrame:
     """``conditions_table`` as numbers: per condition its factors, n, did not learn, and for each metric
-    the mean, std and 95% bootstrap CI over seeds (NaN where a metric has no value)."""
+    the mean, std and ``INTERVAL`` over seeds (NaN where a metric has no value)."""
     pt = data.per_trial
     if pt.empty:
         return pd.DataFrame()

@@ -36,9 +36,8 @@ def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame,
         t = t[t["status"] == "finished"]
     t = t.drop_duplicates("trial_id", keep="last")
     if "protocol" not in t and all(s in t for s in SWITCHES):
-        t["protocol"] = [
-            "+".join(s for s in SWITCHES if row[s]) or "baseline" for row in t[list(SWITCHES)].to_dict("records")
-        ]
+        t["protocol"] = ["+".join(s for s in SWITCHES if row[s]) or "baseline"
+                         for row in t[list(SWITCHES)].to_dict("records")]
     for column, default in (("dataset", "unknown"), ("pe", "unknown"), ("protocol", "unknown"), ("seed", -1)):
         if column not in t:
             notes.append(f"trials have no {column!r} column: every trial counted as {column} = {default}.")

@@ -24,21 +24,8 @@ import torch
 from torch import nn
 
 from analysis import metrics
-from analysis.interventions import (
-    ALPHAS,
-    BLUR_KERNEL,
-    BLUR_LEVELS,
-    JPEG_LEVELS,
-    PAPER_RPI_BATCH,
-    Clean,
-    GaussianBlur,
-    Intervention,
-    Jpeg,
-    PEScale,
-    RandomPermutation,
-    RopeScale,
-    apply_condition,
-)
+from analysis.interventions import (ALPHAS, BLUR_KERNEL, BLUR_LEVELS, JPEG_LEVELS, PAPER_RPI_BATCH, Clean, GaussianBlur,
+                                    Intervention, Jpeg, PEScale, RandomPermutation, RopeScale, apply_condition)
 from records.schema import PAIRED_COUNTS
 from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
 from trainables.pos_embed import POS_EMBEDS
@@ -61,11 +48,6 @@ def alpha_scale(pe: str | None) -> type[PEScale] | None:
     if scaling is not None and scaling not in ALPHA_SCALES:
         raise ValueError(f"pe={pe!r} declares alpha_scaling={scaling!r}; valid: {[*ALPHA_SCALES, None]}")
     return None if scaling is None else ALPHA_SCALES[scaling]
-
-
-def pes_scaled_by(scaling: str) -> tuple[str, ...]:
-    """The registered PEs whose alpha rows are ``scaling`` ("pe_scale" or "rope_scale"), in registry order."""
-    return tuple(pe for pe, cls in POS_EMBEDS.items() if cls.alpha_scaling == scaling)
 
 
 def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,18 +160,8 @@ class _Plan:
         return groups
 
 
-def _run_passes(
-    model: nn.Module,
-    plan: _Plan,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    mean: Sequence[float],
-    std: Sequence[float],
-    grid: int,
-    batch_size: int,
-    device: torch.device,
-) -> None:
+def _run_passes(model: nn.Module, plan: _Plan, images: torch.Tensor, labels: torch.Tensor, *, mean: Sequence[float],
+                std: Sequence[float], grid: int, batch_size: int, device: torch.device) -> None:
     num_patches = grid * grid
     groups = plan.by_image()
     for start in range(0, len(images), batch_size):
@@ -243,14 +215,9 @@ _WHOLE = None  # layer / head_index of a row that is not per layer / not per hea
 
 def _row(intervention: str, level: float | None, layer: int | None, head: int | None, metric: str,
          value: float) -> dict[str, Any]:
-    return {
-        "intervention": intervention,
-        "level": None if level is None else float(level),
-        "layer": None if layer is None else int(layer),
-        "head_index": None if head is None else int(head),
-        "metric": metric,
-        "value": float(value),
-    }
+    return {"intervention": intervention, "level": None if level is None else float(level),
+            "layer": None if layer is None else int(layer), "head_index": None if head is None else int(head),
+            "metric": metric, "value": float(value)}
 
 
 def _paired_rows(intervention: str, level: float, clean: _Pass, shifted: _Pass, prefix: str = "") -> list[dict]:
@@ -265,32 +232,21 @@ def _delta_ssdc(per_layer: list[float]) -> float:
     return metrics.delta_ssdc(per_layer) if len(per_layer) >= 2 else math.nan
 
 
-def evaluate_checkpoint(
-    model: nn.Module,
-    images_uint8: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    mean: Sequence[float],
-    std: Sequence[float],
-    grid: int,
-    seed: int = 0,
-    batch_size: int = 128,
-    jpeg_levels: Sequence[int] = JPEG_LEVELS,
-    blur_levels: Sequence[float] = BLUR_LEVELS,
-    alphas: Sequence[float] = ALPHAS,
-    device: torch.device | str | None = None,
-) -> list[dict[str, Any]]:
+def evaluate_checkpoint(model: nn.Module, images_uint8: torch.Tensor, labels: torch.Tensor, *, mean: Sequence[float],
+                        std: Sequence[float], grid: int, seed: int = 0, batch_size: int = 128,
+                        jpeg_levels: Sequence[int] = JPEG_LEVELS, blur_levels: Sequence[float] = BLUR_LEVELS,
+                        alphas: Sequence[float] = ALPHAS,
+                        device: torch.device | str | None = None) -> list[dict[str, Any]]:
     """All Study P and Study L measurements of one model, as measurement rows.
 
-    model: a ``trainables.vit.ViT`` (forward with perm / pe_scale / return_tokens /
-    return_attention; ``model.config.pe`` decides whether alphas apply).
-    images_uint8: (n, 3, H, W) uint8, labels: (n,) int; mean, std: the data set's
-    normalisation; grid: G (N = G*G patches). seed: RPI permutations (one per image, a function of
-    seed and the image's position, so the same for every model, batch size and evaluation size; the
-    ``*_per_batch`` rows: one per ``PAPER_RPI_BATCH`` images, of seed and group index). jpeg_levels:
-    qualities; blur_levels: sigmas at kernel
-    ``BLUR_KERNEL``; alphas: PE scales, skipped when the model has no PE (``none``):
-    ``pe_scale`` rows for additive PEs, ``rope_scale`` rows (position interpolation) for rotary ones.
+    model: a ``trainables.vit.ViT`` (forward with perm / pe_scale / return_tokens / return_attention;
+    ``model.config.pe`` decides whether alphas apply). images_uint8: (n, 3, H, W) uint8, labels: (n,)
+    int; mean, std: the data set's normalisation; grid: G (N = G*G patches). seed: RPI permutations (one
+    per image, a function of seed and the image's position, so the same for every model, batch size and
+    evaluation size; the ``*_per_batch`` rows: one per ``PAPER_RPI_BATCH`` images, of seed and group
+    index). jpeg_levels: qualities; blur_levels: sigmas at kernel ``BLUR_KERNEL``; alphas: PE scales,
+    skipped when the model has no PE (``none``): ``pe_scale`` rows for additive PEs, ``rope_scale`` rows
+    (position interpolation) for rotary ones.
 
     Returns rows {intervention, level, layer, head_index, metric, value, n_images} (layer None =
     whole model, head_index None = not per head; n_images = len(labels), the images behind every row):
@@ -308,9 +264,8 @@ def evaluate_checkpoint(
     The model is put in eval mode for the evaluation and its previous mode restored.
     """
     if images_uint8.dtype != torch.uint8:
-        raise ValueError(
-            f"images_uint8 must be uint8 (n, 3, H, W): interventions act before normalisation; got {images_uint8.dtype}"
-        )
+        raise ValueError(f"images_uint8 must be uint8 (n, 3, H, W): interventions act before normalisation; "
+                         f"got {images_uint8.dtype}")
     if len(images_uint8) != len(labels) or len(labels) == 0:
         raise ValueError(f"need as many labels as images (>0); got {len(images_uint8)} images, {len(labels)} labels")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -330,24 +285,17 @@ def evaluate_checkpoint(
     rpi_paper_pass = plan.need(clean, rpi=plan.rpi_paper, group=plan.rpi_paper.group)
     jpeg_passes = {q: plan.need(j) for q, j in jpegs.items()}
     blur_passes = {s: plan.need(b) for s, b in blurs.items()}
-    alpha_passes = {
-        a: (
-            plan.need(clean, alpha=a, scale=scale),
-            plan.need(jpeg_headline, alpha=a, scale=scale),
-            plan.need(blur_headline, alpha=a, scale=scale),
-            plan.need(clean, alpha=a, scale=scale, rpi=plan.rpi, tokens=True),
-        )
-        for a in scaled_alphas
-    }
+    alpha_passes = {a: (plan.need(clean, alpha=a, scale=scale), plan.need(jpeg_headline, alpha=a, scale=scale),
+                        plan.need(blur_headline, alpha=a, scale=scale),
+                        plan.need(clean, alpha=a, scale=scale, rpi=plan.rpi, tokens=True))
+                    for a in scaled_alphas}
 
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            _run_passes(
-                model, plan, images_uint8, labels,
-                mean=mean, std=std, grid=grid, batch_size=batch_size, device=device,
-            )
+            _run_passes(model, plan, images_uint8, labels, mean=mean, std=std, grid=grid, batch_size=batch_size,
+                        device=device)
     finally:
         model.train(was_training)
 

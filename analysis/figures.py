@@ -17,22 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from analysis.figures_l import (
-    emergence,
-    entropy_per_layer,
-    mad_entropy,
-    mad_per_layer,
-    protocol_summary,
-    training_curves,
-)
-from analysis.figures_p import (
-    accuracy_fragility,
-    fragility_severity,
-    pe_scaling,
-    rope_scaling,
-    ssdc_clean,
-    ssdc_rpi,
-)
+from analysis.figures_l import (emergence, entropy_per_layer, mad_entropy, mad_per_layer, protocol_summary,
+                                training_curves)
+from analysis.figures_p import accuracy_fragility, fragility_severity, pe_scaling, rope_scaling, ssdc_clean, ssdc_rpi
 from analysis.plotting import Plot
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from matplotlib.colors import BoundaryNorm
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
+from analysis import canvas
 from analysis import plotting as pl
 from analysis.labels import model_key, model_label, protocol_key, protocol_label
 from analysis.paper_numbers import PAPER_L_MIN_MAD, PAPER_L_SETTING
@@ -33,7 +34,7 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
         d = df[df["dataset"] == ds]
         protocols = sorted(d["protocol"].unique(), key=protocol_key)
         ncols = min(4, len(protocols))
-        fig, axes = pl.grid(math.ceil(len(protocols) / ncols), ncols, w=3.6, h=2.9, sharey=True, sharex=True)
+        fig, axes = canvas.grid(math.ceil(len(protocols) / ncols), ncols, w=3.6, h=2.9, sharey=True, sharex=True)
         heads = max(int(d["head_index"].max()) + 1, 1)
         pe = pl.held(d, "pe", "ape")
         for ax, proto in zip(axes.flat, protocols):
@@ -47,14 +48,14 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
                 pl.line(ax, s["layer"], s, f"{how} over heads ({pl.n_label(s['n'])})", name=protocol_label(proto),
                         color=pl.colour(pe, False, proto), ls=ls, marker="o" if how == "mean" else "v")
             if metric == "mad":
-                pl.uniform_level(ax, pl.grids(data.trials, ds))
+                canvas.uniform_level(ax, pl.grids(data.trials, ds))
             ax.set_title(pl.panel_title(p, f"n={p['trial_id'].nunique()}"))
             ax.set_xlabel("layer")
             ax.set_ylabel(ylabel)
-            pl.style(ax, layer_axis="x")
+            canvas.style(ax, layer_axis="x")
         for ax in axes.flat[len(protocols):]:
             ax.set_visible(False)
-        pl.legend(axes.flat[0])
+        canvas.legend(axes.flat[0])
         plots.append(pl.plot(f"{title} ({ds})", fig,
                              "Grey dots: every head of every seed (head index is arbitrary across seeds, so heads are "
                              "not averaged by index); solid: mean over heads per layer; dashed: the layer's most "
@@ -64,7 +65,7 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
 
 
 def mad_per_layer(data: StudyData) -> list[pl.Plot]:
-    return _attention_per_layer(data, "mad", "Mean attention distance per layer and head", pl.MAD_LABEL)
+    return _attention_per_layer(data, "mad", "Mean attention distance per layer and head", canvas.MAD_LABEL)
 
 
 def entropy_per_layer(data: StudyData) -> list[pl.Plot]:
@@ -84,7 +85,7 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
     datasets = pl.datasets(both)
     ncols = min(4, len(protocols))
     rows_per_ds = math.ceil(len(protocols) / ncols)
-    fig, axes = pl.grid(len(datasets) * rows_per_ds, ncols, w=3.6, h=3.2, sharex=True, sharey=True)
+    fig, axes = canvas.grid(len(datasets) * rows_per_ds, ncols, w=3.6, h=3.2, sharex=True, sharey=True)
     n_layers = int(both["layer"].max()) + 1
     cmap = colormaps["viridis"]  # colour here is the layer, a scale: the legend says so
     norm = BoundaryNorm(np.arange(n_layers + 1) - 0.5, cmap.N)
@@ -97,21 +98,22 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
             proto = protocols[i]
             p = both[(both["dataset"] == ds) & (both["protocol"] == proto)]
             ax.scatter(p["value_mad"], p["value_ent"], c=p["layer"], cmap=cmap, norm=norm, s=7, alpha=0.35, lw=0)
-            pl.uniform_level(ax, pl.grids(data.trials, ds), axis="x")
+            canvas.uniform_level(ax, pl.grids(data.trials, ds), axis="x")
             # Per layer: mean over heads within a seed, then the mean over seeds on both axes.
             per = p.groupby(["trial_id", "layer"])[["value_mad", "value_ent"]].mean().reset_index()
             for layer, g in per.groupby("layer"):
                 pl.mean_point(ax, g["value_mad"], g["value_ent"], protocol_label(proto), color=cmap(norm(layer)),
                               mec="k", mew=0.6)
-            ax.set(title=pl.panel_title(p, f"n={p['trial_id'].nunique()}"), xlabel=pl.MAD_LABEL,
+            ax.set(title=pl.panel_title(p, f"n={p['trial_id'].nunique()}"), xlabel=canvas.MAD_LABEL,
                    ylabel="normalised entropy")
-            pl.style(ax, min_span=None)
+            canvas.style(ax, min_span=None)
     # Shared axes fitted to every point of every panel: nothing pinned to an edge, nothing cut off.
-    axes.flat[0].set_xlim(*pl.fitted([*both["value_mad"], *map(pl.uniform_mad, pl.grids(data.trials))]))
+    axes.flat[0].set_xlim(*pl.fitted([*both["value_mad"], *map(canvas.uniform_mad, pl.grids(data.trials))]))
     axes.flat[0].set_ylim(*pl.fitted(both["value_ent"]))
     handles = [Line2D([], [], marker="o", ls="none", color=cmap(norm(layer)), mec="k", mew=0.6, label=f"layer {layer}")
                for layer in range(n_layers)]
-    fig.legend(handles=handles, loc="outside right upper", fontsize=pl.SMALL, title="layer", title_fontsize=pl.SMALL)
+    fig.legend(handles=handles, loc="outside right upper", fontsize=canvas.SMALL, title="layer",
+               title_fontsize=canvas.SMALL)
     text = ("Small dots: every head of every seed, coloured by layer; large dots: per-layer mean over heads, then "
             "over seeds. MAD is divided by the largest grid distance √2(G−1) (Study L's own normalisation is "
             f"unpublished); entropy by log N. {pl.UNIFORM_TEXT}")
@@ -127,7 +129,7 @@ def protocol_summary(data: StudyData) -> list[pl.Plot]:
     if not metrics or len(protocols) < 2:
         raise pl.NoData("needs minimum MAD or accuracy for two or more protocols")
     datasets = pl.datasets(pt)
-    fig, axes = pl.grid(len(datasets), len(metrics), w=1.2 + 0.62 * len(protocols), h=3.6)
+    fig, axes = canvas.grid(len(datasets), len(metrics), w=1.2 + 0.62 * len(protocols), h=3.6)
     pe = pl.held(pt, "pe", "ape")
     for row, ds in enumerate(datasets):
         g = pt[pt["dataset"] == ds]
@@ -139,13 +141,13 @@ def protocol_summary(data: StudyData) -> list[pl.Plot]:
                 if metric == "min_mad" and ds == "cifar100" and proto in PAPER_L_MIN_MAD:
                     ax.plot([x + 0.25], [PAPER_L_MIN_MAD[proto]], color="0.3", **pl.PAPER_MARKER)
                 ticks.append(f"{protocol_label(proto)}\nn={t.notna().sum()}")
-            ax.set_xticks(range(len(protocols)), ticks, fontsize=pl.SMALL, rotation=30, ha="right")
+            ax.set_xticks(range(len(protocols)), ticks, fontsize=canvas.SMALL, rotation=30, ha="right")
             ax.set(title=pl.panel_title(g), ylabel=ylabel)
-            pl.style(ax)
+            canvas.style(ax)
             if metric == "min_mad":
-                pl.uniform_level(ax, pl.grids(data.trials, ds))
+                canvas.uniform_level(ax, pl.grids(data.trials, ds))
             if metric == "min_mad" and ds == "cifar100":
-                pl.legend(ax, handles=[pl.paper_handle(PAPER_L_SETTING)])
+                canvas.legend(ax, handles=[pl.paper_handle(PAPER_L_SETTING)])
     return [pl.plot(title, fig, "Minimum MAD = smallest per-head MAD in the network over the heads that are no "
                                 "CLS sink (CLS mass < 0.5); colour: the protocol's, as in every figure; paper "
                                 "stars only on CIFAR-100 (its MAD normalisation is unpublished: compare shape, "
@@ -181,7 +183,7 @@ def emergence(data: StudyData) -> list[pl.Plot]:
     if not panels:
         raise pl.NoData("no MAD or SSDC rows at several checkpoints")
     datasets = sorted(set().union(*(pl.datasets(p[1]) for p in panels)))
-    fig, axes = pl.grid(len(datasets), len(panels))
+    fig, axes = canvas.grid(len(datasets), len(panels))
     for row, ds in enumerate(datasets):
         for col, (label, per, series, _) in enumerate(panels):
             ax = axes[row, col]
@@ -203,10 +205,10 @@ def emergence(data: StudyData) -> list[pl.Plot]:
             ax.set_xticks(epochs, [str(e) for e in epochs])
             ax.xaxis.set_minor_locator(NullLocator())
             if label == "minimum MAD":
-                pl.uniform_level(ax, pl.grids(data.trials, ds))
+                canvas.uniform_level(ax, pl.grids(data.trials, ds))
             ax.set(title=pl.panel_title(rows), xlabel="checkpoint epoch (0 = untrained)", ylabel=label)
-            pl.style(ax)
-            pl.legend(ax)
+            canvas.style(ax)
+            canvas.legend(ax)
     pinned = "; ".join(p[3] for p in panels if p[3])
     text = "Trials measured at two or more checkpoints; x is symmetric-log; minimum MAD over heads that are no CLS sink."
     return [pl.plot(title, fig, f"{text} {pl.UNIFORM_TEXT}" if panels[0][0] == "minimum MAD" else text, pinned)]
@@ -223,7 +225,7 @@ def training_curves(data: StudyData) -> list[pl.Plot]:
     e, pinned = data.pin(e, {"protocol"} if e.groupby(["pe", "rpt", "protocol"]).ngroups > 10
                          else {"pe", "rpt", "protocol"})
     datasets = pl.datasets(e)
-    fig, axes = pl.grid(1, len(datasets), w=5.2, h=3.6, sharey=True)
+    fig, axes = canvas.grid(1, len(datasets), w=5.2, h=3.6, sharey=True)
     for ax, ds in zip(axes[0], datasets):
         rows = e[e["dataset"] == ds]
         s = summarise(rows, ["pe", "rpt", "protocol", "epoch"])
@@ -237,6 +239,6 @@ def training_curves(data: StudyData) -> list[pl.Plot]:
             pl.line(ax, g["epoch"], g, f"{name} ({pl.n_label(g['n'])})", color=pl.colour(pe, rpt, proto),
                     ls="--" if rpt else "-")
         ax.set(title=pl.panel_title(rows), xlabel="epoch", ylabel=value.replace("_", " "))
-        pl.style(ax, layer_axis="x")  # integer epochs
-        pl.legend(ax)
+        canvas.style(ax, layer_axis="x")  # integer epochs
+        canvas.legend(ax)
     return [pl.plot(title, fig, f"{value} after each epoch.", pinned)]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from analysis import canvas
 from analysis import plotting as pl
 from analysis.labels import model_key, model_label
 from analysis.paper_numbers import PAPER_P_APE_SCALING, PAPER_P_MODELS, PAPER_P_SETTING
@@ -31,14 +32,14 @@ def _ssdc_depth(data: StudyData, intervention: str, title: str, text: str) -> li
         raise pl.NoData(f"no ({intervention}, ssdc) rows at the final checkpoint")
     df, pinned = data.pin(df, {"pe", "rpt"})
     datasets = pl.datasets(df)
-    fig, axes = pl.grid(1, len(datasets), sharey=True)
+    fig, axes = canvas.grid(1, len(datasets), sharey=True)
     for ax, ds in zip(axes[0], datasets):
         rows = df[df["dataset"] == ds]
         _model_lines(ax, rows, summarise(rows, ["pe", "rpt", "layer"]), "layer")
         ax.axhline(0, color="k", lw=0.6)
         ax.set(title=pl.panel_title(rows), xlabel="layer l (input of block l)", ylabel="SSDC")
-        pl.style(ax, layer_axis="x")
-        pl.legend(ax)
+        canvas.style(ax, layer_axis="x")
+        canvas.legend(ax)
     return [pl.plot(title, fig, text, pinned)]
 
 
@@ -62,7 +63,7 @@ def fragility_severity(data: StudyData) -> list[pl.Plot]:
         raise pl.NoData("no (jpeg, fs) or (blur, fs) rows at the final checkpoint")
     frames = {k: data.pin(data.select(k, "fs"), {"pe", "rpt"}) for k, _ in kinds}
     datasets = sorted(set().union(*(pl.datasets(f) for f, _ in frames.values())))
-    fig, axes = pl.grid(len(datasets), len(kinds))
+    fig, axes = canvas.grid(len(datasets), len(kinds))
     for row, ds in enumerate(datasets):
         for col, (kind, xlabel) in enumerate(kinds):
             ax, df = axes[row, col], frames[kind][0]
@@ -82,8 +83,8 @@ def fragility_severity(data: StudyData) -> list[pl.Plot]:
                 ax.invert_xaxis()
             ax.axhline(0, color="k", lw=0.6)
             ax.set(title=pl.panel_title(rows, kind), xlabel=xlabel, ylabel="FS = 1 - acc_shift / acc_clean")
-            pl.style(ax)
-            pl.legend(ax, handles=handles)
+            canvas.style(ax)
+            canvas.legend(ax, handles=handles)
     pinned = "; ".join(p for _, p in frames.values() if p)
     return [pl.plot(title, fig, "Fragility score per severity level. Paper stars (JPEG q5, blur sigma 2.5) only "
                                 "where the setting matches (ImageNet-100 / 224 px).", pinned)]
@@ -97,7 +98,7 @@ def _alpha_scaling(data: StudyData, intervention: str, title: str, xlabel: str, 
         raise pl.NoData(f"no {intervention} rows at the final checkpoint")
     frames = {m: data.pin(data.select(intervention, m), {"pe", "rpt"}) for m, _ in metrics}
     datasets = sorted(set().union(*(pl.datasets(f) for f, _ in frames.values())))
-    fig, axes = pl.grid(len(datasets), len(metrics))
+    fig, axes = canvas.grid(len(datasets), len(metrics))
     for row, ds in enumerate(datasets):
         for col, (metric, ylabel) in enumerate(metrics):
             ax, df = axes[row, col], frames[metric][0]
@@ -116,8 +117,8 @@ def _alpha_scaling(data: StudyData, intervention: str, title: str, xlabel: str, 
                                 **pl.PAPER_MARKER)
                 handles.append(pl.paper_handle(f"{PAPER_P_SETTING}, ape"))
             ax.set(title=pl.panel_title(rows), xlabel=xlabel, ylabel=ylabel)
-            pl.style(ax)
-            pl.legend(ax, handles=handles)
+            canvas.style(ax)
+            canvas.legend(ax, handles=handles)
     pinned = "; ".join(p for _, p in frames.values() if p)
     return [pl.plot(title, fig, text, pinned)]
 
@@ -150,7 +151,7 @@ def accuracy_fragility(data: StudyData) -> list[pl.Plot]:
     if not metrics or len(models) < 2:
         raise pl.NoData("needs accuracy or fragility for two or more models")
     datasets = pl.datasets(pt)
-    fig, axes = pl.grid(len(datasets), len(metrics), w=1.0 + 0.75 * len(models))
+    fig, axes = canvas.grid(len(datasets), len(metrics), w=1.0 + 0.75 * len(models))
     protocol = pl.held(pt, "protocol")
     for row, ds in enumerate(datasets):
         g = pt[pt["dataset"] == ds]
@@ -165,11 +166,11 @@ def accuracy_fragility(data: StudyData) -> list[pl.Plot]:
                 if paper and data.matches_paper_p(ds):
                     ax.plot([x + 0.25], [paper[metric]], color=colour, **pl.PAPER_MARKER)
                 ticks.append(f"{model_label(pe, rpt)}\nn={t[metric].notna().sum()}")
-            ax.set_xticks(range(len(models)), ticks, fontsize=pl.SMALL)
+            ax.set_xticks(range(len(models)), ticks, fontsize=canvas.SMALL)
             ax.set(title=pl.panel_title(g), ylabel=ylabel)
-            pl.style(ax)
+            canvas.style(ax)
             if data.matches_paper_p(ds):
-                pl.legend(ax, handles=[pl.paper_handle(PAPER_P_SETTING)])
+                canvas.legend(ax, handles=[pl.paper_handle(PAPER_P_SETTING)])
     text = "Accuracy on the full test split; FS at JPEG q5 and blur sigma 2.5."
     if pl.drawn(fig).se:
         text += (" Accuracy's SE is over the test split's images, FS's over the analysis set's; every seed sees "

@@ -2,27 +2,23 @@
 
 Each intervention acts in one of two places, and says which by what it returns:
 
-- on the images, ``images(x)``: uint8 (B, 3, H, W) -> uint8 (B, 3, H, W), before
-  normalisation (``jpeg``, ``blur``): the "content-destroying shifts" of the
-  fragility score;
-- on the model call, ``model_kwargs(...)`` -> kwargs for ``ViT.forward``
-  (``rpi`` -> ``perm``, ``pe_scale`` and ``rope_scale`` -> ``pe_scale``).
+- on the images, ``images(x)``: uint8 (B, 3, H, W) -> uint8 (B, 3, H, W), before normalisation
+  (``jpeg``, ``blur``): the "content-destroying shifts" of the fragility score;
+- on the model call, ``model_kwargs(...)`` -> kwargs for ``ViT.forward`` (``rpi`` -> ``perm``,
+  ``pe_scale`` and ``rope_scale`` -> ``pe_scale``).
 
-``pe_scale`` is Study P's PE scaling, defined for additive PEs only (a weaker
-position signal). ``rope_scale`` multiplies RoPE's rotation angles, which is
-position interpolation, not a weaker signal: the logit at alpha 0.5 for offset
-(0, 2) equals the alpha 1 logit for offset (0, 1), and q/k norms do not change.
-It is kept as its own intervention so it never lands on the axes or in the
-claims of Study P's scaling.
+``pe_scale`` is Study P's PE scaling, defined for additive PEs only (a weaker position signal).
+``rope_scale`` multiplies RoPE's rotation angles, which is position interpolation, not a weaker signal:
+the logit at alpha 0.5 for offset (0, 2) equals the alpha 1 logit for offset (0, 1), and q/k norms do
+not change. It is kept as its own intervention so it never lands on the axes or in the claims of Study
+P's scaling.
 
-``clean`` does neither. Interventions compose: a condition is a tuple of them,
-applied with ``apply_condition``. Make one from its class (``Jpeg(5)``,
-``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``, ``RandomPermutation(seed=0)``: one permutation per image;
-``RandomPermutation(seed=0, group=PAPER_RPI_BATCH)``: one per 1,000 images, the paper's batch);
-``INTERVENTIONS`` is the registry by name and ``DEFAULT_LEVELS`` the severity grids.
-
-JPEG quality 5 and blur kernel 5 / sigma 2.5 are the paper's headline shifts,
-set for 224 px images; at 32 px they are far harsher, hence the grids.
+``clean`` does neither. Interventions compose: a condition is a tuple of them, applied with
+``apply_condition``. Make one from its class (``Jpeg(5)``, ``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``,
+``RandomPermutation(seed=0)``: one permutation per image; ``RandomPermutation(seed=0,
+group=PAPER_RPI_BATCH)``: one per 1,000 images, the paper's batch); ``INTERVENTIONS`` is the registry by
+name and ``DEFAULT_LEVELS`` the severity grids. JPEG quality 5 and blur kernel 5 / sigma 2.5 are the
+paper's headline shifts, set for 224 px images; at 32 px they are far harsher, hence the grids.
 """
 
 from __future__ import annotations
@@ -79,11 +75,8 @@ class Clean(Intervention):
 
 @dataclass(frozen=True)
 class Jpeg(Intervention):
-    """JPEG round trip at ``quality`` (1..100), per image with libjpeg on the CPU.
-
-    CPU even for GPU batches: nvjpeg encodes slightly differently, and the same
-    quality should mean the same pixels on every machine.
-    """
+    """JPEG round trip at ``quality`` (1..100), per image with libjpeg on the CPU, even for GPU batches:
+    nvjpeg encodes slightly differently, and the same quality should mean the same pixels on every machine."""
 
     quality: int
     name: ClassVar[str] = "jpeg"
@@ -161,14 +154,12 @@ def rpi_image_permutations(seed: int, positions: range, num_patches: int) -> tor
 
 @dataclass(frozen=True)
 class RandomPermutation(Intervention):
-    """RPI: seeded permutations of the patch tokens, passed as the model's ``perm``.
-
-    ``group`` 1 (the default): one permutation per image, so the scrambled content averages out over the
-    evaluation set and SSDC under RPI has one estimand whatever the batch or evaluation size. ``group``
-    k: the evaluation set's images ``k*g .. k*g + k - 1`` share one permutation (the paper's code: one
-    ``randperm`` per forward pass of ``PAPER_RPI_BATCH`` images), whose SSDC depends on k. Either way
-    independent of the batches the evaluation runs in.
-    """
+    """RPI: seeded permutations of the patch tokens, passed as the model's ``perm``. ``group`` 1 (the
+    default): one permutation per image, so the scrambled content averages out over the evaluation set and
+    SSDC under RPI has one estimand whatever the batch or evaluation size. ``group`` k: the evaluation
+    set's images ``k*g .. k*g + k - 1`` share one permutation (the paper's code: one ``randperm`` per
+    forward pass of ``PAPER_RPI_BATCH`` images), whose SSDC depends on k. Either way independent of the
+    batches the evaluation runs in."""
 
     seed: int = 0
     group: int = 1
@@ -217,14 +208,8 @@ INTERVENTIONS: dict[str, type[Intervention]] = {
 DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS, "rope_scale": ALPHAS}
 
 
-def apply_condition(
-    condition: Sequence[Intervention],
-    images: torch.Tensor,
-    *,
-    positions: range,
-    num_patches: int,
-    device: torch.device | str,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def apply_condition(condition: Sequence[Intervention], images: torch.Tensor, *, positions: range, num_patches: int,
+                    device: torch.device | str) -> tuple[torch.Tensor, dict[str, Any]]:
     """Apply a tuple of interventions to one uint8 batch: (transformed uint8 images, merged model kwargs).
 
     positions: the batch's images' positions in the evaluation set (``range(start, start + B)``)."""

@@ -3,29 +3,23 @@
     vitsweep analyze demo                      # final checkpoints
     vitsweep analyze study_l --checkpoints all # plus the log-spaced snapshots
 
-One Ray Data row per checkpoint (from the ``trials`` table); a pool of
-stateful actors (``Measurer``) each loads the evaluation set of a data set
-once (the whole test split; ``--eval-size`` caps it at a seeded subset) and a
-model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
-interventions of both studies; the interventions share each transformed
-image batch, so a checkpoint, not a checkpoint x intervention pair, is the
-unit of work) and writes that checkpoint's measurement rows to Parquet and, on the
-trial's MLflow run, its scalars, per-layer curves and figure
-(``analysis.trial_record``). Last, the wide ``summary`` table (one row per
-trial) is rewritten from everything measured so far. A corrupt or missing checkpoint is
-reported and skipped; the others are still measured. A storage fault (a full or read-only
-results folder, an MLflow store that does not answer) is no checkpoint's fault: it ends the
-analysis, and the command says so in one line. A checkpoint counts as measured when its
-Parquet file exists, and that file is written last, after its MLflow record: a fault between
-the two leaves it unmeasured, and the rerun logs only the MLflow points still missing.
-Re-running skips checkpoints already measured unless ``force``; a study's checkpoints are
-all measured on one number of images, so an ``eval_size`` that gives another than the rows
-already measured is refused unless ``force`` measures them all again.
+One Ray Data row per checkpoint (from the ``trials`` table); a pool of stateful actors (``Measurer``)
+each loads a data set's evaluation set once (the whole test split; ``--eval-size`` caps it at a seeded
+subset) and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all interventions of both
+studies share each transformed image batch, so a checkpoint is the unit of work) and writes that
+checkpoint's measurement rows to Parquet and, on the trial's MLflow run, its scalars, per-layer curves
+and figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
+rewritten from everything measured so far. A corrupt or missing checkpoint is reported and skipped. A
+storage fault (a full or read-only results folder, an MLflow store that does not answer) is no
+checkpoint's fault: it ends the analysis, in one line. A checkpoint counts as measured when its Parquet
+file exists, written last, after its MLflow record: a fault between the two leaves it unmeasured, and
+the rerun logs only the MLflow points still missing. Re-running skips checkpoints already measured
+unless ``force``; an ``eval_size`` that gives another number of images than the rows already measured
+is refused unless ``force`` measures them all again.
 
-Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every
-CPU starves Ray Data's other tasks and hangs forever, so the actors' CPU
-shares leave one CPU of the cluster's resources unreserved; on CPUs there
-is still one single-threaded actor per core (``pool_size``).
+Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every CPU starves Ray Data's other
+tasks and hangs forever, so the actors' CPU shares leave one CPU unreserved; on CPUs there is still one
+single-threaded actor per core (``pool_size``).
 """
 
 from __future__ import annotations
@@ -104,8 +98,7 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"trial_id": [], "epoch": [], "path": [], "status": [], "rows": [], "seconds": [], "images": [],
-               "note": []}
+        out = {k: [] for k in ("trial_id", "epoch", "path", "status", "rows", "seconds", "images", "note")}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -122,14 +115,10 @@ class Measurer:
                 if _storage_side(exc):  # ...but a fault of the storage stops it: every checkpoint would fail
                     raise
                 n, status = 0, f"error: {type(exc).__name__}: {exc}"
-            out["trial_id"].append(str(trial_id))
-            out["epoch"].append(int(epoch))
-            out["path"].append(str(path))
-            out["status"].append(status)
-            out["rows"].append(n)
-            out["seconds"].append(time.perf_counter() - t0)
-            out["images"].append(len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0)
-            out["note"].append(note)
+            images = len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0
+            for key, value in zip(out, (str(trial_id), int(epoch), str(path), status, n, time.perf_counter() - t0,
+                                        images, note)):
+                out[key].append(value)
         return {k: np.asarray(v) for k, v in out.items()}
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> tuple[int, str]:
@@ -182,11 +171,10 @@ def _fetch(path: str) -> str:
 
 def pool_size(cpus: float, gpus: float, max_actors: int | None, gpus_per_actor: float) -> tuple[int, float, float]:
     """(actors, cpus per actor, gpus per actor) for a cluster of ``cpus`` and ``gpus``, with a CPU to spare.
-
     CPU actors: one per core, one thread each, their CPU shares adding up to one CPU less than the
-    cluster's. A Ray CPU is a reservation, not a core: the one left unreserved keeps Ray Data's own
-    tasks running (see the module docstring), and an actor's thread still uses the core, so 2 cores
-    measure two checkpoints at once instead of one."""
+    cluster's. A Ray CPU is a reservation, not a core: the one left unreserved keeps Ray Data's own tasks
+    running (see the module docstring), and an actor's thread still uses the core, so 2 cores measure two
+    checkpoints at once instead of one."""
     if gpus >= 1 and gpus_per_actor > 0:
         fit = max(1, math.floor(gpus / gpus_per_actor))
         cpu_each = max(0.5, min(2.0, (cpus - 1) / fit))
@@ -221,14 +209,11 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     total = ray.cluster_resources()
     actors, cpu_each, gpu_each = pool_size(total.get("CPU", 1.0), total.get("GPU", 0.0), max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
-        Measurer,
-        fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,
-                               "eval_size": eval_size, "batch_size": batch_size, "threads": int(max(1, cpu_each))},
-        batch_size=1,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
-        num_cpus=cpu_each,
-        num_gpus=gpu_each or None,
-    )
+        Measurer, fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,
+                                         "eval_size": eval_size, "batch_size": batch_size,
+                                         "threads": int(max(1, cpu_each))},
+        batch_size=1, compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=cpu_each,
+        num_gpus=gpu_each or None)
 
     statuses, ended = [], []
     # `vitsweep status` shows the stage, and what continues it when it is cut short
@@ -277,13 +262,11 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
 
 
 def eta_s(ended: list[float], seconds: list[float], total: int, actors: int) -> float | None:
-    """Seconds until the last of ``total`` checkpoints is measured, given the times the first ones
-    ended (``ended``, any clock) and how long each took (``seconds``) on a pool of ``actors``.
-
-    From the second checkpoint on, the rate since the first one ended: it leaves out the pool's
-    start-up (Ray Data, actors importing torch, the data set's load), which made the first ETAs
-    2-4x too high, and counts the actors working at once. After the first, its own seconds over
-    the actors."""
+    """Seconds until the last of ``total`` checkpoints is measured, given the times the first ones ended
+    (``ended``, any clock) and how long each took (``seconds``) on a pool of ``actors``. From the second
+    checkpoint on, the rate since the first one ended: it leaves out the pool's start-up (Ray Data,
+    actors importing torch, the data set's load), which made the first ETAs 2-4x too high, and counts the
+    actors working at once. After the first, its own seconds over the actors."""
     left = total - len(ended)
     if left <= 0:
         return 0.0 if ended else None

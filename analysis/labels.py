@@ -14,13 +14,8 @@ from records.vocab import MODERN, PES, SWITCHES, canonical_protocol
 FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` makes it a trial
 REFERENCE = {"pe": "ape", "rpt": False, "protocol": "baseline"}  # the setting a factor is pinned to
 SWITCH_LABELS = {"autoaugment": "AA", "cutmix": "CutMix", "label_smoothing": "LS"}  # table heads, group names
-METRIC_LABELS = {
-    "min_mad": "minimum MAD",
-    "test_acc": "test accuracy",
-    "dssdc": "dSSDC under RPI",
-    "fs_jpeg": "FS JPEG q5",
-    "fs_blur": "FS blur s2.5",
-}
+METRIC_LABELS = {"min_mad": "minimum MAD", "test_acc": "test accuracy", "dssdc": "dSSDC under RPI",
+                 "fs_jpeg": "FS JPEG q5", "fs_blur": "FS blur s2.5"}
 
 
 def protocol_label(name: str) -> str:

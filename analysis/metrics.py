@@ -1,20 +1,18 @@
 """Spatial-structure metrics of a ViT's tokens and attention maps (STUDIES.md).
 
 Pure functions and small accumulators: tensors in, numbers out, no I/O, on the tensors' device.
+Dimension alphabet: B images, N = G*G patch tokens (row-major grid: token ``i`` sits at
+``(i // G, i % G)``), D channels, H heads, T = 1 + N tokens with CLS.
 
-Dimension alphabet: B images, N = G*G patch tokens (row-major grid: token ``i``
-sits at ``(i // G, i % G)``), D channels, H heads, T = 1 + N tokens with CLS.
-
-- SSDC (Study P): Spearman rank correlation between the cosine similarity of
-  patch tokens, averaged over all evaluation images, and minus their grid
-  distance, over pairs ``i < j``, ties given their average rank exactly as
-  ``scipy.stats.spearmanr`` does (Manhattan distances on an 8x8 grid take only
+- SSDC (Study P): Spearman rank correlation between the cosine similarity of patch tokens, averaged
+  over all evaluation images, and minus their grid distance, over pairs ``i < j``, ties given their
+  average rank exactly as ``scipy.stats.spearmanr`` does (Manhattan distances on an 8x8 grid take only
   14 values over 2,016 pairs, so the tie rule matters).
 - Mean attention distance, normalised attention entropy (Study L) and the CLS mass, per head.
 - Fragility score FS and dSSDC (Study P).
 
 The ``*Accumulator`` classes sum over batches so a metric covers the whole evaluation set without
-holding every token or attention map; the one-shot functions are the same on a single batch.
+holding every token or attention map.
 """
 
 from __future__ import annotations
@@ -54,10 +52,8 @@ def pairwise_distance(coords: torch.Tensor, distance: str = "manhattan") -> torc
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
-    """Ranks 1..n of a 1-D tensor, tied values sharing their average rank.
-
-    Same result as ``scipy.stats.rankdata(values, method="average")``. values: (n,). Returns (n,) float64.
-    """
+    """Ranks 1..n of a 1-D tensor (n,), tied values sharing their average rank, as
+    ``scipy.stats.rankdata(values, method="average")``. Returns (n,) float64."""
     sorted_values, order = torch.sort(values, stable=True)
     _, group, counts = torch.unique_consecutive(sorted_values, return_inverse=True, return_counts=True)
     # A group of `c` ties ending at 1-based rank `e` spans ranks e-c+1 .. e: average e - (c-1)/2.
@@ -87,10 +83,8 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def _cosine_similarity_sum(tokens: torch.Tensor) -> torch.Tensor:
-    """Sum over images of the patch tokens' cosine-similarity matrices.
-
-    tokens: (B, N, D). Returns (N, N) in at least float32 (float64 stays float64).
-    """
+    """Sum over images of the patch tokens' (B, N, D) cosine-similarity matrices: (N, N) in at least
+    float32 (float64 stays float64)."""
     x = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
     x = F.normalize(x, dim=-1)
     # One batched matmul, then the sum: ~2x faster on CPU than einsum("bnd,bmd->nm"), which first
@@ -99,12 +93,9 @@ def _cosine_similarity_sum(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """Put permuted patch tokens back at their patches' grid positions.
-
-    tokens: (B, N, D), where token ``i`` of image ``b`` carries patch ``perm[b, i]``
-    (the model's ``patches[b, i] <- patches[b, perm[b, i]]``). perm: (N,) shared by
-    the batch, or (B, N). Returns (B, N, D) with ``out[b, perm[b, i]] = tokens[b, i]``.
-    """
+    """Put permuted patch tokens back at their patches' grid positions. tokens: (B, N, D), where token
+    ``i`` of image ``b`` carries patch ``perm[b, i]`` (the model's ``patches[b, i] <- patches[b, perm[b, i]]``).
+    perm: (N,) shared by the batch, or (B, N). Returns (B, N, D) with ``out[b, perm[b, i]] = tokens[b, i]``."""
     batch, num_tokens, dim = tokens.shape
     perm = perm.to(tokens.device, torch.long)
     if perm.dim() == 1:
@@ -117,16 +108,12 @@ def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 class SSDCAccumulator:
-    """SSDC over a whole evaluation set, fed one batch at a time.
-
-    Keeps the running sum of per-image cosine-similarity matrices (N, N) and the image count, so
-    ``S`` is averaged over every image (the published code keeps only the last batch: a bug). One
-    accumulator per (condition, layer, coordinate frame): ``update`` with ``perm`` scores content
-    coordinates, without it index coordinates.
-
-    grid: side G of the patch grid (N = G*G), used for row-major coordinates
-    unless ``coords`` (N, 2) overrides them. distance: one of ``DISTANCES``.
-    """
+    """SSDC over a whole evaluation set, fed one batch at a time: Spearman({S_ij}, {-D_ij}) over pairs
+    i < j, S the cosine-similarity matrix of the patch tokens averaged over every image (the published
+    code keeps only the last batch: a bug), D the grid distance of the tokens' positions. One accumulator
+    per (condition, layer, coordinate frame): ``update`` with ``perm`` scores content coordinates,
+    without it index coordinates. grid: side G of the patch grid (N = G*G), used for row-major
+    coordinates unless ``coords`` (N, 2) overrides them. distance: one of ``DISTANCES``."""
 
     def __init__(self, grid: int, *, coords: torch.Tensor | None = None, distance: str = "manhattan"):
         if distance not in DISTANCES:
@@ -144,12 +131,9 @@ class SSDCAccumulator:
         return self.coords.shape[0]
 
     def update(self, tokens: torch.Tensor, perm: torch.Tensor | None = None) -> None:
-        """Add a batch of patch tokens (B, N, D), CLS excluded.
-
-        perm: None to score tokens at their indices (index coordinates, e.g. RPI
-        against the index frame); or the batch's permutation, (N,) or (B, N), to
-        un-permute tokens to their patches' positions first (content coordinates).
-        """
+        """Add a batch of patch tokens (B, N, D), CLS excluded. perm: None to score tokens at their
+        indices (index coordinates, e.g. RPI against the index frame); or the batch's permutation, (N,) or
+        (B, N), to un-permute tokens to their patches' positions first (content coordinates)."""
         if tokens.dim() != 3 or tokens.shape[1] != self.num_patches:
             raise ValueError(f"tokens must be (B, {self.num_patches}, D) patch tokens; got {tuple(tokens.shape)}")
         if perm is not None:
@@ -192,24 +176,6 @@ class GroupSSDC:
         return math.fsum(a.ssdc() for a in self.groups.values()) / len(self.groups)
 
 
-def ssdc(
-    tokens: torch.Tensor,
-    grid: int,
-    *,
-    coords: torch.Tensor | None = None,
-    distance: str = "manhattan",
-) -> float:
-    """Spatial similarity-distance correlation of one set of patch tokens.
-
-    tokens: (B, N, D) patch tokens (CLS excluded). S = cosine-similarity matrix
-    averaged over B; D_ij = grid distance of the tokens' row-major positions
-    (or of ``coords`` (N, 2)); returns Spearman({S_ij}, {-D_ij}) over i < j.
-    """
-    accumulator = SSDCAccumulator(grid, coords=coords, distance=distance)
-    accumulator.update(tokens)
-    return accumulator.ssdc()
-
-
 def delta_ssdc(ssdc_per_layer: Sequence[float]) -> float:
     """dSSDC = SSDC(layer 1) - SSDC(layer 0) (Study P; measured under RPI, index coordinates)."""
     if len(ssdc_per_layer) < 2:
@@ -228,11 +194,9 @@ _CPU_CHUNK_WEIGHTS = 1 << 18
 
 def _attention_query_sums(attn: torch.Tensor, distance: torch.Tensor, has_cls: bool) -> tuple[torch.Tensor, ...]:
     """Per-head sums over images and patch queries of (expected key distance, the same without
-    renormalising, entropy in nats, CLS mass).
-
-    attn: (B, H, T, T) softmax maps; distance: (N, N) grid distances in attn's float dtype.
-    The CLS row and column are dropped and each patch row renormalised to p = A / r, r = the row's
-    mass on patch keys. p itself is never materialised (one pass fewer over the maps):
+    renormalising, entropy in nats, CLS mass). attn: (B, H, T, T) softmax maps; distance: (N, N) grid
+    distances in attn's float dtype. The CLS row and column are dropped and each patch row renormalised
+    to p = A / r, r = the row's mass on patch keys. p itself is never materialised (one pass fewer):
         sum_k p_k d_k      = (sum_k A_k d_k) / r
         -sum_k p_k log p_k = log r - (sum_k A_k log A_k) / r
     The unrenormalised distance is sum_k A_k d_k itself: the mass a query gave CLS counts as distance 0
@@ -264,8 +228,8 @@ def max_grid_distance(grid: int) -> float:
 class AttentionAccumulator:
     """Per-head mean attention distance, entropy and CLS mass of one layer, over many batches.
 
-    Sums per-query values over images and queries, so the means equal the one-shot functions on the
-    concatenated batches. grid: side G. has_cls: whether token 0 of the maps is CLS (then dropped
+    Sums per-query values over images and queries, so the means equal one pass over the concatenated
+    batches. grid: side G. has_cls: whether token 0 of the maps is CLS (then dropped
     from rows and columns, and its received mass tracked as ``cls_mass``).
     """
 
@@ -322,56 +286,15 @@ class AttentionAccumulator:
         return self._mean(self.cls_mass_sum)
 
 
-def mean_attention_distance(
-    attn: torch.Tensor, grid: int, *, has_cls: bool = True, normalize: bool = True, renormalize: bool = True
-) -> torch.Tensor:
-    """Mean attention distance per head (Study L).
-
-    attn: (B, H, T, T) softmax maps. CLS row and column dropped, rows renormalised
-    to 1; d(q, k) = Euclidean grid distance; mean over images and queries of
-    sum_k A[q, k] d(q, k). Divided by sqrt(2)(G - 1) when ``normalize`` (so in
-    [0, 1]), raw in patches otherwise. ``renormalize`` False: rows not renormalised (CLS mass counts
-    as distance 0). Returns (H,) float64.
-    """
-    accumulator = AttentionAccumulator(grid, has_cls=has_cls)
-    accumulator.update(attn)
-    return accumulator.mean_attention_distance(normalize=normalize, renormalize=renormalize)
-
-
-def attention_entropy(attn: torch.Tensor, grid: int, *, has_cls: bool = True) -> torch.Tensor:
-    """Normalised attention entropy per head (Study L).
-
-    attn: (B, H, T, T) softmax maps. -sum_k p_k log p_k over the renormalised
-    patch keys, divided by log N; mean over images and queries (0 log 0 = 0).
-    Returns (H,) float64 in [0, 1].
-    """
-    accumulator = AttentionAccumulator(grid, has_cls=has_cls)
-    accumulator.update(attn)
-    return accumulator.entropy()
-
-
-def cls_attention_mass(attn: torch.Tensor) -> torch.Tensor:
-    """Attention mass patch queries give the CLS key, per head.
-
-    attn: (B, H, 1 + N, 1 + N) softmax maps, CLS first: ``attn[b, h, q, 0]`` averaged over images b
-    and the N patch queries q (the CLS row excluded). Returns (H,) float64.
-    """
-    if attn.dim() != 4:
-        raise ValueError(f"attn must be (B, H, T, T); got {tuple(attn.shape)}")
-    return attn[:, :, 1:, 0].to(torch.float64).mean((0, 2))
-
-
 # --------------------------------------------------------------------------- robustness
 
 
 def fragility(acc_clean: float, acc_shift: float) -> float:
-    """Fragility score FS = 1 - acc_shift / acc_clean (Study P).
+    """Fragility score FS = 1 - acc_shift / acc_clean (Study P), accuracies as fractions in [0, 1].
 
-    Accuracies are fractions in [0, 1]. FS is undefined when the clean accuracy is 0 (an untrained
-    or collapsed model can score 0 on a small subset): NaN rather than raising, so one degenerate
-    checkpoint does not abort a whole analysis job; NaN inputs also give NaN. Values outside [0, 1]
-    raise ValueError (a caller passed percentages or counts).
-    """
+    FS is undefined when the clean accuracy is 0 (an untrained or collapsed model can score 0 on a small
+    subset): NaN rather than raising, so one degenerate checkpoint does not abort a whole analysis job;
+    NaN inputs also give NaN. Values outside [0, 1] raise ValueError (percentages or counts)."""
     acc_clean, acc_shift = float(acc_clean), float(acc_shift)
     if math.isnan(acc_clean) or math.isnan(acc_shift):
         return math.nan

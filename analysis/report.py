@@ -4,16 +4,14 @@
     build_report("results", "study_l")           # -> results/study_l/report/index.html
 
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
-``<results>/<study>/report/``: per figure a PNG (150 dpi) and an SVG beside it, one self-contained
-``index.html`` (figures inline as base64 PNGs), and for a paper the claims, the conditions table and
-the protocol ablation table as CSV (numbers, empty where there is none) and LaTeX (``TABLES``). Given a tracking URI, it logs
-the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in its experiment,
-and where the URI is an http(s) server the per-trial table links each trial's run. Any table may
-be missing or empty: a figure without its data is replaced by a one-line note, never an error.
-The data model is ``analysis.study_data`` (what a condition and a trial are: its docstring), figures
-live in ``analysis.figures``, claims in ``analysis.claims``, the tables of numbers in
-``analysis.condition_tables``, the HTML in ``analysis.page``; this module draws the figures, writes
-the files and logs them.
+``<results>/<study>/report/``: per figure a PNG (150 dpi), an SVG and a PDF, one self-contained
+``index.html`` (figures inline as base64 PNGs), and for a paper the claims, the conditions table and the
+protocol ablation table as CSV (numbers, empty where there is none) and LaTeX (``TABLES``). Given a
+tracking URI, it logs the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in
+its experiment, and where the URI is an http(s) server the per-trial table links each trial's run. Any
+table may be missing or empty: a figure without its data is replaced by a one-line note, never an
+error. This module draws the figures (``analysis.figures``), writes the files (the page:
+``analysis.page``) and logs them; what a condition and a trial are is ``analysis.study_data``'s docstring.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     report goes (default: ``records.layout.report_dir``). mlflow_uri: where
     to log the report (run ``<study>-report``) and, for an http(s) server, whose runs to link; None
     logs nothing."""
-    from analysis import figures, plotting  # matplotlib: imported when figures are drawn, not for --help
+    from analysis import canvas, figures, plotting  # matplotlib: imported when figures are drawn, not for --help
 
     out_dir = report_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
@@ -66,13 +64,13 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
             continue
         for plot in plots:
             name = page.slug(plot.title)
-            png = plotting.render_png(plot.figure)
+            png = canvas.render_png(plot.figure)
             (out / f"{name}.png").write_bytes(png)
-            (out / f"{name}.svg").write_bytes(plotting.render_svg(plot.figure))
-            (out / f"{name}.pdf").write_bytes(plotting.render_pdf(plot.figure))
-            # Shown at a fixed scale (plotting.PX_PER_IN), so every figure's text renders at one size.
+            (out / f"{name}.svg").write_bytes(canvas.render_svg(plot.figure))
+            (out / f"{name}.pdf").write_bytes(canvas.render_pdf(plot.figure))
+            # Shown at a fixed scale (canvas.PX_PER_IN), so every figure's text renders at one size.
             body[section].append(page.figure_html(plot.title, plot.caption, name, png,
-                                                  plotting.display_px(plot.figure)))
+                                                  canvas.display_px(plot.figure)))
     body["L"].extend(page.ablation_html(data))
     body["T"].insert(0, page.conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)

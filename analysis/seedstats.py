@@ -1,23 +1,22 @@
 """Statistics across seeds: summaries, sampling errors and two-condition comparisons.
 
-Every number is a statistic *across seeds*: one trial (one seed of one condition) is one unit, so
-``n`` is always the number of trials behind a value. Every seed is measured on the same evaluation
-images, so the seed spread holds no test-set sampling error: ``binomial_se`` and ``fragility_se``
-give that error from the image counts, shown beside the seed spread.
+Every number is a statistic *across seeds*: one trial (one seed of one condition) is one unit, so ``n``
+is always the number of trials behind a value. Every seed is measured on the same evaluation images, so
+the seed spread holds no test-set sampling error: ``binomial_se`` and ``fragility_se`` give that error
+from the image counts, shown beside the seed spread.
 
-One condition: the mean over seeds with a t interval (``seed_summary``, ``INTERVAL``); tables and
-figures both read it. At 3-5 seeds a percentile bootstrap covers 76-84% where it claims 95% (it is
-never wider than the seed range); the t interval covers its level for normal data at any n >= 2.
+One condition: the mean over seeds with a t interval (``seed_summary``, ``INTERVAL``); tables and figures
+both read it. At 3-5 seeds a percentile bootstrap covers 76-84% where it claims 95% (it is never wider
+than the seed range); the t interval covers its level for normal data at any n >= 2.
 
-Two conditions (``compare``): trials with the same seed share their initialisation, data order,
-crops, CutMix boxes and RPT permutations, so where every seed appears at most once on each side the
-comparison is *paired*: the per-seed differences d = A - B, tested by a paired t test whose p and
-interval come from the same t statistic, with the exact sign-flip p of mean(d) (all 2^n sign
-patterns) beside it as a distribution-free check. A within-trial difference (one value per trial,
-``one_sample``) is tested the same way. Where seeds do not pair (a group pooling several conditions)
-it is Welch's unpaired t test. Each comparison carries its minimum detectable effect at 80% power
-(``mde``) and the smallest p its distribution-free companion can reach at these sizes (``min_p``).
-``holm`` adjusts a family of p values for their number.
+Two conditions (``compare``): trials with the same seed share their initialisation, data order, crops,
+CutMix boxes and RPT permutations, so where every seed appears at most once on each side the comparison
+is *paired*: the per-seed differences d = A - B, tested by a paired t test whose p and interval come from
+the same t statistic, with the exact sign-flip p of mean(d) (all 2^n sign patterns) beside it as a
+distribution-free check. A within-trial difference (one value per trial, ``one_sample``) is tested the
+same way. Where seeds do not pair (a group pooling several conditions) it is Welch's unpaired t test.
+Each comparison carries its minimum detectable effect at 80% power (``mde``) and the smallest p its
+distribution-free companion can reach at these sizes (``min_p``). ``holm`` adjusts a family of p values.
 """
 
 from __future__ import annotations
@@ -73,10 +72,8 @@ def summarise(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataF
     if df.empty:
         return pd.DataFrame(columns=cols)
     per_trial = df.groupby([*by, "trial_id"], dropna=False, observed=True)[value].mean().reset_index()
-    rows = [
-        {**dict(zip(by, key if isinstance(key, tuple) else (key,))), **seed_summary(g[value]).__dict__}
-        for key, g in per_trial.groupby(by, dropna=False, observed=True)
-    ]
+    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,))), **seed_summary(g[value]).__dict__}
+            for key, g in per_trial.groupby(by, dropna=False, observed=True)]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -139,13 +136,13 @@ def fragility_se_without_counts(fs: Any, acc_clean: Any, n: Any) -> Any:
 # -- two conditions ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Comparison:
-    """A against B on one metric. paired: per-seed (or within-trial) differences, n_pairs of them;
-    else two samples (Welch). effect: mean(d) when paired, mean(A) - mean(B) when not; low, high: its
-    interval from the deciding t test (two-sided for a two-sided test, else one-sided with an infinite
-    end), named by ``interval``; p: that test's p, unadjusted; sign_flip_p: the exact sign-flip p of the
-    same differences (NaN unpaired); min_p: the smallest p the distribution-free companion (sign flip,
-    or the exact rank test unpaired) can reach at these sizes; mde: the effect the t test detects with
-    80% power at unadjusted alpha, from the observed sd."""
+    """A against B on one metric. paired: per-seed (or within-trial) differences, n_pairs of them; else two
+    samples (Welch). effect: mean(d) when paired, mean(A) - mean(B) when not; low, high: its interval from
+    the deciding t test (two-sided for a two-sided test, else one-sided with an infinite end), named by
+    ``interval``; p: that test's p, unadjusted; sign_flip_p: the exact sign-flip p of the same differences
+    (NaN unpaired); min_p: the smallest p the distribution-free companion (sign flip, or the exact rank
+    test unpaired) can reach at these sizes; mde: the effect the t test detects with 80% power at
+    unadjusted alpha, from the observed sd."""
 
     paired: bool
     n_a: int

@@ -6,14 +6,13 @@ and table reads (``StudyData``); the summary table and the report both start her
     data.select("jpeg", "fs", level=5.0)             # measurement rows at each trial's last checkpoint
     data.pin(df, keep={"protocol"})                  # the factors not shown held at one value
 
-Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every
-other config field that varies among trials of one factor cell (``condition_fields``: an ``--set
-lr=...`` run, a second launch with other epochs); a *trial* is one seed of a condition and the unit
-of every spread and test. Two trials with the same seed in one condition are not two seeds: one is
-counted and the report's Notes name the rest as an error, never pooled. Figures and claims hold the
-fields they do not show at one value (``StudyData.pin``). Only finished trials count. Unless a
-figure is about training time, each trial contributes its last measured checkpoint. What a
-condition is, and the cleaning, are ``analysis.conditions``'s.
+Conventions: a *condition* is one value of each factor (dataset, pe, rpt, protocol) and of every other
+config field that varies among trials of one factor cell (``condition_fields``: an ``--set lr=...``
+run, a second launch with other epochs); a *trial* is one seed of a condition and the unit of every
+spread and test. Two trials with the same seed in one condition are not two seeds: one is counted and
+the report's Notes name the rest as an error, never pooled (the cleaning: ``analysis.conditions``).
+Figures and claims hold the fields they do not show at one value (``StudyData.pin``). Only finished
+trials count. Unless a figure is about training time, each trial contributes its last measured checkpoint.
 """
 
 from __future__ import annotations
@@ -120,19 +119,19 @@ class StudyData:
     def per_trial(self) -> pd.DataFrame:
         """One row per finished trial: factors plus the headline metrics at the final checkpoint.
 
-        test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement;
-        a holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number
-        from the test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the
-        network over heads that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out;
-        ``mad_early`` the mean MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5)
-        and fs_blur (sigma 2.5): the PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_*
-        when the severity grid lacks the headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and the
-        standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
-        on (``trainables.data_roots.DATASET_SPECS``; test_acc_se_on_subset marks one over n_images instead: split size
-        unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set (delta
-        method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
-        measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean
-        FS over every measured severity of the grid. fs_jpeg_pe_scale_rise = FS JPEG at PE scale
+        test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement; a
+        holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number from the
+        test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the network over heads
+        that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out; ``mad_early`` the mean
+        MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the
+        PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the
+        headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and
+        the standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
+        on (``trainables.data_roots.DATASET_SPECS``; test_acc_se_on_subset marks one over n_images instead:
+        split size unknown, or test_acc from the analysis set); fs_jpeg_se, fs_blur_se over the analysis set
+        (delta method from the paired counts, ``seedstats.fragility_se``; the binomial approximation for
+        measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean FS
+        over every measured severity of the grid. fs_jpeg_pe_scale_rise = FS JPEG at PE scale
         ``PE_SCALE_COLLAPSE`` - FS JPEG at 1.0, dssdc_pe_scale_drop = dSSDC at 1.0 - dSSDC at
         ``PE_SCALE_COLLAPSE``: Study P's PE scaling within one trial (``pe_scale`` rows: additive PEs)."""
         t = self.trials
@@ -195,8 +194,7 @@ class StudyData:
         out["test_acc_se"] = binomial_se(out["test_acc"], split.fillna(out["n_images"]))
         for name, counts in paired.items():
             from_counts = pd.Series(fragility_se(*counts, out["n_images"]), index=out.index)
-            approx = pd.Series(fragility_se_without_counts(out[name], acc_clean, out["n_images"]),
-                               index=out.index)
+            approx = pd.Series(fragility_se_without_counts(out[name], acc_clean, out["n_images"]), index=out.index)
             out[f"{name}_se"] = from_counts.where(counts[0].notna(), approx)
         return out.reset_index()
 
@@ -212,12 +210,11 @@ class StudyData:
         return mad[~(mass >= vocab.CLS_SINK_MASS)]
 
     def pin(self, df: pd.DataFrame, keep: set[str]) -> tuple[pd.DataFrame, str]:
-        """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently.
-
-        For pe, rpt, protocol and every ``condition_fields`` column outside ``keep`` that takes several
-        values in ``df``, keep only the ``REFERENCE`` value (ape, fixed order, baseline), or the most
-        common one when there is none or it is absent (ties: the smallest). Returns the slice and a
-        description such as ``"pe = ape, protocol = baseline, lr = 0.001"``."""
+        """Hold the factors a figure or claim does not show at one value, so nothing is pooled silently:
+        for pe, rpt, protocol and every ``condition_fields`` column outside ``keep`` that takes several
+        values in ``df``, keep only the ``REFERENCE`` value (ape, fixed order, baseline), or the most common
+        one when there is none or it is absent (ties: the smallest). Returns the slice and a description
+        such as ``"pe = ape, protocol = baseline, lr = 0.001"``."""
         said = []
         for factor in ("pe", "rpt", "protocol", *self.condition_fields):
             if factor in keep or factor not in df or df[factor].nunique() < 2:

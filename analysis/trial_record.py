@@ -3,18 +3,16 @@
 The analysis job (``analysis.job``) calls ``log_checkpoint`` after writing a checkpoint's rows to
 Parquet. On the trial's run it logs
 
-- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of
-  ``n_images`` images: ``test_acc``'s set when it is the whole test split, the default),
-  ``n_images``, ``dssdc_rpi``, ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS
-  sink), ``ape_norm_ratio`` (a learned APE);
-- per-layer curves with the layer as the step and the checkpoint epoch in the key
-  (``layer_profiles``, keys from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean),
-  ``layers/ssdc_rpi_epoch_0100``, ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100``
-  and ``layers/mad_min_epoch_0100`` (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI
-  plots SSDC against depth for each checkpoint, all in one ``layers`` section of the run's charts after
-  the training curves (``epochs/...``);
-- the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and
-  entropy of every head per layer (``trial_figure``).
+- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of ``n_images``
+  images: ``test_acc``'s set when it is the whole test split, the default), ``n_images``, ``dssdc_rpi``,
+  ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS sink), ``ape_norm_ratio`` (a learned APE);
+- per-layer curves with the layer as the step and the checkpoint epoch in the key (``layer_profiles``, keys
+  from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean), ``layers/ssdc_rpi_epoch_0100``,
+  ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100`` and ``layers/mad_min_epoch_0100``
+  (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI plots SSDC against depth for each
+  checkpoint, all in one ``layers`` section of the run's charts after the training curves (``epochs/...``);
+- the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and entropy of
+  every head per layer (``trial_figure``, drawn on ``analysis.canvas``).
 """
 
 from __future__ import annotations
@@ -93,9 +91,9 @@ def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int
 def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
     """Three panels of one checkpoint: SSDC per layer (clean, under RPI), MAD and entropy per head
     (MAD beside uniform attention's on the G x G ``grid``)."""
-    from analysis import plotting as pl
+    from analysis import canvas  # matplotlib: imported when a figure is drawn, not by `vitsweep --help`
 
-    fig, axes = pl.grid(1, 3, w=3.8, h=3.2)
+    fig, axes = canvas.grid(1, 3, w=3.8, h=3.2)
     ssdc = {k: {} for k in (("clean", "ssdc"), ("rpi", "ssdc"))}
     per_head: dict[str, dict[int, dict[int, float]]] = {"mad": defaultdict(dict), "entropy": defaultdict(dict)}
     for r in rows:
@@ -112,21 +110,20 @@ def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
         ax.plot(layers, [ssdc[(iv, "ssdc")][layer] for layer in layers], "o-", color=colour, label=label)
     ax.axhline(0, color="k", lw=0.6)
     ax.set(title="SSDC per layer", xlabel="layer", ylabel="SSDC")
-    pl.style(ax, layer_axis="x")
-    pl.legend(ax)
-    for ax, (metric, ylabel) in zip(axes[0, 1:], (("mad", pl.MAD_LABEL), ("entropy", "normalised entropy"))):
-        cmap = pl.colormaps["tab10"]
+    canvas.style(ax, layer_axis="x")
+    canvas.legend(ax)
+    for ax, (metric, ylabel) in zip(axes[0, 1:], (("mad", canvas.MAD_LABEL), ("entropy", "normalised entropy"))):
         for head, values in sorted(per_head[metric].items()):
             layers = sorted(values)
-            ax.plot(layers, [values[layer] for layer in layers], "o-", ms=3, lw=1, color=cmap(head % 10),
+            ax.plot(layers, [values[layer] for layer in layers], "o-", ms=3, lw=1, color=f"C{head % 10}",
                     label=f"head {head}")
         ax.set(title=f"{'MAD' if metric == 'mad' else 'entropy'} per head", xlabel="layer", ylabel=ylabel,
                ylim=(0, 1.02))
         if metric == "mad":
-            pl.uniform_level(ax, [grid])
-        pl.style(ax, layer_axis="x", min_span=None)
-    pl.legend(axes[0, 2], ncols=2)
-    fig.suptitle(title, fontsize=pl.FONT)  # shown alone in MLflow, so it names its trial and checkpoint
+            canvas.uniform_level(ax, [grid])
+        canvas.style(ax, layer_axis="x", min_span=None)
+    canvas.legend(axes[0, 2], ncols=2)
+    fig.suptitle(title, fontsize=canvas.FONT)  # shown alone in MLflow, so it names its trial and checkpoint
     return fig
 
 
@@ -135,13 +132,13 @@ def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int,
     """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run;
     a (key, step) the run already has is not logged again. Returns the points whose kept value differs
     (``records.measurements.log_new_points``)."""
-    from analysis import plotting as pl
+    from analysis import canvas  # (see trial_figure)
 
     scalars = {key: {epoch: value} for key, value in summarize(rows).items()}
     changed = measurements.log_new_points(uri, run_id, {**scalars, **layer_profiles(rows, epoch)})
     fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}", grid)
     with tempfile.TemporaryDirectory(prefix="vitsweep-fig-") as tmp:
-        for ext, render in (("png", pl.render_png), ("svg", pl.render_svg)):
+        for ext, render in (("png", canvas.render_png), ("svg", canvas.render_svg)):
             path = Path(tmp) / f"layers_epoch_{int(epoch):04d}.{ext}"
             path.write_bytes(render(fig))
             tracking.log_artifact_file(uri, run_id, path, "figures")

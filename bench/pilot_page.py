@@ -25,13 +25,14 @@ if str(ROOT) not in sys.path:
 
 import pandas as pd  # noqa: E402
 
-from analysis import figures, plotting  # noqa: E402
-from analysis.claim_tests import MDE, uniform_mad  # noqa: E402
+from analysis import canvas, figures, plotting  # noqa: E402
+from analysis.claim_tests import MDE  # noqa: E402
 from analysis.claims import evaluate_claims  # noqa: E402
 from analysis.labels import protocol_label  # noqa: E402
 from analysis.page import slug  # noqa: E402
 from analysis.seedstats import INTERVAL, summarise  # noqa: E402
 from analysis.study_data import StudyData  # noqa: E402
+from analysis.uniform_attention import uniform_mad  # noqa: E402
 from records.provenance import code_version  # noqa: E402
 
 STUDY = "pilot"
@@ -173,7 +174,7 @@ def draw_figures(data: StudyData, out: Path) -> list[str]:
             continue
         for plot in plots:
             name = f"{slug(plot.title)}.png"
-            (out / name).write_bytes(plotting.render_png(plot.figure))
+            (out / name).write_bytes(canvas.render_png(plot.figure))
             parts.append(f"![{plot.title}]({name})\n\n{plot.caption}")
     return parts
 

@@ -16,6 +16,7 @@ from scipy import stats
 
 from analysis import claim_tests, claims, seedstats
 from analysis.study_data import StudyData
+from analysis.uniform_attention import uniform_mad
 from sweeps import options
 from sweeps import run as launcher
 
@@ -121,11 +122,11 @@ def test_holm_by_hand():
 
 # -- claims of no effect ------------------------------------------------------------------------
 @pytest.mark.parametrize("mean, sd, said", [
-    (-0.20, 0.01, claims.DIFFERS),  # the interval lies wholly outside +-0.02
-    (0.000, 0.002, claims.CONSISTENT),
-    (0.005, 0.001, claims.CONSISTENT),  # inside the margin though it excludes 0
-    (0.020, 0.005, claims.DIFFERS),  # crosses the margin, excludes 0 at Holm p < 0.05
-    (0.010, 0.020, claims.INCONCLUSIVE),  # crosses the margin and includes 0
+    (-0.20, 0.01, claim_tests.DIFFERS),  # the interval lies wholly outside +-0.02
+    (0.000, 0.002, claim_tests.CONSISTENT),
+    (0.005, 0.001, claim_tests.CONSISTENT),  # inside the margin though it excludes 0
+    (0.020, 0.005, claim_tests.DIFFERS),  # crosses the margin, excludes 0 at Holm p < 0.05
+    (0.010, 0.020, claim_tests.INCONCLUSIVE),  # crosses the margin and includes 0
 ])
 def test_a_null_claim_can_come_out_either_way_at_five_seeds(mean, sd, said):
     text = "label smoothing alone leaves minimum MAD at baseline"
@@ -195,7 +196,7 @@ def test_study_p_rpt_fragility_claims(text, a, b, metric, holds, fails, paper):
         assert row["paper A / B"] == paper and row["precondition"].endswith(": met")
         assert row["setting"].endswith(claims.HEADLINE_MARK)
     null = one(text).alternative == "two-sided"
-    assert said == ({"holds": claims.CONSISTENT, "fails": claims.DIFFERS} if null else
+    assert said == ({"holds": claim_tests.CONSISTENT, "fails": claim_tests.DIFFERS} if null else
                     {"holds": "supported", "fails": "not supported"})
     assert one(text).margin == (claims.RPT_AS_NONE_MARGIN if null else 0.02)
 
@@ -217,7 +218,7 @@ def test_study_p_pe_scaling_claims_pair_within_each_trial(text, metric, paper, e
 
 def test_study_l_autoaugment_and_cutmix_add_comparable_accuracy():
     text = "AutoAugment and CutMix add comparable accuracy (~6-7 points each)"
-    for mean, sd, said in ((0.002, 0.003, claims.CONSISTENT), (0.05, 0.005, claims.DIFFERS)):
+    for mean, sd, said in ((0.002, 0.003, claim_tests.CONSISTENT), (0.05, 0.005, claim_tests.DIFFERS)):
         rows = paired({"protocol": "autoaugment"}, {"protocol": "cutmix"}, "test_acc", 0.56, diffs(mean, sd))
         rows += [{"protocol": "baseline", "seed": s, "test_acc": 0.5} for s in range(PAIRS)]
         (row,) = evaluate(study(rows), text).to_dict("records")
@@ -243,25 +244,24 @@ def test_fs_claims_away_from_224_px_test_the_mean_over_the_severity_grid():
 # -- preconditions ------------------------------------------------------------------------------
 def test_uniform_attention_mad_matches_the_metric():
     import torch
-
-    from analysis.metrics import mean_attention_distance
+    from test_metrics import mean_attention_distance
 
     for grid, expected in ((8, 0.418), (14, 0.396)):
         tokens = 1 + grid * grid
         uniform = torch.full((1, 1, tokens, tokens), 1.0 / tokens)
-        assert claim_tests.uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
-        assert claim_tests.uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
+        assert uniform_mad(grid) == pytest.approx(float(mean_attention_distance(uniform, grid)[0]))
+        assert uniform_mad(grid) == pytest.approx(expected, abs=5e-4)
 
 
 def test_a_claim_whose_precondition_is_not_met_is_untestable_at_this_scale():
     # Study P: an APE that learned no frame (dSSDC 0.03 < 0.10): RPT "collapses" nothing.
     rows = paired(model(RPT), model(APE), "dssdc", 0.03, diffs(-0.02, 0.001), dataset="imagenet100", img_size=224)
     (row,) = evaluate(study(rows), "RPT collapses APE's SSDC recovery under RPI (dSSDC)").to_dict("records")
-    assert row["verdict"] == claims.UNTESTABLE and row["p (Holm)"] < 0.05  # the test alone would say supported
+    assert row["verdict"] == claim_tests.UNTESTABLE and row["p (Holm)"] < 0.05  # the test alone would say supported
     assert "0.0" in row["precondition"] and row["precondition"].endswith("not met")
     # Study L: a baseline whose minimum MAD is still near uniform (0.418 on 8 x 8) has no locality to lower.
     text = "CutMix alone lowers minimum MAD"
-    for base, said in ((0.40, claims.UNTESTABLE), (0.30, "supported")):
+    for base, said in ((0.40, claim_tests.UNTESTABLE), (0.30, "supported")):
         rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", base, diffs(-0.2, 0.01))
         (row,) = evaluate(study(rows), text).to_dict("records")
         assert row["verdict"] == said and "uniform attention 0.418 on 8 x 8" in row["precondition"]
@@ -307,7 +307,7 @@ def test_at_the_default_seeds_every_claim_can_reach_holm_p_below_alpha(name):
     paper = "Study L" if name == "study_l" else "Study P"
     assert set(tested["claim"]) >= {c.text for c in claims.CLAIMS if c.paper == paper}
     assert (tested["p (Holm)"] < seedstats.ALPHA).all(), tested[["claim", "dataset", "p (Holm)"]]
-    assert not tested["verdict"].isin(["not enough seeds", claims.UNTESTABLE]).any()
+    assert not tested["verdict"].isin(["not enough seeds", claim_tests.UNTESTABLE]).any()
     separation = tested[tested["claim"].str.startswith("every CutMix run")]
     assert len(separation) == (3 if name == "study_l" else 0) and (separation["verdict"] == "supported").all()
 

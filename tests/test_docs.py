@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_evaluate import pes_scaled_by
 
-from analysis.evaluate import evaluate_checkpoint, pes_scaled_by
+from analysis.evaluate import evaluate_checkpoint
 from analysis.interventions import DEFAULT_LEVELS, INTERVENTIONS
 from records import schema
 from trainables.pos_embed import POS_EMBEDS

@@ -10,18 +10,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_metrics import attention_entropy, cls_attention_mass, mean_attention_distance
+
 from analysis import metrics
-from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset, pes_scaled_by
+from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
 from trainables.images import TensorImages
 from trainables.images import normalize
+from trainables.pos_embed import POS_EMBEDS
 from trainables.vit import ViT
 from trainables.vit_config import ViTConfig
 
 GRID = 8
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
+
+
+def pes_scaled_by(scaling: str) -> tuple[str, ...]:
+    """The registered PEs whose alpha rows are ``scaling`` ("pe_scale" or "rope_scale"), in registry order."""
+    return tuple(pe for pe, cls in POS_EMBEDS.items() if cls.alpha_scaling == scaling)
 
 def _smooth_images(n: int = 64, seed: int = 0) -> torch.Tensor:
     """uint8 (n, 3, 32, 32) smooth colour fields: neighbouring patches look alike, so SSDC is clearly > 0."""
@@ -220,10 +228,10 @@ def test_attention_rows_match_one_shot_metrics_on_the_whole_subset(images):
         attention = model(normalize(images, MEAN, STD), return_attention=True).attention
     for layer, attn in enumerate(attention):
         for metric, expected in (
-            ("mad", metrics.mean_attention_distance(attn, GRID)),
-            ("mad_no_renorm", metrics.mean_attention_distance(attn, GRID, renormalize=False)),
-            ("entropy", metrics.attention_entropy(attn, GRID)),
-            ("cls_mass", metrics.cls_attention_mass(attn)),
+            ("mad", mean_attention_distance(attn, GRID)),
+            ("mad_no_renorm", mean_attention_distance(attn, GRID, renormalize=False)),
+            ("entropy", attention_entropy(attn, GRID)),
+            ("cls_mass", cls_attention_mass(attn)),
         ):
             values = _values(rows, "clean", metric)
             got = torch.tensor([values[(layer, h)] for h in range(model.config.heads)], dtype=torch.float64)
@@ -276,8 +284,6 @@ def test_ape_norm_ratio_is_the_table_over_the_patch_embeddings_for_a_learned_ape
 
 def test_every_pe_declares_its_alpha_scaling():
     """The PE classes say how the analysis scales them: additive tables pe_scale, rotations rope_scale."""
-    from trainables.pos_embed import POS_EMBEDS
-
     assert pes_scaled_by("pe_scale") == ("ape", "sincos2d")
     assert pes_scaled_by("rope_scale") == ("rope2d", "rope2d_mixed")
     assert alpha_scale("none") is None and alpha_scale("ape").name == "pe_scale"

@@ -19,9 +19,10 @@ from matplotlib.colors import to_hex
 from PIL import Image
 from test_report import LAYERS, N_IMAGES, write_study
 
-from analysis import figures, labels, page, seedstats
+from analysis import canvas, figures, labels, page, seedstats
 from analysis import plotting as pl
 from analysis.study_data import StudyData
+from analysis.uniform_attention import uniform_mad
 from records import vocab
 
 PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
@@ -126,10 +127,10 @@ def test_text_renders_at_one_size_whatever_the_panel_count(one_seed):
         fig = draw(data)[0].figure
         panels = [ax for ax in fig.axes if ax.get_visible()]
         panel_counts.add(len(panels))
-        asked = pl.display_px(fig)  # the <img> width the report gives it
-        with Image.open(io.BytesIO(pl.render_png(fig))) as png:
-            assert png.size[0] * pl.PX_PER_IN / pl.DPI == pytest.approx(asked, abs=1)
-        shown = min(asked, pl.PAGE_IN * pl.PX_PER_IN)  # a wider one is shrunk to the page, text with it
+        asked = canvas.display_px(fig)  # the <img> width the report gives it
+        with Image.open(io.BytesIO(canvas.render_png(fig))) as png:
+            assert png.size[0] * canvas.PX_PER_IN / canvas.DPI == pytest.approx(asked, abs=1)
+        shown = min(asked, canvas.PAGE_IN * canvas.PX_PER_IN)  # a wider one is shrunk to the page, text with it
         for ax in panels:
             for tick in ax.get_xticklabels() + ax.get_yticklabels():
                 sizes.add(round(tick.get_fontsize() / 72 * shown / fig.get_figwidth(), 2))  # CSS px on the page
@@ -165,12 +166,12 @@ def _letters(ax) -> list[str]:
 def test_svg_text_is_editable_and_every_figure_has_a_pdf(one_seed):
     (plot,) = figures.ssdc_clean(one_seed)
     before = matplotlib.rcParams["svg.fonttype"]
-    svg = pl.render_svg(plot.figure).decode()
+    svg = canvas.render_svg(plot.figure).decode()
     assert "<text" in svg and "layer l (input of block l)" in svg  # text, not glyph outlines
-    pdf = pl.render_pdf(plot.figure)
+    pdf = canvas.render_pdf(plot.figure)
     assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf  # embedded TrueType: text stays text
     assert matplotlib.rcParams["svg.fonttype"] == before  # scoped to the rendering
-    assert pl.render_png(plot.figure).startswith(b"\x89PNG")  # back on the raster canvas
+    assert canvas.render_png(plot.figure).startswith(b"\x89PNG")  # back on the raster canvas
 
 
 def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
@@ -221,7 +222,8 @@ def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
     early = m[(m["trial_id"] == sink_trial) & (m["metric"] == "mad") & m["layer"].isin([0, 1])]["value"].mean()
     assert pt.loc[sink_trial, "mad_early"] == pytest.approx(early)
 
-    assert pl.uniform_mad(8) == pytest.approx(0.418, abs=5e-4) and pl.uniform_mad(14) == pytest.approx(0.396, abs=5e-4)
+    assert uniform_mad(8) == pytest.approx(0.418, abs=5e-4)
+    assert uniform_mad(14) == pytest.approx(0.396, abs=5e-4)
     for make in (figures.mad_per_layer, figures.mad_entropy, figures.protocol_summary):
         for plot in make(data):
             lines = [line for ax in plot.figure.axes for line in ax.get_lines()

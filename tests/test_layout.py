@@ -111,10 +111,16 @@ def test_the_measuring_job_imports_neither_the_report_nor_the_page():
 
 
 @pytest.mark.parametrize("module", ["analysis.evaluate", "analysis.trial_record"])
-def test_measuring_a_checkpoint_needs_neither_the_data_model_nor_the_loops_protocols(module):
-    # What a Ray Data actor runs on one checkpoint: the measurement and its MLflow record.
-    reached = _import_closure(module) & {"analysis.study_data", "trainables.protocols", "analysis.report"}
+def test_measuring_a_checkpoint_needs_neither_the_data_model_nor_the_loops_protocols_nor_the_reports_plots(module):
+    # What a Ray Data actor runs on one checkpoint: the measurement and its MLflow record, whose figure
+    # is drawn on the shared canvas (analysis.canvas), not with the report's plot helpers.
+    reached = _import_closure(module) & {"analysis.study_data", "trainables.protocols", "analysis.report",
+                                         "analysis.plotting", "analysis.figures"}
     assert not reached, sorted(reached)
+
+
+def test_the_checkpoint_figure_and_the_reports_figures_share_one_canvas():
+    assert "analysis.canvas" in _import_closure("analysis.trial_record") & _import_closure("analysis.plotting")
 
 
 def test_the_closure_follows_lazy_and_from_package_imports():

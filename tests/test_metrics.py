@@ -15,6 +15,34 @@ GRID = 4
 N = GRID * GRID
 
 
+# One pass of the accumulators over one batch, and the CLS mass read off the maps directly: what the
+# tests compare the batched accumulators (and tests/test_evaluate.py the measured rows) against.
+def ssdc(tokens: torch.Tensor, grid: int, *, coords: torch.Tensor | None = None, distance: str = "manhattan") -> float:
+    accumulator = metrics.SSDCAccumulator(grid, coords=coords, distance=distance)
+    accumulator.update(tokens)
+    return accumulator.ssdc()
+
+
+def mean_attention_distance(attn: torch.Tensor, grid: int, *, has_cls: bool = True, normalize: bool = True,
+                            renormalize: bool = True) -> torch.Tensor:
+    accumulator = metrics.AttentionAccumulator(grid, has_cls=has_cls)
+    accumulator.update(attn)
+    return accumulator.mean_attention_distance(normalize=normalize, renormalize=renormalize)
+
+
+def attention_entropy(attn: torch.Tensor, grid: int, *, has_cls: bool = True) -> torch.Tensor:
+    accumulator = metrics.AttentionAccumulator(grid, has_cls=has_cls)
+    accumulator.update(attn)
+    return accumulator.entropy()
+
+
+def cls_attention_mass(attn: torch.Tensor) -> torch.Tensor:
+    """attn (B, H, 1 + N, 1 + N), CLS first: attn[b, h, q, 0] averaged over images and patch queries."""
+    if attn.dim() != 4:
+        raise ValueError(f"attn must be (B, H, T, T); got {tuple(attn.shape)}")
+    return attn[:, :, 1:, 0].to(torch.float64).mean((0, 2))
+
+
 def _softmax_attention(batch: int, heads: int, tokens: int, *, seed: int, temperature: float = 1.0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(batch, heads, tokens, tokens, generator=generator, dtype=torch.float64)
@@ -97,7 +125,7 @@ def test_ssdc_matches_bruteforce_reference(distance, seed):
     generator = torch.Generator().manual_seed(seed)
     tokens = _sincos2d_table(GRID, 16)[None] + 0.5 * torch.randn(3, N, 16, generator=generator, dtype=torch.float64)
     expected = _ssdc_reference(tokens.numpy(), GRID, distance)
-    assert metrics.ssdc(tokens, GRID, distance=distance) == pytest.approx(expected, abs=1e-6)
+    assert ssdc(tokens, GRID, distance=distance) == pytest.approx(expected, abs=1e-6)
 
 
 def test_ssdc_coords_override_equals_permuted_grid():
@@ -106,7 +134,7 @@ def test_ssdc_coords_override_equals_permuted_grid():
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(2))
     coords = metrics.grid_coords(GRID)[perm]  # token i sits at the position of patch perm[i]
     moved = metrics.unpermute_tokens(tokens, perm)
-    assert metrics.ssdc(tokens, GRID, coords=coords) == pytest.approx(metrics.ssdc(moved, GRID), abs=1e-12)
+    assert ssdc(tokens, GRID, coords=coords) == pytest.approx(ssdc(moved, GRID), abs=1e-12)
 
 
 def test_ssdc_of_sincos2d_table_is_about_096_and_of_noise_near_0():
@@ -114,15 +142,15 @@ def test_ssdc_of_sincos2d_table_is_about_096_and_of_noise_near_0():
 
     table = _sincos2d_table(8, 192)
     torch.testing.assert_close(sincos2d_table(8, 192)[0, 1:], table.float())  # the model's table, CLS slot dropped
-    assert metrics.ssdc(table[None], 8) == pytest.approx(0.96, abs=0.01)
-    assert metrics.ssdc(sincos2d_table(8, 192)[:, 1:], 8) == pytest.approx(0.96, abs=0.01)
+    assert ssdc(table[None], 8) == pytest.approx(0.96, abs=0.01)
+    assert ssdc(sincos2d_table(8, 192)[:, 1:], 8) == pytest.approx(0.96, abs=0.01)
     noise = torch.randn(32, 64, 192, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert abs(metrics.ssdc(noise, 8)) < 0.05
+    assert abs(ssdc(noise, 8)) < 0.05
 
 
 def test_unknown_distance_raises_listing_choices():
     with pytest.raises(ValueError, match="manhattan"):
-        metrics.ssdc(torch.randn(1, N, 4), GRID, distance="chebyshev")
+        ssdc(torch.randn(1, N, 4), GRID, distance="chebyshev")
 
 
 def test_accumulator_over_batches_equals_ssdc_of_concatenation():
@@ -133,7 +161,7 @@ def test_accumulator_over_batches_equals_ssdc_of_concatenation():
     for batch in batches:
         accumulator.update(batch)
     assert accumulator.count == 7
-    assert accumulator.ssdc() == pytest.approx(metrics.ssdc(torch.cat(batches), GRID), abs=1e-12)
+    assert accumulator.ssdc() == pytest.approx(ssdc(torch.cat(batches), GRID), abs=1e-12)
 
 
 @pytest.mark.parametrize("per_image", [False, True])
@@ -151,7 +179,7 @@ def test_unpermuting_with_per_batch_perms_recovers_unpermuted_ssdc(per_image):
             permuted = batch[:, perm]  # token i carries patch perm[i], as the model's `perm`
         content.update(permuted, perm=perm)
         index.update(permuted)
-    expected = metrics.ssdc(torch.cat(clean), GRID)
+    expected = ssdc(torch.cat(clean), GRID)
     assert content.ssdc() == pytest.approx(expected, abs=1e-12)
     assert abs(index.ssdc()) < abs(expected)  # shuffled indices lose the structure
 
@@ -174,28 +202,28 @@ def test_delta_ssdc_is_layer1_minus_layer0():
 def test_attention_metrics_match_bruteforce_reference(temperature):
     attn = _softmax_attention(2, 3, 1 + N, seed=5, temperature=temperature)
     mad, entropy, cls = _attention_reference(attn.numpy(), GRID)
-    np.testing.assert_allclose(metrics.mean_attention_distance(attn, GRID, normalize=False).numpy(), mad, atol=1e-9)
+    np.testing.assert_allclose(mean_attention_distance(attn, GRID, normalize=False).numpy(), mad, atol=1e-9)
     np.testing.assert_allclose(
-        metrics.mean_attention_distance(attn, GRID).numpy(), mad / (math.sqrt(2) * (GRID - 1)), atol=1e-9
+        mean_attention_distance(attn, GRID).numpy(), mad / (math.sqrt(2) * (GRID - 1)), atol=1e-9
     )
-    np.testing.assert_allclose(metrics.attention_entropy(attn, GRID).numpy(), entropy, atol=1e-9)
-    np.testing.assert_allclose(metrics.cls_attention_mass(attn).numpy(), cls, atol=1e-9)
+    np.testing.assert_allclose(attention_entropy(attn, GRID).numpy(), entropy, atol=1e-9)
+    np.testing.assert_allclose(cls_attention_mass(attn).numpy(), cls, atol=1e-9)
 
 
 def test_identity_attention_has_mad_0_and_entropy_0():
     attn = torch.eye(1 + N, dtype=torch.float64).expand(2, 3, 1 + N, 1 + N)
-    assert torch.all(metrics.mean_attention_distance(attn, GRID) == 0)
-    assert torch.all(metrics.attention_entropy(attn, GRID) == 0)
-    assert torch.all(metrics.cls_attention_mass(attn) == 0)
+    assert torch.all(mean_attention_distance(attn, GRID) == 0)
+    assert torch.all(attention_entropy(attn, GRID) == 0)
+    assert torch.all(cls_attention_mass(attn) == 0)
 
 
 def test_uniform_attention_has_entropy_1_and_known_mad():
     attn = torch.full((1, 2, 1 + N, 1 + N), 1.0 / (1 + N), dtype=torch.float64)
-    torch.testing.assert_close(metrics.attention_entropy(attn, GRID), torch.ones(2, dtype=torch.float64))
-    torch.testing.assert_close(metrics.cls_attention_mass(attn), torch.full((2,), 1.0 / (1 + N), dtype=torch.float64))
+    torch.testing.assert_close(attention_entropy(attn, GRID), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(cls_attention_mass(attn), torch.full((2,), 1.0 / (1 + N), dtype=torch.float64))
     distance = metrics.pairwise_distance(metrics.grid_coords(GRID), "euclidean")
     mean_distance = distance.mean().expand(2)
-    torch.testing.assert_close(metrics.mean_attention_distance(attn, GRID, normalize=False), mean_distance)
+    torch.testing.assert_close(mean_attention_distance(attn, GRID, normalize=False), mean_distance)
 
 
 def test_group_ssdc_is_the_unweighted_mean_of_each_groups_ssdc():
@@ -204,7 +232,7 @@ def test_group_ssdc_is_the_unweighted_mean_of_each_groups_ssdc():
     grouped = metrics.GroupSSDC(GRID)
     grouped.update(tokens[:4], groups[:4])
     grouped.update(tokens[4:], groups[4:])
-    expected = [metrics.ssdc(tokens[[b for b, g in enumerate(groups) if g == k]], GRID) for k in (0, 1, 2)]
+    expected = [ssdc(tokens[[b for b, g in enumerate(groups) if g == k]], GRID) for k in (0, 1, 2)]
     assert grouped.ssdc() == pytest.approx(sum(expected) / 3, abs=1e-12)
     with pytest.raises(ValueError, match="no tokens"):
         metrics.GroupSSDC(GRID).ssdc()
@@ -226,7 +254,7 @@ def test_a_cls_sink_head_is_uniform_renormalised_and_near_0_not_renormalised(gri
     assert mad.tolist() == pytest.approx([renormalised, 0.0], abs=5e-4)
     assert no_renorm.tolist() == pytest.approx([renormalised / 10, 0.0], abs=5e-5)
     assert accumulator.cls_mass().tolist() == pytest.approx([0.9, 0.0])
-    raw = metrics.mean_attention_distance(attn, grid, normalize=False, renormalize=False)
+    raw = mean_attention_distance(attn, grid, normalize=False, renormalize=False)
     torch.testing.assert_close(raw, no_renorm * metrics.max_grid_distance(grid))
 
 
@@ -237,7 +265,7 @@ def test_all_mass_on_farthest_patch_gives_normalised_mad_1():
     attn[0, 0, 0, 0] = 1.0
     for q in range(4):
         attn[0, 0, 1 + q, 1 + (3 - q)] = 1.0
-    assert metrics.mean_attention_distance(attn, grid).item() == pytest.approx(1.0)
+    assert mean_attention_distance(attn, grid).item() == pytest.approx(1.0)
 
 
 def test_attention_without_cls():
@@ -246,7 +274,7 @@ def test_attention_without_cls():
     with_cls[:, :, 1:, 1:] = attn
     with_cls[:, :, 0, 0] = 1.0
     torch.testing.assert_close(
-        metrics.attention_entropy(attn, GRID, has_cls=False), metrics.attention_entropy(with_cls, GRID)
+        attention_entropy(attn, GRID, has_cls=False), attention_entropy(with_cls, GRID)
     )
     accumulator = metrics.AttentionAccumulator(GRID, has_cls=False)
     accumulator.update(attn)
@@ -260,14 +288,14 @@ def test_attention_accumulator_over_batches_equals_one_shot():
     accumulator = metrics.AttentionAccumulator(GRID)
     for batch in batches:
         accumulator.update(batch)
-    torch.testing.assert_close(accumulator.mean_attention_distance(), metrics.mean_attention_distance(whole, GRID))
-    torch.testing.assert_close(accumulator.entropy(), metrics.attention_entropy(whole, GRID))
-    torch.testing.assert_close(accumulator.cls_mass(), metrics.cls_attention_mass(whole))
+    torch.testing.assert_close(accumulator.mean_attention_distance(), mean_attention_distance(whole, GRID))
+    torch.testing.assert_close(accumulator.entropy(), attention_entropy(whole, GRID))
+    torch.testing.assert_close(accumulator.cls_mass(), cls_attention_mass(whole))
 
 
 def test_attention_grid_mismatch_raises():
     with pytest.raises(ValueError, match="grid"):
-        metrics.mean_attention_distance(_softmax_attention(1, 1, 1 + N, seed=0), GRID + 1)
+        mean_attention_distance(_softmax_attention(1, 1, 1 + N, seed=0), GRID + 1)
 
 
 # --------------------------------------------------------------------------- fragility
@@ -287,9 +315,9 @@ def test_query_with_all_mass_on_cls_adds_zero_distance_and_entropy():
     attn[0, 0, :, 0] = 1.0  # every query (CLS included) attends only to CLS: no patch mass to renormalise
     attn[0, 0, 1, :] = 0.0
     attn[0, 0, 1, 1:] = 1.0 / N  # ... except patch query 0, which attends uniformly to the patches
-    assert metrics.attention_entropy(attn, GRID).item() == pytest.approx(1.0 / N)
-    assert torch.isfinite(metrics.mean_attention_distance(attn, GRID)).all()
-    assert metrics.cls_attention_mass(attn).item() == pytest.approx((N - 1) / N)
+    assert attention_entropy(attn, GRID).item() == pytest.approx(1.0 / N)
+    assert torch.isfinite(mean_attention_distance(attn, GRID)).all()
+    assert cls_attention_mass(attn).item() == pytest.approx((N - 1) / N)
 
 
 def test_paired_counts_by_hand():

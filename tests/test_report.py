@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from analysis import claims, paper_numbers, seedstats
+from analysis import claim_tests, claims, paper_numbers, seedstats
 from analysis.figures import FIGURES
 from analysis.report import build_report, main
 from analysis.study_data import StudyData
@@ -185,14 +185,14 @@ def test_claims_find_planted_effects_and_not_the_null(full_report):
     assert verdict["CutMix alone lowers minimum MAD"] == "supported"
     assert verdict["every CutMix run has lower minimum MAD than every run without"] == "supported"
     assert verdict["modern lowers minimum MAD (0.316 -> 0.008)"] == "supported"
-    assert verdict["label smoothing alone leaves minimum MAD at baseline"] == claims.CONSISTENT
+    assert verdict["label smoothing alone leaves minimum MAD at baseline"] == claim_tests.CONSISTENT
     assert verdict["CutMix adds accuracy"] == "supported"
     assert verdict["APE recovers SSDC under RPI more than none (dSSDC)"] == "supported"
     assert verdict["RPT collapses APE's SSDC recovery under RPI (dSSDC)"] == "supported"
     assert verdict["rope2d is less fragile to JPEG than ape"] == "supported"
     assert verdict["none is more fragile to JPEG than ape"] == "supported"
     assert verdict["ape + RPT is more fragile to JPEG than ape"] == "supported"
-    assert verdict["ape + RPT is as fragile to JPEG as none"] == claims.CONSISTENT
+    assert verdict["ape + RPT is as fragile to JPEG as none"] == claim_tests.CONSISTENT
     assert verdict["scaling the APE to 0.4 raises FS JPEG (FS at 0.4 - FS at 1.0 > 0)"] == "supported"
     assert verdict["scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)"] == "supported"
     # Away from 224 px, each FS claim is also tested on the mean over the severity grid; the headline row says
@@ -349,7 +349,7 @@ def test_a_null_claim_is_consistent_only_inside_its_margin(tmp_path):
     loose = claims.Claim("t", "LS leaves min MAD (loose margin)", "min_mad", {"protocol": "label_smoothing"},
                           {"protocol": "baseline"}, "two-sided", margin=0.05)
     table = claims.evaluate_claims(data, (wide, loose)).set_index("claim")
-    assert table["verdict"].tolist() == [claims.INCONCLUSIVE, claims.CONSISTENT]
+    assert table["verdict"].tolist() == [claim_tests.INCONCLUSIVE, claim_tests.CONSISTENT]
     assert table["margin"].tolist() == [1e-4, 0.05]
     assert {c.margin for c in claims.CLAIMS} <= {*claims.MARGINS.values(), claims.RPT_AS_NONE_MARGIN}
     assert not any(math.isnan(c.margin) for c in claims.CLAIMS)

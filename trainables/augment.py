@@ -5,32 +5,21 @@
     params = draw(spec, keys)                                  # small host arrays: offsets, flips, sub-policies ...
     out = apply(spec, images, params)                          # uint8 (n, 3, S, S) on any device -> same
 
-Every random choice is made per image from its own key, as torchvision makes
-it for one image (`TrainTransform` of tests/reference.py, the per-image
-reference for tests and benchmarks): pad-and-crop offsets and the flip;
-AutoAugment's sub-policy, each op's apply flag and sign; ColorJitter's three
-factors and their order. A key depends only on (seed, epoch, image index),
-so the draws do not depend on batch size, chunking, the number of DDP ranks
-or resumption. Draws are a counter-based hash of the key (splitmix64), so a
-chunk of 1,024 images is drawn in a few vectorised numpy calls.
+Every random choice is made per image from its own key, as torchvision makes it for one image
+(`TrainTransform` of tests/reference.py): crop offsets and flip, AutoAugment's sub-policy, each op's
+apply flag and sign, ColorJitter's three factors and their order. A key depends only on (seed, epoch,
+image index), so the draws do not depend on batch size, chunking, DDP ranks or resumption; a draw is a
+counter-based hash of the key (splitmix64), so a chunk of 1,024 images takes a few vectorised numpy calls.
 
-`apply` then sorts the chunk by what happens to each image (one host-to-device
-copy of the sort orders, no device-to-host sync) and calls one
-`torchvision.transforms.v2.functional` kernel per group of images that share
-(op, magnitude, sign): 40-60 groups per chunk for AutoAugment, so the fixed
-cost of a kernel call (0.1-0.3 ms) is paid per group, not per image. Augment
-chunks of `CHUNK_IMAGES` (several steps' images, or every pack member's) per
-call. Exactness against torchvision's per-image path, for the same drawn
-parameters (tests/test_augment.py):
-
-* crop, flip, AutoAugment (both policies, every op): bit-exact (same kernels);
-* ColorJitter: per-image factors cannot be grouped, so its three ops are
-  broadcast kernels written like torchvision's: brightness exact, contrast
-  and saturation within one intensity level (float rounding of the blend);
-* random resized crop (from LARGE_IMAGE_SIZE): per image, at native size,
-  right after decoding, with torchvision's kernel (`resized_crop`): bit-exact
-  on the CPU; on CUDA the antialiased resize differs from the CPU's by at most
-  a few levels (bench/gpu_suite.py measures it).
+`apply` sorts the chunk by what happens to each image (one host-to-device copy, no device-to-host sync)
+and calls one `torchvision.transforms.v2.functional` kernel per group of images sharing (op, magnitude,
+sign): 40-60 groups per chunk of `CHUNK_IMAGES` for AutoAugment, so a kernel call's fixed 0.1-0.3 ms is
+paid per group, not per image. Against torchvision's per-image path for the same draws
+(tests/test_augment.py): crop, flip and AutoAugment bit-exact (same kernels); ColorJitter (per-image
+factors cannot be grouped: broadcast kernels written like torchvision's) brightness exact, contrast and
+saturation within one intensity level (float rounding of the blend); the random resized crop (from
+LARGE_IMAGE_SIZE, per image at native size at decode time, torchvision's `resized_crop`) bit-exact on
+the CPU, within a few levels on CUDA (antialiased resize; bench/gpu_suite.py measures it).
 """
 
 from __future__ import annotations
@@ -63,11 +52,9 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 
 @dataclass(frozen=True)
 class Augmentation:
-    """What a protocol does to one training image of side `img_size`.
-
-    Below LARGE_IMAGE_SIZE: zero-pad `img_size // 8` and crop back (every offset
-    equally likely), flip with p = 0.5, then `strong` (one of STRONG). From it:
-    random resized crop per image at decode time (`resized_crop`), then flip and
+    """What a protocol does to one training image of side `img_size`. Below LARGE_IMAGE_SIZE: zero-pad
+    `img_size // 8` and crop back (every offset equally likely), flip with p = 0.5, then `strong` (one of
+    STRONG). From it: random resized crop per image at decode time (`resized_crop`), then flip and
     `strong` batched."""
 
     img_size: int
@@ -131,13 +118,10 @@ def uniforms(keys: np.ndarray, slot: int, count: int = 1) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Draws:
-    """Per-image parameters of one chunk (host numpy arrays, n images).
-
-    top, left: int64 (n,), crop offsets into the zero-padded image, in [0, 2 * padding];
-    flip: bool (n,); policy: int64 (n,), AutoAugment sub-policy; applied, negative:
-    bool (n, 2), each op's apply flag and sign; factors: float32 (n, 3), ColorJitter's
-    brightness, contrast, saturation factors; order: int64 (n, 3), the order of those ops.
-    """
+    """Per-image parameters of one chunk (host numpy arrays, n images). top, left: int64 (n,), crop
+    offsets into the zero-padded image, in [0, 2 * padding]; flip: bool (n,); policy: int64 (n,),
+    AutoAugment sub-policy; applied, negative: bool (n, 2), each op's apply flag and sign; factors:
+    float32 (n, 3), ColorJitter's brightness, contrast, saturation factors; order: int64 (n, 3), their order."""
 
     top: np.ndarray
     left: np.ndarray
@@ -177,11 +161,10 @@ def draw(spec: Augmentation, keys: np.ndarray) -> Draws:
 
 
 def apply(spec: Augmentation, images: torch.Tensor, params: Draws, rows: np.ndarray | None = None) -> torch.Tensor:
-    """uint8 (n, 3, S, S) on any device -> uint8 (n, 3, S, S): crop + flip (or flip alone
-    after a resized crop), then the strong augmentation, each image with its own draws.
-
-    rows: int64 (n,), optional: `images` is then a whole split (N, 3, S, S) and image k of
-    the result is row rows[k] of it (the batch's indexing fused into the crop's copy)."""
+    """uint8 (n, 3, S, S) on any device -> uint8 (n, 3, S, S): crop + flip (or flip alone after a resized
+    crop), then the strong augmentation, each image with its own draws. rows: int64 (n,), optional:
+    `images` is then a whole split (N, 3, S, S) and image k of the result is row rows[k] of it (the
+    batch's indexing fused into the crop's copy)."""
     n = len(params)
     if images.dtype != torch.uint8 or images.dim() != 4 or (rows is None and images.shape[0] != n) or \
             (rows is not None and len(rows) != n):
@@ -204,11 +187,10 @@ def apply(spec: Augmentation, images: torch.Tensor, params: Draws, rows: np.ndar
 def crop_flip(images: torch.Tensor, params: Draws, padding: int, rows: np.ndarray | None = None) -> torch.Tensor:
     """Zero-pad by `padding`, crop back at (top, left), flip; `rows` as in `apply`.
 
-    Written as whole-row copies, since a per-pixel gather costs ~3x more on a CPU core:
-    one index_select of image rows does the batch indexing and the vertical shift and
-    sorts the chunk by (left, flip), and zeroes the rows that fall into the padding;
-    one slice copy per (left, flip) group (at most 2 (2p + 1)) does the horizontal
-    shift and flip; one index_select restores the order. flip(crop at dx) equals the
+    Written as whole-row copies, since a per-pixel gather costs ~3x more on a CPU core: one index_select
+    of image rows does the batch indexing and the vertical shift and sorts the chunk by (left, flip), and
+    zeroes the rows that fall into the padding; one slice copy per (left, flip) group (at most 2 (2p + 1))
+    does the horizontal shift and flip; one index_select restores the order. flip(crop at dx) equals the
     crop at -dx of the flipped image."""
     n, S = len(params), images.shape[-1]
     device = images.device
@@ -276,14 +258,12 @@ def _stage_codes(strong: str, height: int, width: int) -> tuple[np.ndarray, tupl
 
 
 def autoaugment_op(images: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
-    """One AutoAugment op on a batch, as torchvision's AutoAugment applies it to one image
-    (nearest interpolation, zero fill, shear about the corner).
-
-    Geometric ops and sharpness run torchvision's arithmetic, op for op (its `affine_image`,
-    `rotate_image`, `adjust_sharpness_image`), with one change: their matrices and kernel come
-    from tensors already on the device, made once per (op, magnitude, size, device)
-    (`device_constant`), where torchvision builds them with `torch.tensor(..., device=...)` per
-    call: a blocking copy from pageable memory, i.e. a host sync per group per chunk on CUDA."""
+    """One AutoAugment op on a batch, as torchvision's AutoAugment applies it to one image (nearest
+    interpolation, zero fill, shear about the corner). Geometric ops and sharpness run torchvision's
+    arithmetic, op for op (its `affine_image`, `rotate_image`, `adjust_sharpness_image`), with one change:
+    their matrices and kernel come from tensors already on the device, made once per (op, magnitude,
+    size, device) (`device_constant`), where torchvision builds them with `torch.tensor(..., device=...)`
+    per call: a blocking copy from pageable memory, i.e. a host sync per group per chunk on CUDA."""
     if op in _GEOMETRIC:
         h, w = images.shape[-2:]
         if op == "Rotate" and magnitude % 360 in (0, 90, 180, 270):  # torchvision's fast paths
@@ -398,12 +378,10 @@ def _saturation(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 
 def _grouped(images: torch.Tensor, stages: list[np.ndarray], kernel, extra: torch.Tensor | None = None) -> torch.Tensor:
-    """Apply `kernel(stage, code, images_of_group, extra_of_group)` to each group of images
-    with the same code, stage after stage (code -1: leave the image as is).
-
-    Each stage's rows sorted by code (computed on the host) travel to the device in one
-    copy; a group is then a slice of that index, read and written back with
-    index_select / index_copy_, so untouched images are never moved."""
+    """Apply `kernel(stage, code, images_of_group, extra_of_group)` to each group of images with the same
+    code, stage after stage (code -1: leave the image as is). Each stage's rows sorted by code (computed
+    on the host) travel to the device in one copy; a group is then a slice of that index, read and
+    written back with index_select / index_copy_, so untouched images are never moved."""
     orders = [np.argsort(codes, kind="stable") for codes in stages]
     rows = to_device(torch.from_numpy(np.stack(orders)), images.device)
     x = images.clone()
@@ -423,8 +401,8 @@ def _grouped(images: torch.Tensor, stages: list[np.ndarray], kernel, extra: torc
 
 
 def resized_crop_params(keys: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """torchvision's RandomResizedCrop parameters (scale 0.08-1, ratio 3/4-4/3, 10 tries, then
-    the centre crop), per image from its key: int64 (n, 4) = top, left, height, width."""
+    """torchvision's RandomResizedCrop parameters (scale 0.08-1, ratio 3/4-4/3, 10 tries, then the centre
+    crop), per image from its key: int64 (n, 4) = top, left, height, width."""
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
     tries = uniforms(keys, _RRC_TRY, 20).reshape(-1, 10, 2)

@@ -6,14 +6,14 @@
     <storage>/<study>/snapshots/<trial>/epoch_0004.pt
     <storage>/<study>/train/<trial>/checkpoint_*/state.pt   lone trials of earlier versions (read only)
 
-A checkpoint holds tensors, dicts, lists, tuples, numbers and strings only, all on the CPU: it is
-read with ``torch.load(weights_only=True, map_location="cpu")``, so a file on shared storage
-cannot run code in a worker or in ``vitsweep analyze``, and a checkpoint written on a GPU loads
-anywhere. Each part then moves where it belongs: weights by ``load_state_dict`` into the model's
-device, optimiser state as ``Optimizer.load_state_dict`` places it (moments to the parameter's
-device, Adam's ``step`` stays a CPU tensor), RNG states stay CPU ``ByteTensor``s
-(``torch.set_rng_state`` refuses anything else). ``epoch.json`` beside a stored checkpoint names
-its epoch, so the launcher re-forms packs without downloading checkpoints.
+A checkpoint holds tensors, dicts, lists, tuples, numbers and strings only, all on the CPU: it is read
+with ``torch.load(weights_only=True, map_location="cpu")``, so a file on shared storage cannot run code
+in a worker or in ``vitsweep analyze``, and a checkpoint written on a GPU loads anywhere. Each part then
+moves where it belongs: weights by ``load_state_dict`` into the model's device, optimiser state as
+``Optimizer.load_state_dict`` places it (moments to the parameter's device, Adam's ``step`` stays a CPU
+tensor), RNG states stay CPU ``ByteTensor``s (``torch.set_rng_state`` refuses anything else).
+``epoch.json`` beside a stored checkpoint names its epoch, so the launcher re-forms packs without
+downloading checkpoints.
 """
 
 from __future__ import annotations
@@ -157,10 +157,8 @@ def load(path: str | os.PathLike, *, name: str | None = None, keys: tuple[str, .
     except (RuntimeError, EOFError, pickle.UnpicklingError, TypeError, ValueError) as exc:
         # torch: "PytorchStreamReader failed reading zip archive" (truncated), "invalid load key" (not one),
         # "Weights only load failed" (an object that is not plain data)
-        raise CorruptCheckpointError(
-            f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a checkpoint): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        raise CorruptCheckpointError(f"checkpoint file {name or os.fspath(path)} is corrupt (truncated, or not a "
+                                     f"checkpoint): {type(exc).__name__}: {exc}") from exc
 
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu", *,
@@ -202,10 +200,7 @@ def resume_point(path: str | os.PathLike, *, name: str | None = None) -> tuple[i
 
 def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
                  log=print) -> tuple[int, list[list[dict]]]:
-    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories).
-
-    Checkpoints are read to the CPU (`load`); the weights then go into the pack's device, the
-    optimiser state where `Optimizer.load_state_dict` puts it, the RNG states stay CPU tensors."""
+    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories)."""
     found = [p.exists() for p in paths]
     if not any(found):
         return 1, [[] for _ in paths]
@@ -244,9 +239,9 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    """Undo `rng_state` from a loaded checkpoint. The states must be CPU ByteTensors, which
-    `load` guarantees; the saved CUDA state goes to the device this run uses, whichever it was
-    saved from, and only when this run uses CUDA (a checkpoint moves between a GPU and a CPU machine)."""
+    """Undo `rng_state` from a loaded checkpoint (CPU ByteTensors, as `load` gives them); the saved CUDA
+    state goes to the device this run uses, whichever it was saved from, and only when this run uses
+    CUDA (a checkpoint moves between a GPU and a CPU machine)."""
     torch.set_rng_state(state["torch_rng"])
     random.setstate(_as_python_state(state["python_rng"]))
     if device.type == "cuda" and state.get("cuda_rng") is not None:

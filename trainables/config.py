@@ -1,29 +1,23 @@
 """RunConfig: everything one trial needs, as one frozen dataclass.
 
-A run config is the unit every layer exchanges: a study file produces a list
-of them, Tune's param space carries them as flat dicts, MLflow logs them as
-params and the Parquet ``trials`` table stores them as columns. So it
-flattens to scalar key/values and rebuilds from them:
+A run config is the unit every layer exchanges: a study file produces a list of them, Tune's param
+space carries them as flat dicts, MLflow logs them as params and the Parquet ``trials`` table stores
+them as columns. So it flattens to scalar key/values and rebuilds from them:
 
     cfg = RunConfig.for_dataset("cifar100", preset="study_l", pe="rope2d", cutmix=True)
     flat = cfg.to_flat()            # {"dataset": "cifar100", ..., "pe": "rope2d", "dim": 192, ...}
     assert RunConfig.from_flat(flat) == cfg
 
-Model fields (``ViTConfig``) are flattened beside the run fields without a
-prefix; the two sets of names never clash (checked at import). Nothing here
-imports torch (``ViTConfig`` is ``trainables/vit_config.py``, ``Protocol``
-``trainables/protocol_spec.py``, the data-set rows ``trainables/data_roots.py``), so
-building and listing a sweep's trials is quick.
+Model fields (``ViTConfig``) are flattened beside the run fields without a prefix. Nothing here
+imports torch (``ViTConfig`` is ``trainables/vit_config.py``, ``Protocol`` ``trainables/protocol_spec.py``,
+the data-set rows ``trainables/data_roots.py``), so building and listing a sweep's trials is quick.
 
-Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3,
-weight decay 0.05 with timm's exemptions (no decay on biases, norms, CLS and
-learned PE), batch 128, 100 epochs, 10 warm-up epochs, cosine decay, CutMix on
-every batch when on, crop padding img_size // 8. The study files set each
-paper's recipe: ``sweeps/study_l.py`` (and ``factorial``) Lee et al. 2021's
-script where Study L is silent (decay on every parameter, padding 4, CutMix
-probability 0.5), ``sweeps/study_p.py`` Study P's optimiser. A test-scored run
-(``eval_split="test"``) trains on the whole training split: ``holdout_fraction``
-is 0 there, whatever was asked, since the holdout exists only to score tuning.
+Defaults are this project's plain choices, not a paper's recipe: AdamW lr 1e-3, weight decay 0.05 with
+timm's exemptions (no decay on biases, norms, CLS and learned PE), batch 128, 100 epochs, 10 warm-up
+epochs, cosine decay, CutMix on every batch when on, crop padding img_size // 8. The study files set
+each paper's recipe: ``sweeps/study_l.py`` (and ``factorial``) Lee et al. 2021's script where Study L
+is silent (decay on every parameter, padding 4, CutMix probability 0.5), ``sweeps/study_p.py`` Study
+P's optimiser.
 """
 
 from __future__ import annotations
@@ -47,9 +41,8 @@ HOLDOUT_FRACTION = 0.05  # a tuning run's holdout, unless it asks for another sh
 # stay out of the trial id, so moving the data or changing the device resumes the same trial
 # instead of starting a new one.
 
-# The fields every trial id has hashed since ids began. A field added later
-# enters the hash only when it differs from its default, so adding a field
-# (cutmix_prob, ...) leaves every existing id, and its results, in place.
+# The fields every trial id has hashed since ids began. A field added later enters the hash only when it
+# differs from its default, so adding a field (cutmix_prob, ...) leaves every existing id, and its results, in place.
 _ID_FIELDS_V1 = frozenset((
     "study", "dataset", "preset", "rpt", "rpt_per_image", "autoaugment", "cutmix", "label_smoothing",
     "optimizer", "lr", "weight_decay", "batch_size", "epochs", "warmup_epochs", "schedule", "seed", "eval_split",
@@ -133,14 +126,12 @@ class RunConfig:
 
     @property
     def trial_id(self) -> str:
-        """Stable, readable id: the headline factors plus a hash of every field
-        that changes what is computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
+        """Stable, readable id: the headline factors plus a hash of every field that changes what is
+        computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
         defaults = _defaults()
         whole = self.to_flat()
-        flat = {
-            k: v for k, v in whole.items()
-            if k not in EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])
-        }
+        flat = {k: v for k, v in whole.items()
+                if k not in EXECUTION_FIELDS and (k in _ID_FIELDS_V1 or k not in defaults or v != defaults[k])}
         digest = hashlib.sha1(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
         order = "-rpt" if self.rpt else ""
         # A swept field's value, e.g. `-lr0.0005` (the digest is the same as without the label).
@@ -163,23 +154,20 @@ class RunConfig:
         model_names = {f.name for f in fields(ViTConfig)}
         unknown = set(flat) - run_names - model_names - {"protocol"}
         if unknown:
-            raise ValueError(
-                f"unknown run-config field(s) {sorted(unknown)}; valid fields: {sorted(run_names | model_names)}"
-            )
+            raise ValueError(f"unknown run-config field(s) {sorted(unknown)}; valid fields: "
+                             f"{sorted(run_names | model_names)}")
         # Parquet and MLflow hand numbers back as numpy/float types: cast each to the field's type.
         run = {k: (FIELD_SPECS[k].kind if k in FIELD_SPECS else str)(v) for k, v in flat.items() if k in run_names}
         model = ViTConfig.from_flat({k: v for k, v in flat.items() if k in model_names})
         cfg = cls(**run, model=model)
         if "protocol" in flat and flat["protocol"] != cfg.protocol.name:
-            raise ValueError(
-                f"protocol {flat['protocol']!r} contradicts the switches "
-                f"(autoaugment={cfg.autoaugment}, cutmix={cfg.cutmix}, label_smoothing={cfg.label_smoothing})"
-            )
+            raise ValueError(f"protocol {flat['protocol']!r} contradicts the switches (autoaugment={cfg.autoaugment}, "
+                             f"cutmix={cfg.cutmix}, label_smoothing={cfg.label_smoothing})")
         return cfg
 
     def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
-        """Apply flat ``key=value`` overrides (run or model fields); values given as
-        strings are parsed to the field's type. ``protocol=NAME`` sets the switches."""
+        """Apply flat ``key=value`` overrides (run or model fields); values given as strings are parsed
+        to the field's type. ``protocol=NAME`` sets the switches."""
         flat = self.to_flat()
         overrides = dict(overrides)
         if "protocol" in overrides:
@@ -201,9 +189,8 @@ class RunConfig:
         set's image size, patch size (the study's 8x8 or 14x14 grid) and class count (its row,
         ``trainables.data_roots.DATASET_SPECS``; a ``folder`` set's read from ``data_root``)."""
         info = data_roots.dataset_spec(dataset, overrides.get("data_root"))
-        model = ViTConfig.preset(
-            preset, img_size=info.img_size, patch_size=info.patch_size, num_classes=info.num_classes
-        )
+        model = ViTConfig.preset(preset, img_size=info.img_size, patch_size=info.patch_size,
+                                 num_classes=info.num_classes)
         base = cls(dataset=dataset, preset=preset, model=model)
         return base.with_overrides(overrides) if overrides else base
 

@@ -34,10 +34,9 @@ _CIFAR_OBTAIN = ("torchvision downloads it into the root when the machine has ne
 
 
 class DataRootError(FileNotFoundError, ValueError):
-    """A data root is missing or malformed. The message names the path, what was
-    expected there and how to obtain it. Both a `FileNotFoundError` (it is about
-    files) and a `ValueError` (a bad configuration value, caught as such by
-    config validation)."""
+    """A data root is missing or malformed. The message names the path, what was expected there and how
+    to obtain it. Both a `FileNotFoundError` (it is about files) and a `ValueError` (a bad configuration
+    value, caught as such by config validation)."""
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -164,8 +163,8 @@ def check_folder(root: Path) -> Path:
 class DataSpec:
     """One data set. None: read from the root (`folder`, by `dataset_spec`) or, for mean/std, computed
     from the training images. train_images: the official training split before any holdout;
-    test_images: the official test split (the n behind test_acc; `val` where the official val split
-    stands in for it). mean/std: published per-channel statistics on the [0, 1] scale."""
+    test_images: the official test split (the n behind test_acc; the official val split where it
+    stands in for it: tinyimagenet, imagenet100). mean/std: published per-channel statistics on the [0, 1] scale."""
 
     source: str
     num_classes: int | None
@@ -174,7 +173,6 @@ class DataSpec:
     test_images: int | None
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
-    test_split: str = "test"
     in_memory: bool = True  # decoded once into memory (else decoded per item by the DataLoader workers)
     obtain: str = "Nothing to obtain: generated in memory."  # quoted in every root error
     check: Callable[[Path], Path] = field(default=lambda root: root, repr=False, compare=False)
@@ -187,14 +185,6 @@ class DataSpec:
     def grid(self) -> int | None:
         return None if self.img_size is None else self.img_size // self.patch_size
 
-    @property
-    def description(self) -> str:
-        if self.num_classes is None:
-            return self.source
-        used = " (used as test)" if self.test_split != "test" else ""
-        return (f"{self.source}, {self.num_classes} classes, {self.train_images:,} train / {self.test_images:,} "
-                f"{self.test_split}{used}, {self.img_size} px")
-
 
 DATASET_SPECS: dict[str, DataSpec] = {
     "shapes": DataSpec("procedural shapes and layouts (trainables/shapes.py)", 10, 32, 10_000, 2_000),
@@ -203,11 +193,11 @@ DATASET_SPECS: dict[str, DataSpec] = {
     "cifar100": DataSpec("CIFAR-100 (fine labels)", 100, 32, 50_000, 10_000, (0.5071, 0.4865, 0.4409),
                          (0.2673, 0.2564, 0.2762), obtain=_CIFAR_OBTAIN.format("cifar-100"), check=check_cifar("cifar100")),
     "tinyimagenet": DataSpec(
-        "Tiny-ImageNet", 200, 64, 100_000, 10_000, (0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821), "val",
+        "Tiny-ImageNet", 200, 64, 100_000, 10_000, (0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821),
         obtain="Download http://cs231n.stanford.edu/tiny-imagenet-200.zip and unzip it into the root "
         "(the root may be tiny-imagenet-200/ itself or its parent).", check=check_tinyimagenet),
     "imagenet100": DataSpec(
-        "ImageNet-100 (CMC's 100 ILSVRC-2012 classes)", 100, 224, 126_689, 5_000, IMAGENET_MEAN, IMAGENET_STD, "val",
+        "ImageNet-100 (CMC's 100 ILSVRC-2012 classes)", 100, 224, 126_689, 5_000, IMAGENET_MEAN, IMAGENET_STD,
         in_memory=False, check=check_imagenet100,
         obtain="Obtain ILSVRC-2012 from image-net.org (registration required), sort val into class folders, "
         "then build the root with trainables.formats.link_imagenet100(IMAGENET_ROOT, ROOT)."),

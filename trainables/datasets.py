@@ -1,46 +1,27 @@
-"""Data sets: one registry (`DATASETS`), one entry point (`load_dataset`).
+"""Data sets: one registry (`DATASETS`, each set's loader in `trainables/formats.py`), one entry point
+(`load_dataset`).
 
     splits = load_dataset("cifar100", "data", seed=0, holdout_fraction=0.05)
     image, label = splits.train[0]          # uint8 (3, 32, 32), int
     splits.num_classes, splits.patch_size   # 100, 4 (an 8x8 grid of patches)
 
-Every split is a torch `Dataset` of (uint8 image (3, H, W), int label).
-Small sets are decoded once into memory as `TensorImages` (uint8 (N, 3, H, W)
-plus int64 labels): at 32-64 px a whole training set is 150-600 MB and
-decoding is then paid once per trial, not once per epoch. ImageNet-100 (and
-any large `folder` set) stays on disk as `ImageFiles`, decoded per item in
-the DataLoader workers.
+Each set's classes, sizes, statistics, root layout and how to obtain it are its row in
+`trainables.data_roots.DATASET_SPECS`: 32 px / patch 4 and 64 px / patch 8 give Study L's 8x8 grid,
+224 px / patch 16 Study P's 14x14. Every split is a torch `Dataset` of (uint8 image (3, H, W), int
+label). Small sets are decoded once into memory as `TensorImages` (at 32-64 px a whole training set is
+150-600 MB, and decoding is then paid once per trial, not once per epoch); ImageNet-100 (and any large
+`folder` set) stays on disk as `ImageFiles`, decoded per item in the DataLoader workers.
 
-| name | root layout |
-| ---- | ----------- |
-| shapes | none (procedural, `trainables/shapes.py`) |
-| cifar10, cifar100 | torchvision's `cifar-10-batches-py/`, `cifar-100-python/` (downloaded) |
-| tinyimagenet | official `tiny-imagenet-200/` (root = it or its parent) |
-| imagenet100 | `train/<wnid>/`, `val/<wnid>/` (see `link_imagenet100`) |
-| folder | any `train/<class>/` + `test/<class>/` (or `val/`); in memory up to 64 px and 200k images |
-
-Each set's classes, sizes and statistics are its row in `trainables.data_roots.DATASET_SPECS`.
-Image sizes and patch sizes give the studies' grids: 32 px / patch 4 and
-64 px / patch 8 -> 8x8 (Study L), 224 px / patch 16 -> 14x14 (Study P).
-
-`holdout` is a seeded, class-stratified fraction of the official training
-set, removed from `train`, for tuning without touching `test` (the official
-test split: CIFAR's test batch, Tiny-ImageNet's and ImageNet's val).
-`capped_subset` draws a capped training set (`max_train_images`) the same way,
-so a cap keeps every class.
-
-Images at least `LARGE_IMAGE_SIZE` px are trained ImageNet-style: the
-`train` split yields the decoded image at its native size and the protocol's
-random resized crop makes the 224 px view; `holdout` and `test` are squashed
-to 224 x 224 when loaded (Study P's code: `images.eval_view`). Smaller sets
-are stored at their final size and trained with pad-and-crop.
-
-Formats live in `trainables/formats.py`, image containers and decoding in
-`trainables/images.py`. A bad name raises `ValueError` listing the names; a missing or malformed
-root raises `DataRootError` (a `FileNotFoundError` and a `ValueError`) at
-once, naming the path, what was expected there and how to obtain it.
+`holdout` is a seeded, class-stratified fraction of the official training set, removed from `train`,
+for tuning without touching `test` (the official test split: CIFAR's test batch, Tiny-ImageNet's and
+ImageNet's val); `capped_subset` draws a capped training set (`max_train_images`) the same way, so a cap
+keeps every class. Images of at least `LARGE_IMAGE_SIZE` px are trained ImageNet-style: `train` yields
+the decoded image at its native size and the protocol's random resized crop makes the 224 px view;
+`holdout` and `test` are squashed to 224 x 224 when loaded (Study P's code: `images.eval_view`).
+Smaller sets are stored at their final size and trained with pad-and-crop. A bad name raises
+`ValueError` listing the names; a missing or malformed root `DataRootError` at once, naming the path,
+what was expected there and how to obtain it.
 """
-
 
 from __future__ import annotations
 
@@ -66,11 +47,9 @@ SPLIT_NAMES = ("train", "holdout", "test")
 
 @dataclass(frozen=True, eq=False)
 class DatasetSplits:
-    """A loaded data set. mean/std: per channel, for `images.normalize` on [0, 1] pixels.
-
-    holdout_indices: int64, rows of the official training set that form `holdout`
-    (ascending); `train` holds the others, in their original order.
-    """
+    """A loaded data set. mean/std: per channel, for `images.normalize` on [0, 1] pixels. holdout_indices:
+    int64, rows of the official training set that form `holdout` (ascending); `train` holds the others,
+    in their original order."""
 
     name: str
     num_classes: int
@@ -90,7 +69,6 @@ class DatasetSplits:
         return getattr(self, name)
 
 
-
 def prepare_root(name: str, root: str | os.PathLike | None = None) -> Path:
     """`data_roots.check_root`, then fetch what loading would download (CIFAR): the launcher calls it
     once per data set before any trial starts, so a missing download fails the launch
@@ -101,40 +79,21 @@ def prepare_root(name: str, root: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def load_dataset(
-    name: str,
-    root: str | os.PathLike | None = None,
-    *,
-    seed: int = 0,
-    holdout_fraction: float = 0.05,
-    img_size: int | None = None,
-    download: bool = True,
-) -> DatasetSplits:
-    """Load `name` from `root` (default `$VITSWEEP_DATA_ROOT` or `./data`).
-
-    seed: draws the holdout split (the `shapes` images themselves are fixed,
-    like any downloaded set). holdout_fraction in [0, 1): share of each class of
-    the training set moved to `holdout`. img_size: resize to this size (the
-    native size by default). download: CIFAR only, fetch missing files.
-    """
+def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int = 0, holdout_fraction: float = 0.05,
+                 img_size: int | None = None, download: bool = True) -> DatasetSplits:
+    """Load `name` from `root` (default `$VITSWEEP_DATA_ROOT` or `./data`). seed: draws the holdout split
+    (the `shapes` images themselves are fixed, like any downloaded set). holdout_fraction in [0, 1): share
+    of each class of the training set moved to `holdout`. img_size: resize to this size (the native size
+    by default). download: CIFAR only, fetch missing files."""
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must lie in [0, 1), got {holdout_fraction}")
     dataset_spec(name, root, img_size=img_size)  # a bad name, size or root fails here, before loading
     loaded = DATASETS[name](data_roots.check_root(name, root), img_size=img_size, download=download)
     train_idx, holdout_idx = holdout_split(loaded.train.labels, holdout_fraction, seed=seed)
-    return DatasetSplits(
-        name=name,
-        num_classes=len(loaded.classes),
-        img_size=loaded.img_size,
-        patch_size=patch_size_for(loaded.img_size),
-        mean=loaded.mean,
-        std=loaded.std,
-        train=loaded.train.subset(train_idx) if len(holdout_idx) else loaded.train,
-        holdout=loaded.train.subset(holdout_idx, evaluation=True),
-        test=loaded.test,
-        classes=loaded.classes,
-        holdout_indices=holdout_idx,
-    )
+    return DatasetSplits(name, len(loaded.classes), loaded.img_size, patch_size_for(loaded.img_size), loaded.mean,
+                         loaded.std, train=loaded.train.subset(train_idx) if len(holdout_idx) else loaded.train,
+                         holdout=loaded.train.subset(holdout_idx, evaluation=True), test=loaded.test,
+                         classes=loaded.classes, holdout_indices=holdout_idx)
 
 
 def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> dict[str, Any]:
@@ -157,10 +116,9 @@ def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> 
 def holdout_split(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Class-stratified random split of rows: (train indices, holdout indices), both ascending.
 
-    The holdout has round(fraction * N) rows; each class gives floor(fraction * n_c)
-    and the remaining rows go to the classes with the largest remainders (ties in
-    a seeded random order), so every class is within one image of its share.
-    """
+    The holdout has round(fraction * N) rows; each class gives floor(fraction * n_c) and the remaining
+    rows go to the classes with the largest remainders (ties in a seeded random order), so every class
+    is within one image of its share."""
     n = labels.numel()
     total = round(fraction * n)
     g = torch.Generator().manual_seed(seed)
@@ -182,15 +140,12 @@ def holdout_split(labels: torch.Tensor, fraction: float, *, seed: int) -> tuple[
 def capped_subset(labels: torch.Tensor, max_images: int, *, seed: int = 0) -> torch.Tensor:
     """Rows of a class-stratified random subset of ``max_images`` images (ascending int64 indices).
 
-    For ``max_train_images``: the first N rows of a class-ordered split (folder,
-    Tiny-ImageNet, ImageNet-100) hold a few classes only, so a cap must sample
-    every class in proportion (within one image of its share, as ``holdout_split``
-    draws the holdout) and keeps at least one image of every class: a class whose
-    share rounds to none gets one, taken from the class furthest above its share.
-    A cap below the number of classes cannot, and is refused. Seeded and a function
-    of the labels only, so every trial of a data set trains on the same images.
-    ``max_images`` >= len(labels) keeps all.
-    """
+    For ``max_train_images``: the first N rows of a class-ordered split (folder, Tiny-ImageNet,
+    ImageNet-100) hold a few classes only, so a cap samples every class in proportion (within one image
+    of its share, as ``holdout_split`` draws the holdout) and keeps at least one image of every class: a
+    class whose share rounds to none gets one, taken from the class furthest above its share (a cap
+    below the number of classes is refused). Seeded and a function of the labels only, so every trial of
+    a data set trains on the same images. ``max_images`` >= len(labels) keeps all."""
     n = labels.numel()
     if max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")

@@ -1,16 +1,14 @@
 """A pack's per-epoch records, written off the training thread.
 
-Once per epoch every member's metrics go to its ``epochs`` Parquet rows (the whole history, so an
-epoch trained again replaces its row) and to its MLflow run (each step once). Written in the training
-thread these were K synchronous writes per epoch (0.2-2 s of an idle GPU per ~7 s epoch), so
-`EpochRecords.add` only queues them: one background thread writes them in the order they were added,
-the MLflow calls retrying within the tracking client's budget (``records.client.with_retries``).
-Keys and their order are the metrics dict's as the loop made it, minus ``epoch`` (the MLflow step).
-
-A write that fails stops the writing; its exception is raised in the training thread at the next
-`add` or at `flush`, the original exception, so the trial ends as it did when the write failed in
-the loop (a full disk is a storage fault with the same line). `flush` waits for every queued write:
-the worker calls it before it closes a member.
+Once per epoch every member's metrics go to its ``epochs`` Parquet rows (the whole history, so an epoch
+trained again replaces its row) and to its MLflow run (each step once). Written in the training thread
+these were K synchronous writes per epoch (0.2-2 s of an idle GPU per ~7 s epoch), so `EpochRecords.add`
+only queues them: one background thread writes them in the order they were added, the MLflow calls
+retrying within the tracking client's budget (``records.client.with_retries``). Keys and their order are
+the metrics dict's as the loop made it, minus ``epoch`` (the MLflow step). A write that fails stops the
+writing; its exception is raised in the training thread at the next `add` or at `flush`, the original
+exception, so the trial ends as it did when the write failed in the loop (a full disk is a storage fault
+with the same line). `flush` waits for every queued write: the worker calls it before it closes a member.
 """
 
 from __future__ import annotations

@@ -20,27 +20,12 @@ import torchvision
 import torchvision.transforms.v2.functional as TF
 
 from trainables import shapes
-from trainables.data_roots import (
-    DATASET_SPECS,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    DataRootError,
-    find_classes,
-    first_image_size,
-    folder_in_memory,
-    folder_test_dir,
-    patch_size_for,
-)
-from trainables.images import (
-    ImageFiles,
-    TensorImages,
-    channel_stats,
-    decode_all,
-    list_images,
-)
+from trainables.data_roots import (DATASET_SPECS, IMAGENET_MEAN, IMAGENET_STD, DataRootError, find_classes,
+                                   first_image_size, folder_in_memory, folder_test_dir, patch_size_for)
+from trainables.images import ImageFiles, TensorImages, channel_stats, decode_all, list_images
 
-# ImageNet-100 as in CMC (Tian, Krishnan & Isola 2019, "Contrastive Multiview
-# Coding"), github.com/HobbitLong/CMC/blob/master/imagenet100.txt, in that file's order.
+# ImageNet-100 as in CMC (Tian, Krishnan & Isola 2019, "Contrastive Multiview Coding"),
+# github.com/HobbitLong/CMC/blob/master/imagenet100.txt, in that file's order.
 IMAGENET100_WNIDS = (
     "n02869837", "n01749939", "n02488291", "n02107142", "n13037406", "n02091831", "n04517823", "n04589890",
     "n03062245", "n01773797", "n01735189", "n07831146", "n07753275", "n03085013", "n04485082", "n02105505",
@@ -71,7 +56,6 @@ class Loaded:
     std: tuple[float, float, float]
 
 
-
 # -- shapes ----------------------------------------------------------------------------------
 
 
@@ -89,24 +73,11 @@ def load_shapes(root: Path | None, *, img_size: int | None, download: bool) -> L
 # -- CIFAR -----------------------------------------------------------------------------------
 
 _CIFAR = {
-    "cifar10": dict(
-        torchvision_class=torchvision.datasets.CIFAR10,
-        folder="cifar-10-batches-py",
-        train=[f"data_batch_{i}" for i in range(1, 6)],
-        test=["test_batch"],
-        meta="batches.meta",
-        label_key="labels",
-        names_key="label_names",
-    ),
-    "cifar100": dict(
-        torchvision_class=torchvision.datasets.CIFAR100,
-        folder="cifar-100-python",
-        train=["train"],
-        test=["test"],
-        meta="meta",
-        label_key="fine_labels",
-        names_key="fine_label_names",
-    ),
+    "cifar10": dict(torchvision_class=torchvision.datasets.CIFAR10, folder="cifar-10-batches-py",
+                    train=[f"data_batch_{i}" for i in range(1, 6)], test=["test_batch"], meta="batches.meta",
+                    label_key="labels", names_key="label_names"),
+    "cifar100": dict(torchvision_class=torchvision.datasets.CIFAR100, folder="cifar-100-python", train=["train"],
+                     test=["test"], meta="meta", label_key="fine_labels", names_key="fine_label_names"),
 }
 CIFAR_NAMES = tuple(_CIFAR)
 
@@ -138,8 +109,8 @@ def load_cifar(name: str) -> Callable[..., Loaded]:
 
 
 def fetch_cifar(name: str, root: Path, *, download: bool = True) -> Path:
-    """The folder of the pickled batches under ``root``, downloaded (and md5-verified by
-    torchvision) when files are missing; raises DataRootError when they cannot be had."""
+    """The folder of the pickled batches under ``root``, downloaded (and md5-verified by torchvision) when
+    files are missing; raises DataRootError when they cannot be had."""
     spec = _CIFAR[name]
     folder = root / spec["folder"]
     missing = [f for f in _cifar_files(name) if not (folder / f).is_file()]
@@ -219,11 +190,9 @@ def _in_memory(samples: list[tuple[str, int]], img_size: int) -> TensorImages:
 
 def link_imagenet100(imagenet_root: str | os.PathLike, out_root: str | os.PathLike,
                      wnids: Sequence[str] = IMAGENET100_WNIDS) -> Path:
-    """Build the ImageNet-100 root from an ImageNet root, with one symlink per class folder.
-
-    imagenet_root must hold ILSVRC-2012 in ImageFolder layout, `train/<wnid>/*.JPEG`
-    and `val/<wnid>/*.JPEG` (the official val images sorted into class folders, e.g.
-    with the widely used `valprep.sh`). Shell equivalent:
+    """Build the ImageNet-100 root from an ImageNet root, with one symlink per class folder. imagenet_root
+    must hold ILSVRC-2012 in ImageFolder layout, `train/<wnid>/*.JPEG` and `val/<wnid>/*.JPEG` (the
+    official val images sorted into class folders, e.g. with the widely used `valprep.sh`). Shell equivalent:
 
         for s in train val; do mkdir -p OUT/$s
           for w in $(cat imagenet100.txt); do ln -s IMAGENET/$s/$w OUT/$s/$w; done; done

@@ -1,8 +1,7 @@
 """Image containers, geometry and decoding shared by every data set format.
 
-`TensorImages` is an in-memory split (uint8 (N, 3, H, W) + int64 labels);
-`ImageFiles` a lazy one decoded per item. The geometry helpers give the
-studies' patch grids and the evaluation resize; `trainables.formats` reads each
+`TensorImages` is an in-memory split (uint8 (N, 3, H, W) + int64 labels); `ImageFiles` a lazy one
+decoded per item. The geometry helpers give the evaluation resize; `trainables.formats` reads each
 format into these containers, `trainables.datasets` is the registry.
 """
 
@@ -27,8 +26,8 @@ if tuple(_TORCHVISION_EXTENSIONS) != IMG_EXTENSIONS:  # the torch-free copy list
     raise ValueError(f"trainables.data_roots.IMG_EXTENSIONS {IMG_EXTENSIONS} differ from torchvision's "
                      f"{_TORCHVISION_EXTENSIONS}")
 
-# torchvision 0.29 deprecates torchvision.io's image codecs for TorchCodec's (not a dependency
-# yet); the warning would fire once per decoded file under `-W default`.
+# torchvision 0.29 deprecates torchvision.io's image codecs for TorchCodec's (not a dependency yet); the
+# warning would fire once per decoded file under `-W default`.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
 
@@ -36,10 +35,8 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 
 
 def resize_center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize the shorter side to `size`, then centre-crop to (size, size).
-
-    images: uint8 (3, h, w) or (B, 3, h, w). Returns the input itself when it already has that size.
-    """
+    """Resize the shorter side of uint8 (3, h, w) or (B, 3, h, w) `images` to `size`, then centre-crop to
+    (size, size); the input itself when it already has that size."""
     h, w = images.shape[-2:]
     if h == w == size:
         return images
@@ -50,11 +47,9 @@ def resize_center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
 
 def eval_view(images: torch.Tensor, size: int) -> torch.Tensor:
     """The evaluation view (holdout, test, the analysis set): uint8 (3, h, w) or (B, 3, h, w) -> (.., size, size).
-
-    From `LARGE_IMAGE_SIZE` (Study P's 224 px), Study P's code: the whole image squashed to
-    size x size (`T.Resize((224, 224))`, no crop), so nothing is cut off and the aspect ratio is not
-    kept. Below it, `resize_center_crop` (smaller sets are stored at their size: the identity).
-    """
+    From `LARGE_IMAGE_SIZE` (Study P's 224 px), Study P's code: the whole image squashed to size x size
+    (`T.Resize((224, 224))`, no crop), so nothing is cut off and the aspect ratio is not kept. Below it,
+    `resize_center_crop` (smaller sets are stored at their size: the identity)."""
     h, w = images.shape[-2:]
     if h == w == size:
         return images
@@ -64,9 +59,9 @@ def eval_view(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A small host tensor (indices, draws) to `device` without stalling the host: to CUDA it
-    goes through pinned memory, asynchronously (a copy from pageable memory would wait for
-    the device to finish its queued work: a host sync per step). On the CPU: itself."""
+    """A small host tensor (indices, draws) to `device` without stalling the host: to CUDA through pinned
+    memory, asynchronously (a copy from pageable memory would wait for the device to finish its queued
+    work: a host sync per step). On the CPU: itself."""
     device = torch.device(device)
     if device.type != "cuda":
         return tensor.to(device)
@@ -77,10 +72,10 @@ _DEVICE_CONSTANTS: dict = {}
 
 
 def device_constant(key, build: Callable[[], torch.Tensor]):
-    """A constant of the step (normalisation stats, AutoAugment's sampling grids, a blur kernel),
-    built by `build()` on first use and kept per `key` (which names the device): building it per
-    step from host numbers would be a blocking host-to-device copy each time. One registry, so
-    tests can drop every cached device tensor at once (`clear_device_constants`)."""
+    """A constant of the step (normalisation stats, AutoAugment's sampling grids, a blur kernel), built by
+    `build()` on first use and kept per `key` (which names the device): building it per step from host
+    numbers would be a blocking host-to-device copy each time. One registry, so tests can drop every
+    cached device tensor at once (`clear_device_constants`)."""
     if key not in _DEVICE_CONSTANTS:
         _DEVICE_CONSTANTS[key] = build()
     return _DEVICE_CONSTANTS[key]
@@ -131,12 +126,9 @@ class TensorImages(Dataset):
 
 class ImageFiles(Dataset):
     """A lazy split: (path, label) samples decoded per item with `torchvision.io.decode_image` (RGB).
-
-    `evaluation=False` (a train split): below `LARGE_IMAGE_SIZE` every image is
-    resized and centre-cropped to `img_size`; from it on the image keeps its
-    native size for the protocol's random resized crop. `evaluation=True`:
-    `eval_view` (from `LARGE_IMAGE_SIZE`: squashed to `img_size` x `img_size`).
-    """
+    `evaluation=False` (a train split): below `LARGE_IMAGE_SIZE` every image is resized and centre-cropped
+    to `img_size`; from it on the image keeps its native size for the protocol's random resized crop.
+    `evaluation=True`: `eval_view` (from `LARGE_IMAGE_SIZE`: squashed to `img_size` x `img_size`)."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], img_size: int, *, evaluation: bool):
         self.samples, self.img_size, self.evaluation = list(samples), img_size, evaluation
@@ -158,8 +150,6 @@ class ImageFiles(Dataset):
         return ImageFiles([self.samples[i] for i in indices.tolist()], self.img_size, evaluation=evaluation)
 
 
-
-
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of uint8 (N, 3, H, W) images on the [0, 1] scale."""
     total = torch.zeros(3, dtype=torch.float64)
@@ -174,7 +164,6 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
     return tuple((mean / 255).tolist()), tuple((std / 255).tolist())
 
 
-
 # -- decoding --------------------------------------------------------------------------------
 
 
@@ -187,9 +176,8 @@ def decode(path: str) -> torch.Tensor:
 
 
 def decode_all(paths: Sequence[str], img_size: int) -> torch.Tensor:
-    """Decode `paths` into uint8 (N, 3, S, S), resizing and centre-cropping any image of another size.
-
-    A small thread pool: torchvision's decoders release the GIL, so this scales with cores."""
+    """Decode `paths` into uint8 (N, 3, S, S), resizing and centre-cropping any image of another size, in a
+    small thread pool: torchvision's decoders release the GIL, so this scales with cores."""
     out = torch.empty(len(paths), 3, img_size, img_size, dtype=torch.uint8)
 
     def work(start: int) -> None:

@@ -5,23 +5,18 @@
     for images, labels in source.epoch(seed=0, epoch=1, batch_size=128): ...   # one step's batch at a time
     for batches in pack_epoch(sources, seeds, epoch=1, batch_size=128): ...    # a pack: [(images, labels)] * K
 
-`batch` is the per-step input as a pure function of (seed(s), epoch, image
-indices): `pack_epoch` calls it once per protocol group of a pack's members,
-concatenating their indices and passing one seed per image. An epoch is augmented
-`augment.CHUNK_IMAGES` (1,024) images per call, several steps at once;
-since each image's draws are keyed by (seed, epoch, index) the chunk size
-changes nothing but speed.
+`batch` is the per-step input as a pure function of (seed(s), epoch, image indices): `pack_epoch` calls
+it once per protocol group of a pack's members, concatenating their indices and passing one seed per
+image. An epoch is augmented `augment.CHUNK_IMAGES` (1,024) images per call, several steps at once;
+since each image's draws are keyed by (seed, epoch, index) the chunk size changes nothing but speed.
 
-In-memory splits (`TensorImages`: CIFAR, Tiny-ImageNet, shapes, small
-`folder` sets) live on the device as one uint8 (N, 3, S, S) tensor; a chunk
-is an index into it, so no DataLoader, no worker and no host-to-device copy
-of images per step. Folder-backed splits (`ImageFiles`: ImageNet-100, large
-`folder` roots) are read by DataLoader workers that only read and decode
-(plus the per-image random resized crop at native size, from the image's
-key); with `gpu_decode=True` (CUDA) the workers only read the bytes and JPEGs
-are decoded on the GPU (`decode_on_device`: a device sync per batch, since
-nvjpeg writes from its own stream; a CPU fallback for files it rejects).
-Either way flip and the strong augmentation run batched on the device.
+In-memory splits (`TensorImages`: CIFAR, Tiny-ImageNet, shapes, small `folder` sets) live on the device
+as one uint8 (N, 3, S, S) tensor; a chunk is an index into it, so no DataLoader, no worker and no
+host-to-device copy of images per step. Folder-backed splits (`ImageFiles`: ImageNet-100, large
+`folder` roots) are read by DataLoader workers that read and decode (plus the per-image random resized
+crop at native size, from the image's key); with `gpu_decode=True` (CUDA) the workers only read the
+bytes and JPEGs are decoded on the GPU (`decode_on_device`). Either way flip and the strong
+augmentation run batched on the device.
 """
 
 from __future__ import annotations
@@ -35,23 +30,8 @@ import torch
 import torchvision.io
 from torch.utils.data import DataLoader, Dataset
 
-from trainables.augment import (
-    CHUNK_IMAGES,
-    Augmentation,
-    apply,
-    draw,
-    item_keys,
-    resized_crop,
-    resized_crop_params,
-)
-from trainables.images import (
-    ImageFiles,
-    TensorImages,
-    decode,
-    eval_view,
-    resize_center_crop,
-    to_device,
-)
+from trainables.augment import CHUNK_IMAGES, Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params
+from trainables.images import ImageFiles, TensorImages, decode, eval_view, resize_center_crop, to_device
 from trainables.datasets import capped_subset
 from trainables.protocols import epoch_order
 
@@ -121,7 +101,7 @@ class TrainSource:
     def loader(self, order: np.ndarray, keys: np.ndarray, batch_size: int) -> DataLoader:
         """Folder-backed splits: workers that read (and, unless decoding on the GPU, decode and crop)
         one step's images at a time, in `order`, each with its key: (keys, images, labels) batches."""
-        dataset = _EncodedFiles(self.split) if self.gpu_decode else _DecodedCrops(self.split, self.spec)
+        dataset = _WorkerFiles(self.split, None if self.gpu_decode else self.spec)
         return DataLoader(dataset, batch_size=batch_size, sampler=list(zip(order.tolist(), keys.tolist())),
                           num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.device.type == "cuda")
 
@@ -208,10 +188,11 @@ def _train_crop(image: torch.Tensor, key, spec: Augmentation) -> torch.Tensor:
     return resized_crop(image, box, spec.img_size)
 
 
-class _DecodedCrops(Dataset):
-    """Worker side of a folder-backed split: read, decode, crop one image from its key."""
+class _WorkerFiles(Dataset):
+    """Worker side of a folder-backed split: read, decode and crop one image from its key; with no
+    ``spec`` (GPU decoding) the file's bytes only."""
 
-    def __init__(self, split: ImageFiles, spec: Augmentation):
+    def __init__(self, split: ImageFiles, spec: Augmentation | None):
         self.samples, self.spec = split.samples, spec
 
     def __len__(self) -> int:
@@ -220,22 +201,9 @@ class _DecodedCrops(Dataset):
     def __getitem__(self, item: tuple[int, int]):
         index, key = item
         path, label = self.samples[index]
+        if self.spec is None:
+            return key, torchvision.io.read_file(path), label
         return key, _train_crop(decode(path), key, self.spec), label
-
-
-class _EncodedFiles(Dataset):
-    """Worker side for GPU decoding: the file's bytes only."""
-
-    def __init__(self, split: ImageFiles):
-        self.samples = split.samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, item: tuple[int, int]):
-        index, key = item
-        path, label = self.samples[index]
-        return key, torchvision.io.read_file(path), label
 
 
 def _collate(items):

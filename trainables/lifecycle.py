@@ -142,10 +142,9 @@ def end_run(mlflow_uri: str, run_id: str, status: str, why: str | None = None,
 
 def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids: dict[str, str], why: str,
                    pack_id: str | None) -> None:
-    """Members whose row is still "running" (or missing) when their driver ends (the worker was
-    killed, every retry failed, the data is missing, a scheduler stopped the trial) become failed
-    with `why`; each row and run is closed whatever happens to the others, then the first storage
-    fault is raised."""
+    """Members whose row is still "running" (or missing) when their driver ends (the worker was killed,
+    every retry failed, the data is missing, a scheduler stopped the trial) become failed with `why`; each
+    row and run is closed whatever happens to the others, then the first storage fault is raised."""
     errors: list[BaseException] = []
     for cfg in cfgs:
         try:
@@ -163,17 +162,16 @@ def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids:
 def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: str, stopped: set[str],
                      reason: str = "the launch ended before the trial finished", *,
                      tracking_down: bool = False) -> list[str]:
-    """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the
-    hparam study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag
-    vitsweep.stopped_early); any other unfinished trial becomes "failed" with ``reason`` (its row's
-    own error, when it has one, is kept), its run FAILED with the same reason. A finished trial's
-    run ends FINISHED (``tracking.end_orphaned_runs``), whichever of row and run was closed first.
+    """After Tune returns no trial runs, so nothing may stay "running". A trial in ``stopped`` (the hparam
+    study's scheduler stopped it) becomes "stopped" (MLflow: FINISHED, tag vitsweep.stopped_early); any
+    other unfinished trial becomes "failed" with ``reason`` (its row's own error, when it has one, is
+    kept), its run FAILED with the same reason. A finished trial's run ends FINISHED
+    (``tracking.end_orphaned_runs``), whichever of row and run was closed first.
 
-    Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest:
-    each row is closed on its own; after one MLflow call failed for its whole retry budget the
-    remaining runs are left to the next launch (which closes them before it starts), as all are when
-    ``tracking_down`` (the launcher's probe found the server gone). Returns one line per fault
-    (empty: none)."""
+    Storage faults (a read-only or full results folder, an MLflow outage) do not stop the rest: each row
+    is closed on its own; after one MLflow call failed for its whole retry budget the remaining runs are
+    left to the next launch (which closes them before it starts), as all are when ``tracking_down`` (the
+    launcher's probe found the server gone). Returns one line per fault (empty: none)."""
     faults: list[str] = []
     try:
         table = tables.read_table(results, study, "trials")
@@ -220,9 +218,8 @@ def prior_wall_time(row: dict[str, Any] | None) -> float:
 
 
 def still_open(settings: LaunchSettings, cfgs: Sequence[RunConfig]) -> list[tuple[RunConfig, dict[str, Any]]]:
-    """(config, row or {}) of the members whose row is "running" or missing: what a (retried)
-    worker trains. A member closed already (finished, or failed for a non-finite loss by an earlier
-    attempt) never rejoins its pack."""
+    """(config, row or {}) of the members whose row is "running" or missing: what a (retried) worker
+    trains. A member closed already (finished, or failed for a non-finite loss) never rejoins its pack."""
     todo = []
     for cfg in cfgs:
         row = tables.read_trial(settings.results, settings.study, cfg.trial_id)

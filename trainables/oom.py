@@ -14,10 +14,9 @@ from trainables.config import RunConfig
 from trainables.fast_paths import is_out_of_memory
 
 
-def train_pack_fitting(
-    cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *, report: train.PackReport | None = None,
-    dropped: train.Dropped | None = None, log=print,
-) -> list[dict[str, Any]]:
+def train_pack_fitting(cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *,
+                       report: train.PackReport | None = None, dropped: train.Dropped | None = None,
+                       log=print) -> list[dict[str, Any]]:
     """`train.train_pack`, retried in halves when the pack runs out of GPU memory: each half resumes
     from the members' own checkpoints, so work done before the error is kept (the epochs after the last
     checkpoint are trained and reported again: a caller keeps each epoch once). A member that does
@@ -39,10 +38,8 @@ def train_pack_fitting(
         if not is_out_of_memory(exc):
             raise
         if len(cfgs) == 1:
-            raise RuntimeError(
-                f"trial {cfgs[0].trial_id} runs out of GPU memory even alone at batch_size={cfgs[0].batch_size}: "
-                f"{exc}"
-            ) from exc
+            raise RuntimeError(f"trial {cfgs[0].trial_id} runs out of GPU memory even alone at "
+                               f"batch_size={cfgs[0].batch_size}: {exc}") from exc
         error = f"{type(exc).__name__}: {str(exc)[:300]}"  # text only: no reference to the attempt
     release_device_memory()
     # A dropped member never rejoins: its checkpoint stays at its last good epoch, behind the others'.

@@ -14,13 +14,12 @@ from trainables.inputs import TrainSource
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     """The one place the weight-decay rule lives (``cfg.decay_exempt``).
 
-    ``timm``: no decay on biases, norms, the CLS token and learned PE parameters
-    (``ViT.no_weight_decay``), as in timm/DeiT. ``none``: every parameter decays, which
-    with ``adam`` is the literal ``torch.optim.Adam(model.parameters(), weight_decay=wd)``
-    of Study P's table. ``adam`` adds the decay to the gradient (coupled L2); ``adamw``
-    decouples it. Groups: [decayed, not decayed]; the second is empty under ``none``.
-    Fused where torch has the kernel for the device (CUDA, CPU): a few launches per step instead of
-    foreach's ~50, and its step counters live on the device (foreach reads them on the host)."""
+    ``timm``: no decay on biases, norms, the CLS token and learned PE parameters (``ViT.no_weight_decay``),
+    as in timm/DeiT. ``none``: every parameter decays, which with ``adam`` is the literal
+    ``torch.optim.Adam(model.parameters(), weight_decay=wd)`` of Study P's table. ``adam`` adds the decay
+    to the gradient (coupled L2); ``adamw`` decouples it. Groups: [decayed, not decayed]; the second is
+    empty under ``none``. Fused where torch has the kernel for the device (CUDA, CPU): a few launches per
+    step instead of foreach's ~50, and its step counters live on the device (foreach reads them on the host)."""
     skip = model.no_weight_decay() if cfg.decay_exempt == "timm" else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():

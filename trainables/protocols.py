@@ -1,39 +1,26 @@
-"""Study L's training protocols: the switches, CutMix, label smoothing, soft targets, normalisation.
+"""Study L's training protocols: the switches, CutMix, label smoothing, soft targets, the epoch's order.
 
-A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al.
-2021, "Vision Transformer for Small-Size Datasets"):
+A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al. 2021, "Vision Transformer
+for Small-Size Datasets"), written torch-free in trainables/protocol_spec.py (`Protocol`, `LABEL_SMOOTHING`):
 
-* baseline, always on: random crop (zero padding img_size // 8: 4 px at 32 px,
-  8 px at 64 px) + horizontal flip; from `LARGE_IMAGE_SIZE` (224 px) a random
-  resized crop of the full image (scale 0.08-1, ImageNet practice) + flip;
-* `autoaugment`: torchvision's AutoAugment, CIFAR-10 policy below 128 px and
-  ImageNet policy from it; on Tiny-ImageNet ColorJitter(0.4, 0.4, 0.4) instead,
-  as Study L does (so this factor changes meaning across data sets);
-* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), one box per batch (as in
-  Lee et al.'s recipe), on a share `cutmix_prob` of the batches (run config,
-  default 1; Lee et al. use 0.5); the box is pasted from a shuffled copy of
-  the batch; targets mixed by the pasted area after clipping to the image, as
+* baseline, always on: random crop (zero padding img_size // 8: 4 px at 32 px, 8 px at 64 px) +
+  horizontal flip; from `LARGE_IMAGE_SIZE` (224 px) a random resized crop of the full image (scale
+  0.08-1, ImageNet practice) + flip;
+* `autoaugment`: torchvision's AutoAugment, CIFAR-10 policy below 128 px and ImageNet policy from it; on
+  Tiny-ImageNet ColorJitter(0.4, 0.4, 0.4) instead, as Study L does (so this factor changes meaning
+  across data sets);
+* `cutmix`: CutMix (Yun et al. 2019), beta(1, 1), one box per batch (as in Lee et al.'s recipe), on a
+  share `cutmix_prob` of the batches (run config, default 1; Lee et al. use 0.5); the box is pasted
+  from a shuffled copy of the batch; targets mixed by the pasted area after clipping to the image, as
   soft targets (B, C);
 * `label_smoothing`: 0.1, applied by the loss:
   `F.cross_entropy(logits, soft_targets, label_smoothing=protocol.smoothing)`.
 
-The switches themselves (`Protocol`, `LABEL_SMOOTHING`) are torch-free, in
-trainables/protocol_spec.py, and re-exported here.
-
-Data path (uint8 until the model; B batch, C classes, S image side):
-
-    split -> uint8 (N, 3, S, S) on the device (in-memory sets)      trainables/inputs.py
-    augment.draw (host, per image) + augment.apply (device, batched) -> uint8 (n, 3, S, S)
-    soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C)   per batch, on the device
-
-The augmentation itself is trainables/augment.py (drawn per image on the
-host, applied batched on the device); the per-image torchvision pipeline it is
-checked against is tests/reference.py, which training does not use.
-
-Seeding. Every (seed, epoch, index) has its own 63-bit key (`item_seed`), so
-an image's augmentation is the same whatever the number of workers and after
-a resume; augment.py keys its draws by it. The epoch's order is `epoch_order`
-(shared by the device input path and the reference sampler).
+Per batch, on the device (uint8 until the model; B batch, C classes, S image side): the augmented
+images (trainables/augment.py: drawn per image on the host, applied batched; trainables/inputs.py) ->
+soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C). Every (seed, epoch, index) has
+its own 63-bit key (`item_seed`), so an image's augmentation is the same whatever the number of workers
+and after a resume; the epoch's order is `epoch_order`.
 """
 
 from __future__ import annotations
@@ -80,9 +67,8 @@ def soft_targets(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return F.one_hot(labels, num_classes).float()
 
 
-def cutmix_box(
-    height: int, width: int, lam: float, generator: torch.Generator | None = None
-) -> tuple[int, int, int, int]:
+def cutmix_box(height: int, width: int, lam: float,
+               generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
     """CutMix's box (Yun et al. 2019; timm's rand_bbox): side ratio sqrt(1 - lam), centre uniform
     over the image, clipped to it. Returns (top, bottom, left, right), half-open."""
     ratio = math.sqrt(1.0 - lam)
@@ -94,23 +80,16 @@ def cutmix_box(
     return top, bottom, left, right
 
 
-def cutmix_batch(
-    images: torch.Tensor,
-    targets: torch.Tensor,
-    num_classes: int | None = None,
-    generator: torch.Generator | None = None,
-    *,
-    beta: float = CUTMIX_BETA,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def cutmix_batch(images: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None,
+                 generator: torch.Generator | None = None, *,
+                 beta: float = CUTMIX_BETA) -> tuple[torch.Tensor, torch.Tensor]:
     """CutMix on a batch: each image b gets one box pasted from image perm[b].
 
-    images: (B, 3, S, S), any dtype and device (uint8 before `normalize` is cheapest).
-    targets: labels int64 (B,) (then `num_classes` is needed) or soft targets (B, C).
-    Returns new images and soft targets (B, C) = (1 - a) t_b + a t_perm[b], with a the
-    pasted area / image area after clipping, so each row still sums to 1. The
-    random draws (lambda ~ Beta(beta, beta), box, permutation) come from `generator`
-    (a CPU generator; the permutation is moved to the images' device).
-    """
+    images: (B, 3, S, S), any dtype and device (uint8 before `normalize` is cheapest). targets: labels
+    int64 (B,) (then `num_classes` is needed) or soft targets (B, C). Returns new images and soft targets
+    (B, C) = (1 - a) t_b + a t_perm[b], with a the pasted area / image area after clipping, so each row
+    still sums to 1. The random draws (lambda ~ Beta(beta, beta), box, permutation) come from
+    `generator` (a CPU generator; the permutation is moved to the images' device)."""
     if targets.dim() == 1:
         if num_classes is None:
             raise ValueError("cutmix_batch got integer labels: pass num_classes (or soft targets (B, C))")

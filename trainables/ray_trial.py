@@ -18,12 +18,12 @@ Tune *function* trainable that launches a ``TorchTrainer`` and forwards its repo
     members left "running": failed with why       per member at the end: finished | failed
       (lifecycle.close_unclosed)
 
-Every trial's checkpoint lives in ``<storage>/<study>/checkpoints/<trial id>/``
-(``trainables.checkpoints``), whichever pack trains it, so a member resumes in any pack or alone; a lone trial
-of an earlier version is found in its Train storage (``trainables.checkpoints.find_stored``).
-Only rank 0 writes records. A Tune retry (``FailureConfig``) or a resumed sweep continues every
-member from its stored checkpoint; epochs reported again (after a retry, or an out-of-memory
-retry in halves) replace their ``epochs`` rows and are not logged to MLflow twice.
+Every trial's checkpoint lives in ``<storage>/<study>/checkpoints/<trial id>/`` (``trainables.checkpoints``),
+whichever pack trains it, so a member resumes in any pack or alone; a lone trial of an earlier version is
+found in its Train storage (``checkpoints.find_stored``). Only rank 0 writes records. A Tune retry
+(``FailureConfig``) or a resumed sweep continues every member from its stored checkpoint; epochs reported
+again (after a retry, or an out-of-memory retry in halves) replace their ``epochs`` rows and are not
+logged to MLflow twice.
 """
 
 from __future__ import annotations
@@ -55,13 +55,11 @@ SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc", "epochs_completed
 
 def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict | None,
                packs: Mapping[str, list[str]] | None) -> tuple[str, list[RunConfig]]:
-    """(pack id, member configs) of a Tune trial's config.
-
-    A grid's Tune config holds only a trial id (``config["trial_id"]``) or a pack id
-    (``config["pack_id"]``; ``packs``: pack id -> member trial ids): the flat configs travel once,
-    through ``tune.with_parameters`` (``trials``: id -> flat config), which keeps Tune's state and
-    progress output small for thousand-trial sweeps. A searcher's Tune config holds the sampled
-    values, applied to the ``base`` flat config."""
+    """(pack id, member configs) of a Tune trial's config. A grid's Tune config holds only a trial id
+    (``config["trial_id"]``) or a pack id (``config["pack_id"]``; ``packs``: pack id -> member trial ids):
+    the flat configs travel once, through ``tune.with_parameters`` (``trials``: id -> flat config), which
+    keeps Tune's state and progress output small for thousand-trial sweeps. A searcher's Tune config
+    holds the sampled values, applied to the ``base`` flat config."""
     if "pack_id" in config:
         ids = (packs or {}).get(config["pack_id"], [config["pack_id"]])
         return config["pack_id"], [RunConfig.from_flat(trials[i]) for i in ids]
@@ -112,13 +110,9 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
         train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": [c.to_flat() for c in todo],
                            "settings": asdict(settings), "run_ids": run_ids},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
-        run_config=ray.train.RunConfig(
-            name=pack_id,
-            storage_path=layout.train_storage(settings.storage, settings.study),
-            failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
-            callbacks=[TuneReportCallback()],
-        ),
-    )
+        run_config=ray.train.RunConfig(name=pack_id, storage_path=layout.train_storage(settings.storage, settings.study),
+                                       failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+                                       callbacks=[TuneReportCallback()]))
     why = f"{'trial' if solo else 'pack'} {pack_id} ended without closing it"
     try:
         result = trainer.fit()

@@ -1,11 +1,10 @@
 """`shapes`: a procedural 10-class image set whose classes need shape AND layout.
 
-No download, deterministic from a seed, generated in about a second with
-vectorised torch ops, so demos and tests train on real spatial structure
-without any data on disk. Each image is one scene on a textured background
-(smooth noise, a linear gradient or stripes, in random colours); objects get
-random positions, sizes and colours, drawn with anti-aliased edges from signed
-distance functions (SDF < 0 inside, in pixels).
+No download, deterministic from a seed, generated in about a second with vectorised torch ops, so
+demos and tests train on real spatial structure without any data on disk. Each image is one scene on a
+textured background (smooth noise, a linear gradient or stripes, in random colours); objects get random
+positions, sizes and colours, drawn with anti-aliased edges from signed distance functions (SDF < 0
+inside, in pixels).
 
 The 10 classes (index: name):
 
@@ -22,16 +21,13 @@ The 10 classes (index: name):
 | 8 | discs_stacked | layout: the same two discs in a column |
 | 9 | square_corner | absolute position: the square of class 1, but in one of the four corners |
 
-So 7 vs 8 can only be told apart by the relative position of two objects
-spread over several patches, and 1 vs 9 only by absolute position (a
-positional encoding must carry it: a ViT without one is permutation-invariant
-on patches, so for it 1 and 9 are one class). Every class is invariant to a
-horizontal flip and survives random crops with padding, the baseline
-augmentation; strong AutoAugment translations can move a corner square
-inwards, which is part of what that protocol does.
-
-Contrast is guaranteed: backgrounds are dark (channel values in [0, 0.45]),
-objects bright ([0.6, 1]), and half of the images are inverted.
+So 7 vs 8 can only be told apart by the relative position of two objects spread over several patches,
+and 1 vs 9 only by absolute position (a positional encoding must carry it: a ViT without one is
+permutation-invariant on patches, so for it 1 and 9 are one class). Every class is invariant to a
+horizontal flip and survives random crops with padding, the baseline augmentation; strong AutoAugment
+translations can move a corner square inwards, which is part of what that protocol does. Contrast is
+guaranteed: backgrounds are dark (channel values in [0, 0.45]), objects bright ([0.6, 1]), and half of
+the images are inverted.
 
     images, labels = make_shapes(12_000, img_size=32, seed=0)   # uint8 (N, 3, 32, 32), int64 (N,)
 """
@@ -44,18 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-CLASSES = (
-    "disc",
-    "square_centre",
-    "triangle",
-    "cross",
-    "ring",
-    "bars_horizontal",
-    "bars_vertical",
-    "discs_side_by_side",
-    "discs_stacked",
-    "square_corner",
-)
+CLASSES = ("disc", "square_centre", "triangle", "cross", "ring", "bars_horizontal", "bars_vertical",
+           "discs_side_by_side", "discs_stacked", "square_corner")
 NUM_CLASSES = len(CLASSES)
 _CHUNK_PIXELS = 2**18  # pixels rendered at once: small temporaries stay in cache-friendly, reused memory
 
@@ -66,12 +52,9 @@ def split_seed(seed: int, split: str) -> int:
 
 
 def make_shapes(num_images: int, *, img_size: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Render `num_images` scenes: (images uint8 (N, 3, S, S), labels int64 (N,)).
-
-    Classes are exactly balanced when N is a multiple of 10 (labels are
-    `arange(N) % 10`, shuffled). The same (num_images, img_size, seed) always
-    gives the same tensors.
-    """
+    """Render `num_images` scenes: (images uint8 (N, 3, S, S), labels int64 (N,)). Classes are exactly
+    balanced when N is a multiple of 10 (labels are `arange(N) % 10`, shuffled). The same (num_images,
+    img_size, seed) always gives the same tensors."""
     if num_images < 0:
         raise ValueError(f"num_images must be >= 0, got {num_images}")
     if img_size < 16:
@@ -131,14 +114,9 @@ def _scene_params(labels: torch.Tensor, S: float, g: torch.Generator) -> dict[st
     # since a scene is affine in its colours (the pixel noise is symmetric).
     invert = (torch.rand(n, generator=g) < 0.5).view(n, 1)
     bg0, bg1, fg = (torch.where(invert, 1 - c, c) for c in (bg0, bg1, fg))
-    return dict(
-        r=r, rho=rho, gap=gap, jitter=jitter, cx=cx, cy=cy,
-        texture=torch.randint(0, 3, (n,), generator=g),
-        angle=_uniform(n, 0.0, math.pi, g),
-        freq=_uniform(n, 1.5, 4.0, g),
-        phase=_uniform(n, 0.0, 2 * math.pi, g),
-        bg0=bg0, bg1=bg1, fg=fg,
-    )
+    return dict(r=r, rho=rho, gap=gap, jitter=jitter, cx=cx, cy=cy, texture=torch.randint(0, 3, (n,), generator=g),
+                angle=_uniform(n, 0.0, math.pi, g), freq=_uniform(n, 1.5, 4.0, g),
+                phase=_uniform(n, 0.0, 2 * math.pi, g), bg0=bg0, bg1=bg1, fg=fg)
 
 
 def _render(labels: torch.Tensor, p: dict[str, torch.Tensor], S: int, g: torch.Generator) -> torch.Tensor:

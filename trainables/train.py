@@ -2,41 +2,27 @@
 
     python -m trainables.train --dataset shapes --pe rope2d --epochs 2
 
-One call of ``train(cfg, workdir)`` trains one model from a ``RunConfig``:
-
-* per step, all on the device: the batch's images, augmented per image in
-  chunks of several steps (``trainables.inputs``: in-memory splits live on the
-  device; folder-backed ones are decoded by workers or on the GPU), then CutMix
-  (soft targets; a share ``cutmix_prob`` of the batches), normalisation, RPT (a
-  fresh patch permutation through the model's ``perm``), cross-entropy with
-  optional label smoothing; bf16 autocast on CUDA, no host sync per step, fused
-  AdamW, and ``torch.compile`` when ``compile`` is set (CUDA; ``trainables.compiled``);
-* per epoch: train loss/accuracy, evaluation loss/top-1 on ``cfg.eval_split`` (a fixed subset of
-  ``epoch_eval_images`` but after the last epoch: ``inputs.EpochEval``),
-  learning rate, images/s, handed to ``report(metrics, checkpoint_dir)`` so a
-  Ray layer can plug in without this module knowing Ray;
-* a resumable checkpoint (``trainables.checkpoints.save_member``) every ``checkpoint_every``
-  epochs (and at most every ``checkpoint_interval_s`` seconds: the launcher sets 120 s for GPU
-  trials) and at the end, written atomically; only the latest is kept. A run whose ``workdir`` holds one
-  continues from it. Every random draw is derived from (seed, epoch): the
-  shuffle, each image's augmentation (keyed by (seed, epoch, index)), CutMix
-  and RPT, so a resumed run draws what an uninterrupted one would have drawn,
-  whatever the chunking or the number of workers. CPU and CUDA runs need not
-  agree bit for bit; a bit-reproducible CUDA run needs
-  ``torch.use_deterministic_algorithms(True)`` and
-  ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` set before CUDA starts (the loop sets
-  neither: bench/gpu_suite.py measures what they cost per step);
-* small model-only snapshots (fp16) at log-spaced epochs 0, 1, 2, 4, ... and
-  the last, for analysing when structure emerges.
-
-Under ``torch.distributed`` (Ray Train's DDP workers) the model is wrapped in
-DDP and each rank reads its shard; only rank 0 writes and reports.
-
-``train_pack(cfgs, workdirs)`` is the same loop for K trials at once
-(``trainables.packed``: stacked parameters under vmap; ``train`` is a pack of
-one, the plain module). Each member has its own data order, draws, loss,
-checkpoint and snapshots, exactly as alone; a member whose loss turns
+``train(cfg, workdir)`` trains one model from a ``RunConfig``; ``train_pack(cfgs, workdirs)`` trains K
+at once (``trainables.packed``: stacked parameters under vmap; ``train`` is a pack of one). Each member
+has its own data order, draws, loss, checkpoint and snapshots, exactly as alone; one whose loss turns
 non-finite leaves the pack at the end of that epoch, the others go on.
+
+* per step, on the device: images augmented per image in chunks of several steps (``trainables.inputs``),
+  CutMix (a share ``cutmix_prob`` of the batches), normalisation, RPT (a fresh patch permutation through
+  the model's ``perm``), cross-entropy with optional label smoothing; bf16 autocast on CUDA, no host
+  sync per step, fused AdamW, ``torch.compile`` when ``compile`` is set (``trainables.compiled``);
+* per epoch: train loss/accuracy, evaluation on ``cfg.eval_split`` (``inputs.EpochEval``), learning
+  rate, images/s, handed to ``report`` so a Ray layer can plug in without this module knowing Ray;
+* a resumable checkpoint (``checkpoints.save_member``) every ``checkpoint_every`` epochs (at most every
+  ``checkpoint_interval_s`` seconds) and at the end; a ``workdir`` holding one continues from it. Every
+  random draw derives from (seed, epoch), per image from (seed, epoch, index), so a resumed run draws
+  what an uninterrupted one would have, whatever the chunking or the number of workers. CPU and CUDA
+  runs need not agree bit for bit; a bit-reproducible CUDA run needs ``torch.use_deterministic_algorithms(True)``
+  and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which the loop does not set (bench/gpu_suite.py measures their cost);
+* fp16 model-only snapshots at log-spaced epochs 0, 1, 2, 4, ... and the last: when structure emerges.
+
+Under ``torch.distributed`` (Ray Train's DDP workers) the model is wrapped in DDP and each rank reads
+its shard; only rank 0 writes and reports.
 """
 
 from __future__ import annotations
@@ -102,12 +88,12 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     """One optimiser step of every member of the pack, each on its own batch.
 
     batches[k]: member k's augmented uint8 images (B, 3, S, S) and labels (B,) on the device; cfgs[k],
-    mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member:
-    CutMix (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives
-    each member exactly its own gradient. Returns the losses (K,) and the counts of images whose
-    soft-target argmax (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them
-    would sync the device. Until a step succeeds, a fast path that fails takes itself down
-    (`pack.fast_paths`) and the forward and backward run again on the same inputs (drawn once)."""
+    mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member: CutMix
+    (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives each member
+    exactly its own gradient. Returns the losses (K,) and the counts of images whose soft-target argmax
+    (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them would sync
+    the device. Until a step succeeds, a fast path that fails takes itself down (`pack.fast_paths`) and
+    the forward and backward run again on the same inputs (drawn once)."""
     x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
                                    perm_gens=perm_gens)
 
@@ -150,11 +136,9 @@ def member_losses(pack: PackedViT, x: torch.Tensor, target: torch.Tensor, perms,
 
 def mix_batch(cfg: RunConfig, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
               mix_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One member's step input after CutMix: uint8 images (B, 3, S, S) and soft targets (B, C).
-
-    A CutMix protocol mixes a share ``cutmix_prob`` of its batches (one box per batch, Lee et
-    al.'s recipe); the coin is drawn only when ``cutmix_prob < 1``, so the default keeps the
-    CutMix stream of earlier versions."""
+    """One member's step input after CutMix: uint8 images (B, 3, S, S) and soft targets (B, C). A CutMix
+    protocol mixes a share ``cutmix_prob`` of its batches (one box per batch, Lee et al.'s recipe); the
+    coin is drawn only when ``cutmix_prob < 1``, so the default keeps the CutMix stream of earlier versions."""
     targets = soft_targets(labels, num_classes)
     if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
         images, targets = cutmix_batch(images, targets, generator=mix_gen)
@@ -182,12 +166,10 @@ def _rank_and_world() -> tuple[int, int]:
 
 
 def train(cfg: RunConfig, workdir: str | os.PathLike, *, report: Report | None = None, log=print) -> dict[str, Any]:
-    """Train one model; returns the final metrics, incl. ``test_acc`` on the full test
-    split (None when the run evaluates on ``holdout``) and ``error`` (None, or why the
-    run stopped: a non-finite training loss).
-
-    ``workdir`` holds the resumable checkpoint and the snapshots; if it already
-    holds a checkpoint the run continues from it. A pack of one: `train_pack`."""
+    """Train one model; returns the final metrics, incl. ``test_acc`` on the full test split (None when the
+    run evaluates on ``holdout``) and ``error`` (None, or why the run stopped: a non-finite training loss).
+    ``workdir`` holds the resumable checkpoint and the snapshots; if it already holds a checkpoint the run
+    continues from it. A pack of one: `train_pack`."""
     pack_report = None if report is None else (lambda members: report(*members[0][1:]))
     return train_pack([cfg], [workdir], report=pack_report, log=log)[0]
 

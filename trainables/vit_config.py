@@ -1,6 +1,6 @@
 """`ViTConfig` (frozen, flat) and the presets: the ViT's architecture as data, without torch.
 
-The model itself is `trainables.vit.ViT` (which re-exports these names). Kept apart so that planning a
+The model itself is `trainables.vit.ViT`. Kept apart so that planning a
 sweep (`vitsweep sweep ... --dry-run`, trial ids, pack keys, the estimate) imports no torch or timm.
 Each field carries its type and range (`trainables.fields.spec`), each PE its geometry rule (`PE_QUARTERS`).
 
