@@ -24,15 +24,25 @@ from sweeps import STUDIES, options, progress, run as launcher, status as status
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.validate import OneLineParser
 
-EXAMPLES = {
-    "demo": "vitsweep demo --results results",
-    "sweep": "vitsweep sweep study_l --seeds 5 --data-root /data   |   vitsweep sweep factorial --dry-run",
-    "analyze": "vitsweep analyze demo --checkpoints all",
-    "report": "vitsweep report demo --results results",
-    "status": "vitsweep status study_l --results s3://BUCKET/vitsweep",
-    "compare": "vitsweep compare results-v1 results-v2 study_l",
+COMMANDS = {  # name -> (help, description, example)
+    "demo": ("run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
+             "Train the demo study's tiny ViTs on the procedural shapes data, analyse and report.",
+             "vitsweep demo --results results"),
+    "sweep": ("run a study (train, and optionally analyze and report)", "Run a study on Ray Tune + Ray Train.",
+              "vitsweep sweep study_l --seeds 5 --data-root /data   |   vitsweep sweep factorial --dry-run"),
+    "analyze": ("measure a study's checkpoints (SSDC, MAD, entropy, fragility, PE scaling) as a Ray Data job",
+                "Run the studies' metrics and interventions over every checkpoint of a study.",
+                "vitsweep analyze demo --checkpoints all"),
+    "report": ("build the figures and index.html of a study from its Parquet tables",
+               "Regenerate the papers' figures and the claims table from Parquet.",
+               "vitsweep report demo --results results"),
+    "status": ("trials finished / running / failed / pending of a study, from its results folder alone",
+               "Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
+               "vitsweep status study_l --results s3://BUCKET/vitsweep"),
+    "compare": ("two results folders of one study side by side: its claims and conditions",
+                "Put the claims and conditions of one study from two results folders side by side.",
+                "vitsweep compare results-v1 results-v2 study_l"),
 }
-
 
 def valid_names() -> str:
     """The names a user types, one kind a line (from the torch-free ``records.vocab``), for ``--help``."""
@@ -54,57 +64,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the names one kind a line
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser(
-        "demo",
-        help="run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
-        description="Train the demo study's tiny ViTs on the procedural shapes data, analyse and report.",
-        epilog=f"example: {EXAMPLES['demo']}",
-    )
-    demo.add_argument("--results", default="results", help="output folder (default ./results)")
-
-    sweep = sub.add_parser(
-        "sweep",
-        help="run a study (train, and optionally analyze and report)",
-        description="Run a study on Ray Tune + Ray Train.",
-        epilog=f"example: {EXAMPLES['sweep']}",
-    )
-    options.add_arguments(sweep)
-
-    analyze = sub.add_parser(
-        "analyze",
-        help="measure a study's checkpoints (SSDC, MAD, entropy, fragility, PE scaling) as a Ray Data job",
-        description="Run the studies' metrics and interventions over every checkpoint of a study.",
-        epilog=f"example: {EXAMPLES['analyze']}",
-    )
-    if command in (None, "analyze"):
-        _analysis("analyze").add_arguments(analyze)
-
-    report = sub.add_parser(
-        "report",
-        help="build the figures and index.html of a study from its Parquet tables",
-        description="Regenerate the papers' figures and the claims table from Parquet.",
-        epilog=f"example: {EXAMPLES['report']}",
-    )
-    if command in (None, "report"):
-        _analysis("report").add_arguments(report)
-
-    status = sub.add_parser(
-        "status",
-        help="trials finished / running / failed / pending of a study, from its results folder alone",
-        description="Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
-        epilog=f"example: {EXAMPLES['status']}",
-    )
-
-    status_module.add_arguments(status)
-    compare = sub.add_parser(
-        "compare",
-        help="two results folders of one study side by side: its claims and conditions",
-        description="Put the claims and conditions of one study from two results folders side by side.",
-        epilog=f"example: {EXAMPLES['compare']}",
-    )
-    if command in (None, "compare"):
-        _analysis("compare").add_arguments(compare)
+    for name, (summary, description, example) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=summary, description=description, epilog=f"example: {example}")
+        if name == "demo":
+            command_parser.add_argument("--results", default="results", help="output folder (default ./results)")
+        elif name == "sweep":
+            options.add_arguments(command_parser)
+        elif name == "status":
+            status_module.add_arguments(command_parser)
+        elif command in (None, name):
+            _analysis(name).add_arguments(command_parser)
     return parser
 
 
