@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("report", "compare"):
         try:
             return _analysis(args.command).run(args)
-        except launcher.user_errors() as exc:
+        except launcher.USER_ERRORS as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 2
@@ -120,7 +120,7 @@ def analyze(args: argparse.Namespace) -> int:
         try:
             results, mlflow_uri = job.check(args)
             launcher.check_address(args.address)
-        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
+        except launcher.USER_ERRORS as exc:  # e.g. --results s3://... without --mlflow-uri
             print(f"error: {exc}", file=sys.stderr)
             return 2
         try:

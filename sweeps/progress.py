@@ -225,11 +225,6 @@ def _writable(folder: str) -> bool:
     return os.path.isdir(folder) and os.access(folder, os.W_OK)
 
 
-def tune_verbosity(verbose: bool) -> int:
-    """Tune's ``RunConfig(verbose=...)``: its status tables only with --verbose."""
-    return 1 if verbose else 0
-
-
 def trial_line(k: int, total: int, row: Mapping[str, Any] | None, trial_id: str) -> str:
     """The line of one ended trial, from its trials row (None: the trial left no row)."""
     head = f"[{k}/{total}] {trial_id}: "
