@@ -2,27 +2,17 @@
 
 Every check names the URI (passwords redacted) and says what to use instead:
 
-- ``sqlite:////abs/path/mlflow.db``: the embedded default, under the results
-  folder (``default_tracking_uri``); ONE machine only (trials on other nodes
-  would each write their own file at that path). SQLite allows one writer at a
-  time: MLflow sets ``PRAGMA busy_timeout = 20000`` on each session, and every
-  write here is also retried on "database is locked" / OperationalError with
-  exponential backoff and jitter (``RETRY_BUDGET_S`` in all). The first build
-  of a store on a fresh file runs MLflow's schema migrations, which are not
-  transactional and break when two trials start at once; a lock file
-  ``mlflow.db.init-lock`` beside the database serialises that step. Artifacts
-  go to ``<db folder>/mlartifacts/<experiment>`` instead of MLflow's default
-  ``./mlruns`` (relative to each process's working directory, which differs
-  between Ray workers); ``mlflow ui --backend-store-uri <uri>`` serves them.
-  MLflow stores those locations as absolute URIs, so a copy of the results
-  folder would still write into (and read from) the original's artifacts:
-  a store found under another folder than the one it was made in is
-  re-rooted when it is checked (``reroot_artifacts``).
-- ``http(s)://host:port``: an MLflow server (the cluster YAML starts one on the
-  head node; ``start_local_server`` starts one here). Needed whenever trials run
-  on more than one machine or results live on object storage. MLflow's own HTTP
-  client retries 429/5xx and connection errors first (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-  default 7 with exponential backoff), then the retries here apply.
+- ``sqlite:////abs/path/mlflow.db``: the embedded default, under the results folder
+  (``default_tracking_uri``); ONE machine only (trials on other nodes would each write their own
+  file at that path); its writers and first build are serialised by ``records.client``. Artifacts
+  go to ``<db folder>/mlartifacts/<experiment>`` instead of MLflow's default ``./mlruns`` (relative
+  to each process's working directory, which differs between Ray workers). MLflow stores those
+  locations as absolute URIs, so a copy of the results folder would still write into (and read
+  from) the original's artifacts: a store found under another folder than the one it was made in
+  is re-rooted when it is checked (``reroot_artifacts``).
+- ``http(s)://host:port``: an MLflow server (the cluster YAML starts one on the head node). Needed
+  whenever trials run on more than one machine or results live on object storage; its requests
+  are bounded and retried by ``records.client``.
 - ``postgresql://``, ``mysql://``, ``mssql://``: a database directly.
 - ``databricks``: accepted, not checked.
 - ``file:`` / a bare path: refused. MLflow 3 puts the file store in maintenance
@@ -51,7 +41,6 @@ _REMOTE_HINT = (
 
 class TrackingError(RuntimeError):
     """MLflow could not be reached, or a write kept failing after all retries."""
-
 
 
 def default_tracking_uri(results: str | os.PathLike) -> str:
