@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 import textwrap
 
@@ -129,7 +130,7 @@ def analyze(args: argparse.Namespace) -> int:
                                     then="run the same command again")
         except KeyboardInterrupt:
             print(f"vitsweep: analysis interrupted; measured checkpoints are kept, and the same command continues "
-                  f"(`{status_module.shell(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
+                  f"(`{shlex.join(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
                   file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 

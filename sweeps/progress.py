@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -45,7 +46,7 @@ from records.layout import TABLES, is_uri, logs_dir, study_dir
 from sweeps import live
 from sweeps.faults import private_log_folder
 from sweeps.live import format_duration
-from sweeps.status import shell, study_status
+from sweeps.status import study_status
 
 
 def configure_console(verbose: bool) -> None:
@@ -378,7 +379,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | No
     lines.append(f"  Parquet tables: {study_dir(results, study)}/{{{','.join(TABLES)}}}/")
     if report:
         lines.append(f"  report:         {report}")
-    lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")
+    lines.append(f"  status:         {shlex.join(['vitsweep', 'status', study, '--results', results])}")
     try:
         missing = mlflow_uri.startswith("sqlite:") and not stores.sqlite_path(mlflow_uri).exists()
         experiment_id = None if missing else tracking.experiment_id_of(mlflow_uri, study)
@@ -396,6 +397,6 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     if mlflow_uri.startswith(("http://", "https://")):
         return where
-    return f"{shell(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
+    return f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
 
 

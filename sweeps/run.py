@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import os
+import shlex
 import socket
 import sys
 import time
@@ -42,7 +43,6 @@ from sweeps import faults, options, progress, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.lock import LaunchLock
 from sweeps.packs import pack_of, resume_epochs
-from sweeps.status import shell
 from sweeps.validate import OneLineParser
 from trainables.data_roots import check_root
 from trainables.lifecycle import LaunchSettings, close_unfinished, finished_trials
@@ -398,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, interrupts)
         except KeyboardInterrupt:
             print(f"vitsweep: interrupted ({interrupts.received[-1] if interrupts.received else 'SIGINT'}); "
-                  f"{shell(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
+                  f"{shlex.join(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
                   "was left", file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 
