@@ -154,10 +154,9 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
             if not _is_transient(e):
                 raise
             if elapsed + cap + longest > RETRY_BUDGET_S:
-                raise TrackingError(
-                    f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
-                    f"{elapsed:.1f} s: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                ) from e
+                raise TrackingError(f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
+                                    f"{elapsed:.1f} s: {e.__class__.__name__}: "
+                                    f"{str(e).splitlines()[0] if str(e) else ''}") from e
             _log.debug("%s on %s: transient %s, retry %d", what, redact(uri), e.__class__.__name__, attempt)
             time.sleep(random.uniform(0.0, cap))
             cap = min(2.0, cap * 2)

@@ -95,12 +95,10 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
                 if experiment is None:
                     raise
         if experiment.lifecycle_stage != "active":
-            raise ValueError(
-                f"MLflow experiment {name!r} (id {experiment.experiment_id}) on {redact(uri)!r} is "
-                f"deleted; restore it (`mlflow experiments restore --experiment-id "
-                f"{experiment.experiment_id}`) or purge it (`mlflow gc --experiment-ids "
-                f"{experiment.experiment_id}`) before logging to that name."
-            )
+            raise ValueError(f"MLflow experiment {name!r} (id {experiment.experiment_id}) on {redact(uri)!r} is "
+                             "deleted; restore it (`mlflow experiments restore --experiment-id "
+                             f"{experiment.experiment_id}`) or purge it (`mlflow gc --experiment-ids "
+                             f"{experiment.experiment_id}`) before logging to that name.")
         return experiment.experiment_id
 
     return with_retries(f"ensure_experiment({name!r})", uri, get_or_create)

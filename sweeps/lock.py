@@ -112,11 +112,10 @@ class LaunchLock:
                 continue
             alive, why = _alive(current)
             if alive:
-                raise LaunchLockError(
-                    f"another {current.get('what', 'launch')} of study {self.study!r} into {self.results} is running "
-                    f"({describe(current)}; lock {self.uri}): wait for it to end, or stop it "
-                    f"(on {current.get('host')}: kill {current.get('pid')}) and launch again with --resume"
-                )
+                raise LaunchLockError(f"another {current.get('what', 'launch')} of study {self.study!r} into "
+                                      f"{self.results} is running ({describe(current)}; lock {self.uri}): wait for "
+                                      f"it to end, or stop it (on {current.get('host')}: kill {current.get('pid')}) "
+                                      "and launch again with --resume")
             if self._take_over(current):
                 log.warning("took over the launch lock %s from %s: %s", self.uri, describe(current), why)
                 break

@@ -100,10 +100,8 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
     if fit < 1:
         if args.address:  # an autoscaling cluster adds nodes for pending trials
             return None
-        raise ValueError(
-            f"one trial needs {args.workers_per_trial} worker(s) x {args.cpus_per_trial} CPU / "
-            f"{gpus} GPU, but this Ray has {total.get('CPU', 0)} CPU / {total.get('GPU', 0)} GPU"
-        )
+        raise ValueError(f"one trial needs {args.workers_per_trial} worker(s) x {args.cpus_per_trial} CPU / {gpus} "
+                         f"GPU, but this Ray has {total.get('CPU', 0)} CPU / {total.get('GPU', 0)} GPU")
     return fit
 
 
