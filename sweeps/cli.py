@@ -89,21 +89,13 @@ def _analysis(command: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
-    if args.command == "sweep":
-        return launcher.run(args)
-    if args.command == "demo":
-        return demo(args.results)
-    if args.command == "analyze":
-        return analyze(args)
-    if args.command == "status":
-        return status_module.run(args)
     if args.command in ("report", "compare"):
         try:
             return _analysis(args.command).run(args)
         except launcher.USER_ERRORS as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return 2
+    return {"sweep": launcher.run, "demo": demo, "analyze": analyze, "status": status_module.run}[args.command](args)
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -135,10 +127,10 @@ def analyze(args: argparse.Namespace) -> int:
             return INTERRUPTED_EXIT
 
 
-def demo(results: str) -> int:
+def demo(args: argparse.Namespace) -> int:
     """Train, analyse and report the demo study; the launcher's closing lines say where everything is."""
-    args = _parser().parse_args(["sweep", "demo", "--stage", "all", "--results", results, "--resume"])
-    return launcher.run(args)
+    argv = ["sweep", "demo", "--stage", "all", "--results", args.results, "--resume"]
+    return launcher.run(_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

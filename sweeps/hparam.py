@@ -8,12 +8,8 @@ weak ones early. Every trial is scored on the ``holdout`` split (a fixed 5% of
 the training set), never on the test split. The best trial's values are
 written to ``<results>/hparam/best_config.json``, which ``--defaults-from``
 feeds to any other study as its defaults (``--set`` still wins). Its trials
-are MLflow runs and Parquet rows like any other study's.
-
-Unlike a grid study (hooks: ``sweeps/study.py``), its trials are sampled as the search
-goes (``PLANNED = False``: no plan to record, no list to check off), they train alone,
-a search is not resumed, it brings its own Tuner, and after the sweep it writes the
-best config.
+are MLflow runs and Parquet rows like any other study's. Unlike a grid study, it declares every
+hook (``sweeps/study.py``): its trials are sampled as the search goes, train alone and are not resumed.
 
 Expected: on CIFAR-100 with the study_l preset, the best lr lies near Lee et
 al.'s 1e-3 with weight decay 0.05; a flat optimum means the studies' shared
@@ -123,12 +119,8 @@ def after_sweep(results: str, grid, configs) -> None:
 
 def write_best(results: str, best: dict, *, score: float, condition: dict, n_trials: int) -> str:
     """Write the winner where ``--defaults-from`` reads it."""
-    doc = {
-        "best_config": {k: best[k] for k in SEARCHED},
-        "score": {"metric": METRIC, "split": "holdout", "value": score},
-        "condition": condition,
-        "trials": n_trials,
-    }
+    doc = {"best_config": {k: best[k] for k in SEARCHED},
+           "score": {"metric": METRIC, "split": "holdout", "value": score}, "condition": condition, "trials": n_trials}
     path = layout.best_config_path(results)
     fs, local = layout.filesystem(path)
     fs.create_dir(local.rsplit("/", 1)[0], recursive=True)

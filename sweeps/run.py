@@ -134,9 +134,7 @@ def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interru
     if interrupts.received:
         return INTERRUPTED_EXIT
     launch.spec.after_sweep(results, grid, configs)
-    if errors:
-        return 1
-    return 1 if launch.spec.planned and unfinished(launch, todo) else 0
+    return 1 if errors or (launch.spec.planned and unfinished(launch, todo)) else 0
 
 
 def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> Launch:
