@@ -165,20 +165,15 @@ class LaunchLog(logging.Handler):
         super().close()
 
 
-class _ConsoleFilter(logging.Filter):
-    """On the console, only vitsweep's own lines; the rest goes to the launch log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name == "vitsweep" or record.name.startswith("vitsweep.")
-
-
 @contextlib.contextmanager
 def routed(launch_log: LaunchLog, verbose: bool) -> Iterator[None]:
     """While Tune runs: every logger's records (Ray's, Tune's, Train's, MLflow's, warnings) go to the
     launch log; unless ``verbose`` they leave the console, where only vitsweep's lines stay."""
     root = logging.getLogger()
     moved: dict[logging.Logger, list[logging.Handler]] = {}
-    console_filter = _ConsoleFilter()
+    def console_filter(record: logging.LogRecord) -> bool:  # on the console, only vitsweep's own lines
+        return record.name == "vitsweep" or record.name.startswith("vitsweep.")
+
     logging.captureWarnings(True)
     root.addHandler(launch_log)
     for name, logger in list(logging.root.manager.loggerDict.items()):

@@ -43,18 +43,10 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     for tid in planned:
         state.setdefault(tid, "pending")
     counts = Counter(state.values())
-    return {
-        "study": study,
-        "results": results,
-        "counts": {s: counts.get(s, 0) for s in STATES},
-        "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
-        "planned": len(planned) if plan else None,
-        "unplanned": sorted(set(rows) - set(planned)) if plan else [],
-        "launch": plan,
-        "heartbeat": beat,
-        "alive": alive,
-        "pid_checked": checked,
-    }
+    return {"study": study, "results": results, "counts": {s: counts.get(s, 0) for s in STATES},
+            "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
+            "planned": len(planned) if plan else None, "unplanned": sorted(set(rows) - set(planned)) if plan else [],
+            "launch": plan, "heartbeat": beat, "alive": alive, "pid_checked": checked}
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
