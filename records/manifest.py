@@ -40,16 +40,9 @@ def _now() -> datetime.datetime:
 def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, Any]], command: Sequence[str],
                    code_version: str) -> dict:
     """Record a launch's plan. planned: one mapping per trial with ``trial_id`` (and ``pack`` when packed)."""
-    manifest = {
-        "study": study,
-        "planned": [dict(p) for p in planned],
-        "n_trials": len(planned),
-        "command": " ".join(command),
-        "code_version": code_version,
-        "started_at": _now().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
+    manifest = {"study": study, "planned": [dict(p) for p in planned], "n_trials": len(planned),
+                "command": " ".join(command), "code_version": code_version,
+                "started_at": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid()}
     files.write_json(study_file(results, study, MANIFEST_FILE), manifest)
     return manifest
 

@@ -56,7 +56,7 @@ END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 EPOCH_SECTION = "epochs"  # per-epoch training curves, as the Parquet table of the same name
 LAYER_SECTION = "layers"  # per-layer curves of each measured checkpoint, one section for all
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
-MAX_METRICS_PER_BATCH = 1000
+_MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
@@ -199,14 +199,16 @@ def start_trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapp
         _log.warning("trial %s: param %r was %r and is now %r; MLflow params are immutable, "
                      "keeping the first and tagging the new value", trial_id, key, existing[key], wanted[key])
         new_tags[f"vitsweep.changed_param.{key}"] = wanted[key]
-    _log_batches(uri, run_id, "params", missing)
-    _log_batches(uri, run_id, "tags", [RunTag(k, v) for k, v in new_tags.items()])
+    log_batches(uri, run_id, "params", missing)
+    log_batches(uri, run_id, "tags", [RunTag(k, v) for k, v in new_tags.items()])
     return run_id
 
 
-def _log_batches(uri: str, run_id: str, kind: str, items: list) -> None:
-    """``items`` as the run's ``kind`` ("params" or "tags"), in batches of MLflow's size limit."""
-    for batch in chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+def log_batches(uri: str, run_id: str, kind: str, items: list) -> None:
+    """``items`` (MLflow ``Metric``, ``Param`` or ``RunTag`` entities) as the run's ``kind`` ("metrics",
+    "params" or "tags"), in batches of MLflow's size limits."""
+    size = _MAX_METRICS_PER_BATCH if kind == "metrics" else _MAX_PARAMS_TAGS_PER_BATCH
+    for batch in chunks(items, size):
         with_retries(f"log {kind}", uri, lambda c, b=batch: c.log_batch(run_id, synchronous=True, **{kind: b}))
 
 
@@ -228,9 +230,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
             raise ValueError(f"metric {key!r} has non-numeric value {value!r}") from None
         # Fixed timestamp per point: a retried batch repeats exact duplicates, which MLflow drops.
         points.append(Metric(str(key), number, timestamp, int(step)))
-    for batch in chunks(points, MAX_METRICS_PER_BATCH):
-        with_retries(f"log_metrics(step={step})", uri,
-                      lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
+    log_batches(uri, run_id, "metrics", points)
 
 
 def epoch_key(name: str) -> str:
@@ -278,8 +278,8 @@ def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     UI shows no empty tag (e.g. ``vitsweep.error`` of a finished run)."""
     from mlflow.entities import RunTag
 
-    _log_batches(uri, run_id, "tags", [RunTag(str(k), to_str(v)) for k, v in tags.items()
-                                       if v is not None and to_str(v) != ""])
+    log_batches(uri, run_id, "tags", [RunTag(str(k), to_str(v)) for k, v in tags.items()
+                                      if v is not None and to_str(v) != ""])
 
 
 def log_artifact_text(uri: str, run_id: str, name: str, text: str) -> None:

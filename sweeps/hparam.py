@@ -96,14 +96,9 @@ def tuner(setup):
     return tune.Tuner(
         setup.trainable,
         param_space=search_space(base.epochs),
-        tune_config=tune.TuneConfig(
-            search_alg=searcher(seed=base.seed),
-            scheduler=asha,
-            num_samples=setup.args.samples or DEFAULT_SAMPLES,
-            max_concurrent_trials=setup.max_concurrent,
-            metric=METRIC,
-            mode=MODE,
-        ),
+        tune_config=tune.TuneConfig(search_alg=searcher(seed=base.seed), scheduler=asha, metric=METRIC, mode=MODE,
+                                    num_samples=setup.args.samples or DEFAULT_SAMPLES,
+                                    max_concurrent_trials=setup.max_concurrent),
         run_config=tune.RunConfig(**setup.run_config),
     )
 

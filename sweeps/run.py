@@ -288,12 +288,11 @@ def grid_tuner(setup: study.TuneSetup, todo, members: dict[str, list[str]], prog
 def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     """Run the Tuner under the heartbeat, the launch log and the fault watch, then close what did not
     finish; (Tune's results, the failed ones). A storage fault raises StorageFault."""
-    args, settings = launch.args, launch.settings
+    args, settings, interrupts = launch.args, launch.settings, launch.interrupts
     results = settings.results
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
-    interrupts = launch.interrupts
     try:
         with manifest.heartbeat(results, args.study) as beat, faults.routed(launch_log, args.verbose), watch, \
                 interrupts.stopping(watch):
