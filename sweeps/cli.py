@@ -45,6 +45,7 @@ COMMANDS = {  # name -> (help, description, example)
                 "vitsweep compare results-v1 results-v2 study_l"),
 }
 
+
 def valid_names() -> str:
     """The names a user types, one kind a line (from the torch-free ``records.vocab``), for ``--help``."""
     kinds = (("studies", STUDIES), ("data sets", vocab.DATASETS), ("PEs", vocab.PES),
