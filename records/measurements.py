@@ -28,7 +28,7 @@ def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, A
     timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
     points = [Metric(str(key), float(value), timestamp, int(step))
               for key, values in series.items() for step, value in values.items() if value is not None]
-    log_batches(uri, run_id, "metrics", points)
+    log_batches(uri, run_id, "metrics", points, "log_metric_series")
     return len(points)
 
 

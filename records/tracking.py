@@ -199,17 +199,17 @@ def start_trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapp
         _log.warning("trial %s: param %r was %r and is now %r; MLflow params are immutable, "
                      "keeping the first and tagging the new value", trial_id, key, existing[key], wanted[key])
         new_tags[f"vitsweep.changed_param.{key}"] = wanted[key]
-    log_batches(uri, run_id, "params", missing)
-    log_batches(uri, run_id, "tags", [RunTag(k, v) for k, v in new_tags.items()])
+    log_batches(uri, run_id, "params", missing, "log params")
+    log_batches(uri, run_id, "tags", [RunTag(k, v) for k, v in new_tags.items()], "set tags")
     return run_id
 
 
-def log_batches(uri: str, run_id: str, kind: str, items: list) -> None:
+def log_batches(uri: str, run_id: str, kind: str, items: list, what: str) -> None:
     """``items`` (MLflow ``Metric``, ``Param`` or ``RunTag`` entities) as the run's ``kind`` ("metrics",
-    "params" or "tags"), in batches of MLflow's size limits."""
+    "params" or "tags"), in batches of MLflow's size limits; ``what`` names the call in a TrackingError."""
     size = _MAX_METRICS_PER_BATCH if kind == "metrics" else _MAX_PARAMS_TAGS_PER_BATCH
     for batch in chunks(items, size):
-        with_retries(f"log {kind}", uri, lambda c, b=batch: c.log_batch(run_id, synchronous=True, **{kind: b}))
+        with_retries(what, uri, lambda c, b=batch: c.log_batch(run_id, synchronous=True, **{kind: b}))
 
 
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
@@ -230,7 +230,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
             raise ValueError(f"metric {key!r} has non-numeric value {value!r}") from None
         # Fixed timestamp per point: a retried batch repeats exact duplicates, which MLflow drops.
         points.append(Metric(str(key), number, timestamp, int(step)))
-    log_batches(uri, run_id, "metrics", points)
+    log_batches(uri, run_id, "metrics", points, f"log_metrics(step={step})")
 
 
 def epoch_key(name: str) -> str:
@@ -279,7 +279,7 @@ def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
     log_batches(uri, run_id, "tags", [RunTag(str(k), to_str(v)) for k, v in tags.items()
-                                      if v is not None and to_str(v) != ""])
+                                      if v is not None and to_str(v) != ""], "set_tags")
 
 
 def log_artifact_text(uri: str, run_id: str, name: str, text: str) -> None:
