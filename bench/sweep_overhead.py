@@ -65,7 +65,8 @@ def main() -> None:
         from trainables.ray_start import init_ray
 
         init_ray(num_cpus=2, configure_logging=False, log_to_driver=False)
-        results, storage, mlflow_uri = launcher.resolve_locations(sweep_args)
+        results, storage = launcher.resolve_paths(sweep_args)
+        mlflow_uri = launcher.resolve_tracking(sweep_args, results)
         t0 = time.perf_counter()
         status = launcher.train_stage(sweep_args, configs, results, storage, mlflow_uri)
         swept = time.perf_counter() - t0

@@ -1,18 +1,13 @@
 """The MLflow client of a tracking URI, and the retries every write goes through.
 
-SQLite allows one writer at a time: MLflow sets ``PRAGMA busy_timeout = 20000``
-on each session, and every write here is also retried on "database is locked" /
-OperationalError with exponential backoff and jitter (``RETRY_BUDGET_S`` in
-all).
-
-One vitsweep call, every retry included, ends within ``RETRY_BUDGET_S``
-(30 s), so an MLflow outage is a fault the launcher reports, not a hang: MLflow's
-own HTTP client would retry each request 7 times with exponential backoff, up
-to 120 s per request, inside each of our attempts (246 s for one call were seen).
-So this module sets MLflow's HTTP settings for the process (``HTTP_SETTINGS``:
-no retries of its own, ``REQUEST_TIMEOUT_S`` per request; MLflow reads them at
-every request, and Ray workers import this module before any MLflow call), and
-the loop here starts no attempt that could end past the budget.
+SQLite allows one writer at a time: MLflow sets ``PRAGMA busy_timeout = 20000`` on each session, and
+every write here is also retried on "database is locked" / OperationalError with exponential backoff
+and jitter. One vitsweep call, every retry included, ends within ``RETRY_BUDGET_S`` (30 s), so an MLflow
+outage is a fault the launcher reports, not a hang: MLflow's own HTTP client would retry each request 7
+times with exponential backoff, up to 120 s per request, inside each of our attempts (246 s for one call
+were seen). So this module sets MLflow's HTTP settings for the process (``HTTP_SETTINGS``: no retries of
+its own, ``REQUEST_TIMEOUT_S`` per request; MLflow reads them at every request, and Ray workers import
+this module before any MLflow call), and the loop here starts no attempt that could end past the budget.
 """
 
 from __future__ import annotations
@@ -97,13 +92,9 @@ def _sqlite_schema_exists(path: Path) -> bool:
 
 
 _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED", "ABORTED"}
-_TRANSIENT_TEXT = (
-    "database is locked", "database table is locked", "deadlock", "api request to",
-    "connection refused", "connection reset", "timed out", "max retries exceeded",
-    "temporarily unavailable",
-)
-
-
+_TRANSIENT_TEXT = ("database is locked", "database table is locked", "deadlock", "api request to",
+                   "connection refused", "connection reset", "timed out", "max retries exceeded",
+                   "temporarily unavailable")
 _STORAGE_TEXT = ("database or disk is full", "attempt to write a readonly database", "no space left on device",
                  "read-only file system")
 
@@ -154,10 +145,9 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
             if not _is_transient(e):
                 raise
             if elapsed + cap + longest > RETRY_BUDGET_S:
-                raise TrackingError(
-                    f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
-                    f"{elapsed:.1f} s: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                ) from e
+                raise TrackingError(f"{what} on MLflow {redact(uri)!r} still failing after {attempt} attempts over "
+                                    f"{elapsed:.1f} s: {e.__class__.__name__}: "
+                                    f"{str(e).splitlines()[0] if str(e) else ''}") from e
             _log.debug("%s on %s: transient %s, retry %d", what, redact(uri), e.__class__.__name__, attempt)
             time.sleep(random.uniform(0.0, cap))
             cap = min(2.0, cap * 2)

@@ -1,11 +1,5 @@
 """Every copy of a file to or from storage: a local folder or any URI pyarrow's filesystems understand.
 
-    download(uri, local)                 -> False when there is no such file
-    upload(local, uri)                   atomic: a reader never sees half a file
-    upload_new(paths, uri, uploaded)     the files not yet uploaded (or rewritten since)
-    list_files(uri), list_dirs(uri)      sorted, in the form of `uri`
-    write_json(uri, obj), read_json(uri)
-
 Local writes go to a temporary name beside the target and are renamed into place; an object
 store's PUT is atomic on its own. Whatever a file holds (a checkpoint, a snapshot, a manifest) is
 its owner's business: this module only moves bytes.

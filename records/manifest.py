@@ -1,18 +1,13 @@
 """The sweep manifest and heartbeat, beside a study's tables: what was planned, and whether a launcher is alive.
 
-``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial
-ids and their packs, the launch command, code version, start time, host and
-pid). ``<results>/<study>/heartbeat.json``: rewritten every
-``HEARTBEAT_INTERVAL_S`` while a launcher runs, and stamped ``ended`` only when the
-process closed its records (with ``outcome``: why it ended early, e.g. interrupted); a
-process that died with records open leaves it unstamped, so ``vitsweep status`` sees it dead.
-It names the stage the process is in (``train``, ``analyze``,
-``report``) and that stage's progress (``report_progress``: done of total,
-the unit, an ETA), so ``vitsweep status`` sees the analysis and the report
-too, not only the training. With both, ``vitsweep status`` tells from the results folder alone
-which trials are pending, and whether ``running`` rows are live or left behind
-by a launcher that died (stale). Both are small JSON files written through
-pyarrow's filesystems, so they work on a local folder and on object storage.
+``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial ids and their packs, the
+launch command, code version, start time, host and pid). ``<results>/<study>/heartbeat.json``: rewritten
+every ``HEARTBEAT_INTERVAL_S`` while a launcher runs, naming its stage (``train``, ``analyze``,
+``report``) and that stage's progress (``report_progress``), and stamped ``ended`` only when the process
+closed its records (with ``outcome``: why it ended early, e.g. interrupted); a process that died with
+records open leaves it unstamped. With both, ``vitsweep status`` tells from the results folder alone
+which trials are pending, which stage runs, and whether ``running`` rows are live or left behind by a
+launcher that died (stale). Both are small JSON files (``records.files``), local or on object storage.
 """
 
 from __future__ import annotations
@@ -45,16 +40,9 @@ def _now() -> datetime.datetime:
 def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, Any]], command: Sequence[str],
                    code_version: str) -> dict:
     """Record a launch's plan. planned: one mapping per trial with ``trial_id`` (and ``pack`` when packed)."""
-    manifest = {
-        "study": study,
-        "planned": [dict(p) for p in planned],
-        "n_trials": len(planned),
-        "command": " ".join(command),
-        "code_version": code_version,
-        "started_at": _now().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
+    manifest = {"study": study, "planned": [dict(p) for p in planned], "n_trials": len(planned),
+                "command": " ".join(command), "code_version": code_version,
+                "started_at": _now().isoformat(timespec="seconds"), "host": socket.gethostname(), "pid": os.getpid()}
     files.write_json(study_file(results, study, MANIFEST_FILE), manifest)
     return manifest
 

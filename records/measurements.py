@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from records.client import chunks, with_retries
-from records.tracking import MAX_METRICS_PER_BATCH
+from records.client import with_retries
+from records.tracking import log_batches
 
 
 def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]],
@@ -28,8 +28,7 @@ def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, A
     timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
     points = [Metric(str(key), float(value), timestamp, int(step))
               for key, values in series.items() for step, value in values.items() if value is not None]
-    for batch in chunks(points, MAX_METRICS_PER_BATCH):
-        with_retries("log_metric_series", uri, lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
+    log_batches(uri, run_id, "metrics", points, "log_metric_series")
     return len(points)
 
 

@@ -98,12 +98,9 @@ def provenance() -> dict:
         info["torch"] = None
     else:
         cuda = torch.cuda.is_available()
-        info["torch"] = {
-            "version": torch.__version__,
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-        }
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+        info["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                         "cudnn": torch.backends.cudnn.version() if cuda else None, "gpus": gpus}
     return info
 
 

@@ -13,45 +13,14 @@ instead of appending duplicate rows. Read a whole table as a directory::
 ``trainables.config.RunConfig.to_flat``), so their schema is the fixed columns
 below plus the config's; ``epochs`` and ``measurements`` are fully fixed.
 
-measurements is long format: one row per trial x checkpoint epoch x
-intervention x level x layer x head x metric. ``layer`` is null when the row
-is about the whole model, ``head_index`` null when it is not per head (not
-``head``: that name is ``DataFrame.head``), like ``level``, which is null when
-the intervention has no level. The vocabulary (intervention, level -> metrics):
-
-==========  ===============  ==============================================================
-intervention level            metrics
-==========  ===============  ==============================================================
-clean       null             acc; ssdc per layer; mad, mad_raw, mad_no_renorm, entropy, cls_mass per layer x
-                             head; ape_norm_ratio (learned APE only)
-jpeg        quality          acc, fs; right_both, right_clean_only, right_shift_only
-blur        sigma (kernel 5) acc, fs; right_both, right_clean_only, right_shift_only
-rpi         null             acc; ssdc (index coords), ssdc_content, ssdc_per_batch per layer; dssdc,
-                             dssdc_per_batch
-pe_scale    alpha            acc; fs_jpeg (q5); fs_blur (k5, s2.5); ssdc per layer under RPI; dssdc;
-                             fs_jpeg_right_both, ..., fs_blur_right_shift_only
-rope_scale  alpha            as pe_scale, for RoPE: angles times alpha (position interpolation)
-==========  ===============  ==============================================================
-
-``right_both``, ``right_clean_only``, ``right_shift_only`` (``PAIRED_COUNTS``) count the
-evaluation images classified right clean and under the shift, right clean only, right under
-the shift only: FS's paired cells, from which its delta-method standard error follows
-(``analysis.seedstats.fragility_se``); ``fs_jpeg_*`` / ``fs_blur_*`` are the same counts of a
-PE-scaled model against its own clean pass. Measurements written before them lack these rows.
-
-``level`` per intervention: ``jpeg`` the JPEG quality (1-100, lower is
-harsher); ``blur`` the Gaussian sigma in pixels at kernel size 5; ``pe_scale``
-the multiplier alpha of the additive PE table at inference; ``rope_scale`` the
-multiplier alpha of RoPE's rotation angles; null for ``clean`` and ``rpi``.
-
-Every measurement row carries ``n_images``, the number of evaluation images
-behind it (the whole test split unless the analysis job was given a cap); the
-clean ``acc`` row is then the same number as ``trials.test_acc``, under a cap
-it is the accuracy on that subset.
-
-``summary`` is wide: one row per finished trial, written by the analysis stage
-(``analysis.trial_record.write_summary_table``): the trial's config and final accuracies
-beside its headline measurements at its last measured checkpoint.
+``measurements`` is long format: one row per trial x checkpoint epoch x intervention x level x
+layer x head x metric (``head_index``, not ``head``: that name is ``DataFrame.head``); its vocabulary
+(each intervention's level and metrics, ``PAIRED_COUNTS``) is docs/studies.md, "Measurement
+vocabulary", checked against what ``analysis/evaluate.py`` emits. Every row carries ``n_images``, the
+evaluation images behind it (the whole test split unless the analysis job was given a cap), so the
+clean ``acc`` row equals ``trials.test_acc`` uncapped. ``summary`` is wide: one row per finished
+trial, written by the analysis stage (``analysis.trial_record.write_summary_table``): the trial's
+config and final accuracies beside its headline measurements at its last measured checkpoint.
 """
 
 from __future__ import annotations
@@ -59,82 +28,74 @@ from __future__ import annotations
 import pyarrow as pa
 
 # Columns of `trials` beside the flat run config.
-TRIAL_FIELDS = pa.schema(
-    [
-        ("trial_id", pa.string()),
-        ("study", pa.string()),
-        ("status", pa.string()),  # finished | failed | running
-        ("epochs_completed", pa.int64()),
-        ("train_loss", pa.float64()),
-        ("train_acc", pa.float64()),
-        ("eval_loss", pa.float64()),
-        ("eval_acc", pa.float64()),
-        ("test_acc", pa.float64()),  # top-1 on the full official test split
-        ("did_not_learn", pa.bool_()),  # final eval_acc within 2 points of chance (records.vocab.did_not_learn)
-        ("checkpoint_path", pa.string()),
-        ("snapshot_dir", pa.string()),
-        ("wall_time_s", pa.float64()),
-        ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
-        ("pack", pa.string()),  # id of the pack it trained in (sweeps/packs.py); null when trained alone
-        ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
-        ("mlflow_run_id", pa.string()),  # the trial's MLflow run: joins Parquet to MLflow without a search
-        ("started_at", pa.timestamp("us", tz="UTC")),  # when its (latest) launch started it
-        ("ended_at", pa.timestamp("us", tz="UTC")),  # when it finished or failed; null while running
-    ]
-)
+TRIAL_FIELDS = pa.schema([
+    ("trial_id", pa.string()),
+    ("study", pa.string()),
+    ("status", pa.string()),  # finished | failed | running
+    ("epochs_completed", pa.int64()),
+    ("train_loss", pa.float64()),
+    ("train_acc", pa.float64()),
+    ("eval_loss", pa.float64()),
+    ("eval_acc", pa.float64()),
+    ("test_acc", pa.float64()),  # top-1 on the full official test split
+    ("did_not_learn", pa.bool_()),  # final eval_acc within 2 points of chance (records.vocab.did_not_learn)
+    ("checkpoint_path", pa.string()),
+    ("snapshot_dir", pa.string()),
+    ("wall_time_s", pa.float64()),
+    ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
+    ("pack", pa.string()),  # id of the pack it trained in (sweeps/packs.py); null when trained alone
+    ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
+    ("mlflow_run_id", pa.string()),  # the trial's MLflow run: joins Parquet to MLflow without a search
+    ("started_at", pa.timestamp("us", tz="UTC")),  # when its (latest) launch started it
+    ("ended_at", pa.timestamp("us", tz="UTC")),  # when it finished or failed; null while running
+])
 
-EPOCHS = pa.schema(
-    [
-        ("trial_id", pa.string()),
-        ("study", pa.string()),
-        ("epoch", pa.int64()),  # 1-based: metrics after that many epochs
-        ("train_loss", pa.float64()),
-        ("train_acc", pa.float64()),
-        ("eval_loss", pa.float64()),
-        ("eval_acc", pa.float64()),
-        ("eval_images", pa.int64()),  # images eval_loss/eval_acc were scored on (trainables.inputs.EpochEval)
-        ("lr", pa.float64()),
-        ("images_per_s", pa.float64()),
-        ("wall_time_s", pa.float64()),
-    ]
-)
+EPOCHS = pa.schema([
+    ("trial_id", pa.string()),
+    ("study", pa.string()),
+    ("epoch", pa.int64()),  # 1-based: metrics after that many epochs
+    ("train_loss", pa.float64()),
+    ("train_acc", pa.float64()),
+    ("eval_loss", pa.float64()),
+    ("eval_acc", pa.float64()),
+    ("eval_images", pa.int64()),  # images eval_loss/eval_acc were scored on (trainables.inputs.EpochEval)
+    ("lr", pa.float64()),
+    ("images_per_s", pa.float64()),
+    ("wall_time_s", pa.float64()),
+])
 
-MEASUREMENTS = pa.schema(
-    [
-        ("trial_id", pa.string()),
-        ("study", pa.string()),
-        ("checkpoint_epoch", pa.int64()),  # 0 = untrained snapshot
-        ("intervention", pa.string()),
-        ("level", pa.float64()),  # null when the intervention has no level
-        ("layer", pa.int64()),  # null: whole model
-        ("head_index", pa.int64()),  # null: not per head
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-        ("n_images", pa.int64()),  # evaluation images behind the value
-    ]
-)
+MEASUREMENTS = pa.schema([
+    ("trial_id", pa.string()),
+    ("study", pa.string()),
+    ("checkpoint_epoch", pa.int64()),  # 0 = untrained snapshot
+    ("intervention", pa.string()),
+    ("level", pa.float64()),  # null when the intervention has no level
+    ("layer", pa.int64()),  # null: whole model
+    ("head_index", pa.int64()),  # null: not per head
+    ("metric", pa.string()),
+    ("value", pa.float64()),
+    ("n_images", pa.int64()),  # evaluation images behind the value
+])
 
 # Columns of `summary` beside the flat run config (one row per finished trial).
-SUMMARY_FIELDS = pa.schema(
-    [
-        ("trial_id", pa.string()),
-        ("study", pa.string()),
-        ("condition", pa.string()),  # every varying config field but the seed, e.g. "ape, baseline, lr=0.001"
-        ("test_acc", pa.float64()),  # top-1 on the full official test split (trials.test_acc)
-        ("eval_acc", pa.float64()),  # final-epoch accuracy on the evaluation split of training
-        ("did_not_learn", pa.bool_()),
-        ("checkpoint_epoch", pa.int64()),  # the last measured checkpoint, source of the columns below
-        ("acc_clean", pa.float64()),  # clean accuracy on the analysis set of n_images images
-        ("n_images", pa.int64()),  # images of the analysis set (== the test split unless capped)
-        ("min_mad", pa.float64()),  # smallest per-head MAD over heads that are no CLS sink (Study L's minimum MAD)
-        ("cls_sink_heads", pa.int64()),  # heads left out of min_mad: CLS mass >= 0.5
-        ("mad_early", pa.float64()),  # mean MAD of every head of layers 0-1: comparable across head counts
-        ("dssdc", pa.float64()),  # dSSDC under RPI
-        ("fs_jpeg", pa.float64()),  # FS at JPEG q5 (PE-scaling alpha 1 where the grid lacks it)
-        ("fs_blur", pa.float64()),  # FS at blur sigma 2.5, kernel 5
-        ("mlflow_run_id", pa.string()),
-    ]
-)
+SUMMARY_FIELDS = pa.schema([
+    ("trial_id", pa.string()),
+    ("study", pa.string()),
+    ("condition", pa.string()),  # every varying config field but the seed, e.g. "ape, baseline, lr=0.001"
+    ("test_acc", pa.float64()),  # top-1 on the full official test split (trials.test_acc)
+    ("eval_acc", pa.float64()),  # final-epoch accuracy on the evaluation split of training
+    ("did_not_learn", pa.bool_()),
+    ("checkpoint_epoch", pa.int64()),  # the last measured checkpoint, source of the columns below
+    ("acc_clean", pa.float64()),  # clean accuracy on the analysis set of n_images images
+    ("n_images", pa.int64()),  # images of the analysis set (== the test split unless capped)
+    ("min_mad", pa.float64()),  # smallest per-head MAD over heads that are no CLS sink (Study L's minimum MAD)
+    ("cls_sink_heads", pa.int64()),  # heads left out of min_mad: CLS mass >= 0.5
+    ("mad_early", pa.float64()),  # mean MAD of every head of layers 0-1: comparable across head counts
+    ("dssdc", pa.float64()),  # dSSDC under RPI
+    ("fs_jpeg", pa.float64()),  # FS at JPEG q5 (PE-scaling alpha 1 where the grid lacks it)
+    ("fs_blur", pa.float64()),  # FS at blur sigma 2.5, kernel 5
+    ("mlflow_run_id", pa.string()),
+])
 
 INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale")
 PAIRED_COUNTS = ("right_both", "right_clean_only", "right_shift_only")  # per shift: FS's paired cells

@@ -2,27 +2,17 @@
 
 Every check names the URI (passwords redacted) and says what to use instead:
 
-- ``sqlite:////abs/path/mlflow.db``: the embedded default, under the results
-  folder (``default_tracking_uri``); ONE machine only (trials on other nodes
-  would each write their own file at that path). SQLite allows one writer at a
-  time: MLflow sets ``PRAGMA busy_timeout = 20000`` on each session, and every
-  write here is also retried on "database is locked" / OperationalError with
-  exponential backoff and jitter (``RETRY_BUDGET_S`` in all). The first build
-  of a store on a fresh file runs MLflow's schema migrations, which are not
-  transactional and break when two trials start at once; a lock file
-  ``mlflow.db.init-lock`` beside the database serialises that step. Artifacts
-  go to ``<db folder>/mlartifacts/<experiment>`` instead of MLflow's default
-  ``./mlruns`` (relative to each process's working directory, which differs
-  between Ray workers); ``mlflow ui --backend-store-uri <uri>`` serves them.
-  MLflow stores those locations as absolute URIs, so a copy of the results
-  folder would still write into (and read from) the original's artifacts:
-  a store found under another folder than the one it was made in is
-  re-rooted when it is checked (``reroot_artifacts``).
-- ``http(s)://host:port``: an MLflow server (the cluster YAML starts one on the
-  head node; ``start_local_server`` starts one here). Needed whenever trials run
-  on more than one machine or results live on object storage. MLflow's own HTTP
-  client retries 429/5xx and connection errors first (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-  default 7 with exponential backoff), then the retries here apply.
+- ``sqlite:////abs/path/mlflow.db``: the embedded default, under the results folder
+  (``default_tracking_uri``); ONE machine only (trials on other nodes would each write their own
+  file at that path); its writers and first build are serialised by ``records.client``. Artifacts
+  go to ``<db folder>/mlartifacts/<experiment>`` instead of MLflow's default ``./mlruns`` (relative
+  to each process's working directory, which differs between Ray workers). MLflow stores those
+  locations as absolute URIs, so a copy of the results folder would still write into (and read
+  from) the original's artifacts: a store found under another folder than the one it was made in
+  is re-rooted when it is checked (``reroot_artifacts``).
+- ``http(s)://host:port``: an MLflow server (the cluster YAML starts one on the head node). Needed
+  whenever trials run on more than one machine or results live on object storage; its requests
+  are bounded and retried by ``records.client``.
 - ``postgresql://``, ``mysql://``, ``mssql://``: a database directly.
 - ``databricks``: accepted, not checked.
 - ``file:`` / a bare path: refused. MLflow 3 puts the file store in maintenance
@@ -53,7 +43,6 @@ class TrackingError(RuntimeError):
     """MLflow could not be reached, or a write kept failing after all retries."""
 
 
-
 def default_tracking_uri(results: str | os.PathLike) -> str:
     """``sqlite:////<abs results>/mlflow.db`` for a local results folder.
 
@@ -65,11 +54,9 @@ def default_tracking_uri(results: str | os.PathLike) -> str:
     if scheme == "file":
         text = urllib.parse.unquote(urllib.parse.urlparse(text).path)
     elif scheme:
-        raise ValueError(
-            f"--results {text!r} is on {scheme}:// storage, where a SQLite tracking file cannot "
-            f"live (object stores have no file locking or in-place writes); pass --mlflow-uri "
-            f"with {_REMOTE_HINT}."
-        )
+        raise ValueError(f"--results {text!r} is on {scheme}:// storage, where a SQLite tracking file cannot live "
+                         "(object stores have no file locking or in-place writes); pass --mlflow-uri with "
+                         f"{_REMOTE_HINT}.")
     path = tracking_db(text)
     return f"sqlite:///{path.as_posix()}"
 
@@ -109,17 +96,12 @@ def check_tracking_uri(uri: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> Non
     kind = scheme(uri)
     shown = redact(uri)
     if kind in ("", "file"):
-        raise ValueError(
-            f"MLflow tracking URI {shown!r} names the file store, which MLflow 3 keeps in "
-            f"maintenance mode and refuses to open (and which concurrent trials corrupt). Use "
-            f"sqlite:////<abs folder>/mlflow.db on one machine, or {_REMOTE_HINT}."
-        )
+        raise ValueError(f"MLflow tracking URI {shown!r} names the file store, which MLflow 3 keeps in maintenance "
+                         "mode and refuses to open (and which concurrent trials corrupt). Use sqlite:////<abs "
+                         f"folder>/mlflow.db on one machine, or {_REMOTE_HINT}.")
     if kind not in VALID_SCHEMES:
-        raise ValueError(
-            f"MLflow tracking URI {shown!r} has unknown scheme {kind!r}; valid schemes: "
-            f"{', '.join(VALID_SCHEMES)} (e.g. sqlite:////abs/results/mlflow.db, "
-            f"http://127.0.0.1:5000)."
-        )
+        raise ValueError(f"MLflow tracking URI {shown!r} has unknown scheme {kind!r}; valid schemes: "
+                         f"{', '.join(VALID_SCHEMES)} (e.g. sqlite:////abs/results/mlflow.db, http://127.0.0.1:5000).")
     if kind == "sqlite":
         _check_sqlite(uri)
     elif kind in ("http", "https"):
@@ -161,24 +143,18 @@ def reroot_artifacts(uri: str) -> str | None:
 
 def _check_sqlite(uri: str) -> None:
     if not uri.startswith("sqlite:///") or uri[len("sqlite:///") :] in ("", ":memory:"):
-        raise ValueError(
-            f"MLflow tracking URI {uri!r} is an in-memory SQLite database, which each trial "
-            f"process would see empty; use sqlite:////<abs folder>/mlflow.db."
-        )
+        raise ValueError(f"MLflow tracking URI {uri!r} is an in-memory SQLite database, which each trial process "
+                         "would see empty; use sqlite:////<abs folder>/mlflow.db.")
     path = sqlite_path(uri)
     if not path.is_absolute():
-        raise ValueError(
-            f"MLflow tracking URI {uri!r} has a relative SQLite path, which each Ray worker "
-            f"resolves against its own working directory; use four slashes and an absolute "
-            f"path: sqlite:///{Path(path).resolve().as_posix()}"
-        )
+        raise ValueError(f"MLflow tracking URI {uri!r} has a relative SQLite path, which each Ray worker resolves "
+                         "against its own working directory; use four slashes and an absolute path: "
+                         f"sqlite:///{Path(path).resolve().as_posix()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(
-            f"MLflow tracking URI {uri!r}: cannot create the folder {str(path.parent)!r} for the "
-            f"SQLite file ({e.strerror or e})."
-        ) from e
+        raise ValueError(f"MLflow tracking URI {uri!r}: cannot create the folder {str(path.parent)!r} for the SQLite "
+                         f"file ({e.strerror or e}).") from e
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise ValueError(f"MLflow tracking URI {uri!r}: folder {str(path.parent)!r} is not writable.")
     if path.is_dir():
@@ -217,30 +193,21 @@ def check_http(uri: str, timeout_s: float) -> None:
             timeout=timeout_s, raise_on_status=False, json={"max_results": 1},
         )
     except Exception as e:  # MlflowException wrapping ConnectionError / Timeout
-        raise TrackingError(
-            f"MLflow tracking server {redact(uri)!r} is not reachable within "
-            f"{timeout_s:g} s ({e}). Start it, or pass another --mlflow-uri; "
-            f"{_REMOTE_HINT}."
-        ) from e
+        raise TrackingError(f"MLflow tracking server {redact(uri)!r} is not reachable within {timeout_s:g} s ({e}). "
+                            f"Start it, or pass another --mlflow-uri; {_REMOTE_HINT}.") from e
     if response.status_code == 403 and "Invalid Host header" in response.text:
         host = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
-        raise TrackingError(
-            f"MLflow tracking server {redact(uri)!r} rejects the Host header {host!r}: MLflow 3 "
-            f"serves only localhost and private IPs by default (its /health answers anyway). "
-            f"Start the server with --allowed-hosts {host.split(':')[0]!r} (start_local_server("
-            f"allowed_hosts=...)), or reach it by its private IP."
-        )
+        raise TrackingError(f"MLflow tracking server {redact(uri)!r} rejects the Host header {host!r}: MLflow 3 "
+                            "serves only localhost and private IPs by default (its /health answers anyway). Start "
+                            f"the server with --allowed-hosts {host.split(':')[0]!r} "
+                            "(start_local_server(allowed_hosts=...)), or reach it by its private IP.")
     if response.status_code in (401, 403):
-        raise TrackingError(
-            f"MLflow tracking server {redact(uri)!r} refused the credentials (HTTP "
-            f"{response.status_code}); set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or "
-            f"MLFLOW_TRACKING_TOKEN."
-        )
+        raise TrackingError(f"MLflow tracking server {redact(uri)!r} refused the credentials (HTTP "
+                            f"{response.status_code}); set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or "
+                            "MLFLOW_TRACKING_TOKEN.")
     if response.status_code != 200:
-        raise TrackingError(
-            f"{redact(uri)!r} answered HTTP {response.status_code} to {endpoint}; is it an MLflow "
-            f"tracking server (right host, port and path prefix)? Body: {response.text[:200]!r}"
-        )
+        raise TrackingError(f"{redact(uri)!r} answered HTTP {response.status_code} to {endpoint}; is it an MLflow "
+                            f"tracking server (right host, port and path prefix)? Body: {response.text[:200]!r}")
 
 
 def _check_database(uri: str, timeout_s: float) -> None:
@@ -250,19 +217,15 @@ def _check_database(uri: str, timeout_s: float) -> None:
     try:
         engine = sqlalchemy.create_engine(uri, connect_args=connect_args)
     except ModuleNotFoundError as e:
-        raise ValueError(
-            f"MLflow tracking URI {redact(uri)!r} needs the Python module {e.name!r} (its database "
-            f"driver); install it, e.g. psycopg[binary] for postgresql://, pymysql for "
-            f"mysql+pymysql://."
-        ) from e
+        raise ValueError(f"MLflow tracking URI {redact(uri)!r} needs the Python module {e.name!r} (its database "
+                         "driver); install it, e.g. psycopg[binary] for postgresql://, pymysql for "
+                         "mysql+pymysql://.") from e
     try:
         with engine.connect():
             pass
     except sqlalchemy.exc.SQLAlchemyError as e:
-        raise TrackingError(
-            f"MLflow tracking database {redact(uri)!r} is not reachable: {e.__class__.__name__}: "
-            f"{str(e).splitlines()[0]}"
-        ) from e
+        raise TrackingError(f"MLflow tracking database {redact(uri)!r} is not reachable: {e.__class__.__name__}: "
+                            f"{str(e).splitlines()[0]}") from e
     finally:
         engine.dispose()
 

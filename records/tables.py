@@ -1,25 +1,19 @@
 """The one module that writes Parquet (layout and columns: ``records.schema``).
 
-Each writer unit owns one file: ``trials/<trial_id>.parquet``,
-``epochs/<trial_id>.parquet``, ``measurements/<trial_id>-e<epoch>.parquet`` and
-``summary/<trial_id>.parquet``.
-A retried or resumed trial overwrites its own files, so no table ever holds
-duplicate rows, concurrent trials never touch the same file, and no file is
-rewritten per *other* trial (nothing grows quadratically with the sweep).
+Each writer unit owns one file: ``trials/<trial_id>.parquet``, ``epochs/<trial_id>.parquet``,
+``measurements/<trial_id>-e<epoch>.parquet`` and ``summary/<trial_id>.parquet``. A retried or resumed
+trial overwrites its own files, so no table ever holds duplicate rows, concurrent trials never touch
+the same file, and no file is rewritten per *other* trial (nothing grows quadratically with the sweep).
 
 ``results`` is a local folder or any URI pyarrow's filesystems understand
 (``s3://bucket/prefix``, ``gs://...``). Local writes go to a hidden temporary
 name and are renamed into place, so a reader never sees half a file; object
 stores make a finished upload visible atomically by themselves.
 
-A copy of the results folder is self-contained: the ``trials`` columns that
-name files (``PATH_COLUMNS``) are stored relative to the results root when they
-lie under it (the default ``<results>/storage``; a separate ``--storage``, e.g.
-``s3://``, stays absolute), and every read gives them back rooted in the
-results folder being read. Rows written before (absolute paths under another
-location of the same folder: ``.../storage/<study>/...``) are re-rooted under
-the folder being read when the file is there, so ``vitsweep analyze`` on a
-moved copy reads the copy's checkpoints, never the original's.
+A copy of the results folder is self-contained: the ``trials`` columns that name files
+(``PATH_COLUMNS``) are stored relative to the results root when they lie under it, and every read gives
+them back rooted in the results folder being read (``records.layout.relative_path``, ``rooted_path``),
+so ``vitsweep analyze`` on a moved copy reads the copy's checkpoints, never the original's.
 """
 
 from __future__ import annotations
@@ -103,26 +97,16 @@ def write_summary(results: str, study: str, config: Mapping[str, Any], headline:
 def write_epochs(results: str, study: str, trial_id: str, rows: Iterable[Mapping[str, Any]]) -> str:
     """Write a trial's whole epoch history (one row per finished epoch)."""
     rows = [{**r, "trial_id": trial_id, "study": study} for r in rows]
-    table = pa.Table.from_pylist(rows, schema=EPOCHS)
-    return _write(table, results, study, "epochs", trial_id)
+    return _write(pa.Table.from_pylist(rows, schema=EPOCHS), results, study, "epochs", trial_id)
 
 
-def write_measurements(
-    results: str, study: str, trial_id: str, checkpoint_epoch: int, rows: Iterable[Mapping[str, Any]]
-) -> str:
+def write_measurements(results: str, study: str, trial_id: str, checkpoint_epoch: int,
+                       rows: Iterable[Mapping[str, Any]]) -> str:
     """Write the long-format measurement rows of one checkpoint of one trial."""
-    rows = [
-        {
-            **r,
-            "level": None if r.get("level") is None or _isnan(r["level"]) else float(r["level"]),
-            "trial_id": trial_id,
-            "study": study,
-            "checkpoint_epoch": checkpoint_epoch,
-        }
-        for r in rows
-    ]
-    table = pa.Table.from_pylist(rows, schema=MEASUREMENTS)
-    return _write(table, results, study, "measurements", f"{trial_id}-e{checkpoint_epoch}")
+    rows = [{**r, "level": None if r.get("level") is None or _isnan(r["level"]) else float(r["level"]),
+             "trial_id": trial_id, "study": study, "checkpoint_epoch": checkpoint_epoch} for r in rows]
+    return _write(pa.Table.from_pylist(rows, schema=MEASUREMENTS), results, study, "measurements",
+                  f"{trial_id}-e{checkpoint_epoch}")
 
 
 def measured(results: str, study: str) -> set[tuple[str, int]]:
@@ -178,11 +162,8 @@ def read_table(results: str, study: str, table: str) -> pa.Table | None:
     info = fs.get_file_info(root)
     if info.type != pafs.FileType.Directory:
         return None
-    files = [
-        i.path
-        for i in fs.get_file_info(pafs.FileSelector(root))
-        if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
-    ]
+    files = [i.path for i in fs.get_file_info(pafs.FileSelector(root))
+             if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")]
     if not files:
         return None
     # Trials may differ in config columns (a study adds a field): unify by name.

@@ -1,72 +1,29 @@
 """MLflow tracking: the one module in vitsweep that talks to MLflow.
 
-Every function takes the tracking URI explicitly and builds its own
-``MlflowClient(tracking_uri=uri)``; nothing here calls ``mlflow.set_tracking_uri``
-or uses the fluent ``mlflow.start_run`` state, because several trials may share
-one process (Ray actors, tests) and each must write to the store it was given.
-Ray's ``setup_mlflow`` integration is not used: it fails inside a trial unless
-the experiment already exists, and it keeps global state.
+Every function takes the tracking URI explicitly and builds its own ``MlflowClient(tracking_uri=uri)``;
+nothing here calls ``mlflow.set_tracking_uri`` or uses the fluent ``mlflow.start_run`` state, because several
+trials may share one process (Ray actors, tests) and each must write to the store it was given. Ray's
+``setup_mlflow`` integration is not used: it fails inside a trial unless the experiment already exists, and it
+keeps global state.
 
-Layout in MLflow: one experiment per study, one run per trial. The run's name
-is the trial id and its tag ``vitsweep.trial_id`` holds the same id, so a Ray
-retry or ``--resume`` finds and continues the run instead of making a second
-one. Params are the flat run config (every ``RunConfig.to_flat()`` field);
-tags are study / dataset / pe / protocol / rpt / seed / code_version (a tag with no value is not set);
-metrics are laid out for the UI's charts (``epoch_key``, ``layer_key``): per-epoch training curves
-under ``epochs/`` (step = epoch), per-layer curves under ``layers/`` (step = layer, the checkpoint
-epoch in the name: ``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and the headline
-scalars unprefixed (``test_acc``; the analysis scalars at step = checkpoint epoch); the run's input is its data set (``log_dataset_input``:
-name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
-artifacts are ``config.json``, ``provenance/environment.json``,
-``provenance/requirements.txt`` (+ ``provenance/git_diff.patch`` when the
-tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``). The
-study's report sits on a run of its own, ``<study>-report``, in the experiment
-``<study>-reports``, linked from the study's (``study_run``). Addresses of the UI
-open its training layout (``experiment_url``, ``run_url``).
+Layout in MLflow: one experiment per study, one run per trial. The run's name is the trial id and its tag
+``vitsweep.trial_id`` holds the same id, so a Ray retry or ``--resume`` finds and continues the run instead of
+making a second one. Params are the flat run config (every ``RunConfig.to_flat()`` field); tags are study /
+dataset / pe / protocol / rpt / seed / code_version (a tag with no value is not set); metrics are laid out for
+the UI's charts (``epoch_key``, ``layer_key``): per-epoch training curves under ``epochs/`` (step = epoch),
+per-layer curves under ``layers/`` (step = layer, the checkpoint epoch in the name:
+``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and the headline scalars unprefixed
+(``test_acc``; the analysis scalars at step = checkpoint epoch); the run's input is its data set
+(``log_dataset_input``: name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
+artifacts are ``config.json``, ``provenance/environment.json``, ``provenance/requirements.txt`` (+
+``provenance/git_diff.patch`` when the tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``).
+The study's report sits on a run of its own, ``<study>-report``, in the experiment ``<study>-reports``, linked
+from the study's (``study_run``). Addresses of the UI open its training layout (``experiment_url``,
+``run_url``). A trial's runs are opened and closed by ``trainables.lifecycle``.
 
-Stores, and the checks that run before any trial, are in ``records.stores``;
-the client and its retries in ``records.client``; provenance in
-``records.provenance``.
-
-Use (launcher, then each trial)::
-
-    uri = args.mlflow_uri or stores.default_tracking_uri(args.results)
-    stores.check_tracking_uri(uri)                        # before any trial starts
-    experiment_id = tracking.ensure_experiment(uri, study_name)
-    ...                                                   # in the trial:
-    flat = config.to_flat()                               # (trainables.lifecycle does this)
-    run_id = tracking.start_trial_run(uri, experiment_id, trial_id, params=flat,
-                                      tags=tracking.trial_tags(flat, code_version=version))
-    tracking.log_provenance(uri, run_id, flat)
-    for epoch in ...:
-        tracking.log_epoch_metrics(uri, run_id, {"train_loss": ..., "eval_acc": ...}, epoch)
-    tracking.end_trial_run(uri, run_id)                   # or "FAILED", with tag ERROR_TAG saying why
-    ...                                                   # after the sweep returns:
-    tracking.end_orphaned_runs(uri, experiment_id)
-
-Public API (``uri`` is a tracking URI, ``run_id`` an MLflow run id):
-
-- ``ensure_experiment(uri, name, artifact_location=None) -> experiment_id``
-- ``start_trial_run(uri, experiment_id, trial_id, *, params, tags=None) -> run_id``
-- ``find_trial_run(uri, experiment_id, trial_id) -> run_id | None``
-- ``log_metrics(uri, run_id, metrics, step)``, ``log_epoch_metrics(uri, run_id, metrics, epoch)``,
-  ``epoch_key(name)``, ``layer_key(name, epoch)``,
-  ``set_tags(uri, run_id, tags)``,
-  ``log_artifact_dict(uri, run_id, name, obj)``,
-  ``log_artifact_text(uri, run_id, name, text)``,
-  ``log_artifact_file(uri, run_id, path, artifact_dir=None)``,
-  ``log_provenance(uri, run_id, config=None) -> dict``,
-  ``end_trial_run(uri, run_id, status="FINISHED")``
-- ``end_orphaned_runs(uri, experiment_id, *, keep_trial_ids=(), finished_trial_ids=()) -> list[str]``
-- ``study_run(uri, experiment_id, name) -> run_id``: the study's own run (the
-  report and ``claims.csv``), found again by name, in ``<study>-reports``; not a trial run
-- ``log_dataset_input(uri, run_id, dataset) -> None``: the data set a trial trained on
-- ``experiment_url(uri, experiment_id)``, ``run_url(uri, experiment_id, run_id)``,
-  ``experiment_id_of(uri, name)``
-- ``search_trial_runs(uri, experiment_name) -> pandas.DataFrame``
-- ``trial_tags(config, *, code_version=None) -> dict``
-
-The analysis measurements (metric keys, per-layer curves) are written by ``records.measurements``.
+Stores, and the checks that run before any trial, are in ``records.stores``; the client and its retries in
+``records.client``; provenance in ``records.provenance``; the analysis measurements (metric keys, per-layer
+curves) in ``records.measurements``.
 """
 
 from __future__ import annotations
@@ -99,11 +56,8 @@ END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 EPOCH_SECTION = "epochs"  # per-epoch training curves, as the Parquet table of the same name
 LAYER_SECTION = "layers"  # per-layer curves of each measured checkpoint, one section for all
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
-MAX_METRICS_PER_BATCH = 1000
+_MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
-
-
-# ---------------------------------------------------------------------------- experiments
 
 
 def _default_artifact_location(uri: str, name: str) -> str | None:
@@ -141,16 +95,13 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None = None)
                 if experiment is None:
                     raise
         if experiment.lifecycle_stage != "active":
-            raise ValueError(
-                f"MLflow experiment {name!r} (id {experiment.experiment_id}) on {redact(uri)!r} is "
-                f"deleted; restore it (`mlflow experiments restore --experiment-id "
-                f"{experiment.experiment_id}`) or purge it (`mlflow gc --experiment-ids "
-                f"{experiment.experiment_id}`) before logging to that name."
-            )
+            raise ValueError(f"MLflow experiment {name!r} (id {experiment.experiment_id}) on {redact(uri)!r} is "
+                             "deleted; restore it (`mlflow experiments restore --experiment-id "
+                             f"{experiment.experiment_id}`) or purge it (`mlflow gc --experiment-ids "
+                             f"{experiment.experiment_id}`) before logging to that name.")
         return experiment.experiment_id
 
     return with_retries(f"ensure_experiment({name!r})", uri, get_or_create)
-
 
 
 def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
@@ -167,9 +118,6 @@ def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
         c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")))
 
 
-# -------------------------------------------------------------------------------- runs
-
-
 def _check_trial_id(trial_id: str) -> None:
     # The id goes into a search filter string; quotes and backslashes would need escaping
     # that MLflow's filter grammar does not document.
@@ -180,10 +128,8 @@ def _check_trial_id(trial_id: str) -> None:
 def _search_all(client, experiment_id: str, filter_string: str, order_by=None) -> list:
     runs, token = [], None
     while True:
-        page = client.search_runs(
-            [experiment_id], filter_string=filter_string, max_results=1000,
-            order_by=order_by, page_token=token,
-        )
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000,
+                                  order_by=order_by, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
@@ -208,14 +154,8 @@ def find_trial_run(uri: str, experiment_id: str, trial_id: str) -> str | None:
     return run.info.run_id if run else None
 
 
-def start_trial_run(
-    uri: str,
-    experiment_id: str,
-    trial_id: str,
-    *,
-    params: Mapping[str, Any],
-    tags: Mapping[str, Any] | None = None,
-) -> str:
+def start_trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapping[str, Any],
+                    tags: Mapping[str, Any] | None = None) -> str:
     """Create the run of ``trial_id`` (run name = trial id), or continue it if it exists.
 
     Continuing sets the status back to RUNNING, bumps ``vitsweep.attempt`` and clears
@@ -237,12 +177,10 @@ def start_trial_run(
         # Looked up again on every attempt, so a create that committed but reported an
         # error (an HTTP timeout) is found instead of duplicated.
         run = _find_trial_run(client, experiment_id, trial_id)
-        if run is None:
-            run = client.create_run(
-                experiment_id, run_name=trial_id, tags={TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}
-            )
-            return run, True
-        return run, False
+        if run is not None:
+            return run, False
+        tags = {TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}
+        return client.create_run(experiment_id, run_name=trial_id, tags=tags), True
 
     run, created = with_retries(f"start_trial_run({trial_id!r})", uri, find_or_create)
     run_id = run.info.run_id
@@ -261,12 +199,17 @@ def start_trial_run(
         _log.warning("trial %s: param %r was %r and is now %r; MLflow params are immutable, "
                      "keeping the first and tagging the new value", trial_id, key, existing[key], wanted[key])
         new_tags[f"vitsweep.changed_param.{key}"] = wanted[key]
-    for batch in chunks(missing, _MAX_PARAMS_TAGS_PER_BATCH):
-        with_retries("log params", uri, lambda c, b=batch: c.log_batch(run_id, params=b, synchronous=True))
-    tag_list = [RunTag(k, v) for k, v in new_tags.items()]
-    for batch in chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
-        with_retries("set tags", uri, lambda c, b=batch: c.log_batch(run_id, tags=b, synchronous=True))
+    log_batches(uri, run_id, "params", missing, "log params")
+    log_batches(uri, run_id, "tags", [RunTag(k, v) for k, v in new_tags.items()], "set tags")
     return run_id
+
+
+def log_batches(uri: str, run_id: str, kind: str, items: list, what: str) -> None:
+    """``items`` (MLflow ``Metric``, ``Param`` or ``RunTag`` entities) as the run's ``kind`` ("metrics",
+    "params" or "tags"), in batches of MLflow's size limits; ``what`` names the call in a TrackingError."""
+    size = _MAX_METRICS_PER_BATCH if kind == "metrics" else _MAX_PARAMS_TAGS_PER_BATCH
+    for batch in chunks(items, size):
+        with_retries(what, uri, lambda c, b=batch: c.log_batch(run_id, synchronous=True, **{kind: b}))
 
 
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
@@ -287,9 +230,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
             raise ValueError(f"metric {key!r} has non-numeric value {value!r}") from None
         # Fixed timestamp per point: a retried batch repeats exact duplicates, which MLflow drops.
         points.append(Metric(str(key), number, timestamp, int(step)))
-    for batch in chunks(points, MAX_METRICS_PER_BATCH):
-        with_retries(f"log_metrics(step={step})", uri,
-                      lambda c, b=batch: c.log_batch(run_id, metrics=b, synchronous=True))
+    log_batches(uri, run_id, "metrics", points, f"log_metrics(step={step})")
 
 
 def epoch_key(name: str) -> str:
@@ -337,9 +278,8 @@ def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     UI shows no empty tag (e.g. ``vitsweep.error`` of a finished run)."""
     from mlflow.entities import RunTag
 
-    tag_list = [RunTag(str(k), to_str(v)) for k, v in tags.items() if v is not None and to_str(v) != ""]
-    for batch in chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
-        with_retries("set_tags", uri, lambda c, b=batch: c.log_batch(run_id, tags=b, synchronous=True))
+    log_batches(uri, run_id, "tags", [RunTag(str(k), to_str(v)) for k, v in tags.items()
+                                      if v is not None and to_str(v) != ""], "set_tags")
 
 
 def log_artifact_text(uri: str, run_id: str, name: str, text: str) -> None:
@@ -411,8 +351,8 @@ def study_run(uri: str, experiment_id: str, name: str) -> str:
     overwrites the first one's artifacts instead of adding a run. It lives in the experiment
     ``<study>-reports``, not among the trial runs (where it would sit in every chart's legend with
     no data), and the study's experiment links it (tag ``vitsweep.report_run``, and its
-    description). It carries no trial-id tag: ``search_trial_runs`` and ``end_orphaned_runs`` never
-    see it. The caller ends it (``end_trial_run``)."""
+    description). It carries no trial-id tag: ``end_orphaned_runs`` never sees it. The caller ends it
+    (``end_trial_run``)."""
     _check_trial_id(name)
     study = with_retries("get experiment", uri, lambda c: c.get_experiment(experiment_id))
     reports_id = ensure_experiment(uri, study.name + REPORTS_SUFFIX)
@@ -450,8 +390,6 @@ def _with_report(note: str, uri: str, link: str | None) -> str:
             f"`{run_id}` in experiment {reports_id}, with `claims.csv`, the tables and `figures/`.")
 
 
-# ------------------------------------------------------------------------------ UI addresses
-
 UI_LAYOUT = "workflowType=machine_learning"  # MLflow 3 opens its GenAI layout unless told (or remembered)
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri ...` serves a local store
 
@@ -488,49 +426,6 @@ def experiment_id_of(uri: str, name: str) -> str | None:
     """The id of experiment ``name``, or None when there is none (nothing is created)."""
     experiment = with_retries("get experiment", uri, lambda c: c.get_experiment_by_name(name))
     return experiment.experiment_id if experiment is not None else None
-
-
-def search_trial_runs(uri: str, experiment_name: str):
-    """All live trial runs of an experiment (runs without a trial-id tag, such as the
-    report's, are left out) as a pandas DataFrame, one row per run, like
-    ``mlflow.search_runs`` but with an explicit URI: run_id, run_name, trial_id,
-    experiment_id, status, start_time, end_time (UTC timestamps), artifact_uri,
-    then ``metrics.<key>`` (latest value), ``params.<key>``, ``tags.<key>``.
-    Raises ValueError if the experiment does not exist, listing those that do."""
-    import pandas as pd  # here: records.tracking is on a launch's path, which needs no pandas
-
-    experiment = with_retries("get experiment", uri, lambda c: c.get_experiment_by_name(experiment_name))
-    if experiment is None:
-        experiments = with_retries("list experiments", uri, lambda c: c.search_experiments())
-        names = sorted(e.name for e in experiments)
-        raise ValueError(f"no MLflow experiment {experiment_name!r} on {redact(uri)!r}; "
-                         f"experiments: {', '.join(names) or '(none)'}")
-    runs = with_retries("search runs", uri,
-                         lambda c: _search_all(c, experiment.experiment_id, "",
-                                             order_by=["attributes.start_time ASC"]))
-    rows = []
-    for run in runs:
-        info, data = run.info, run.data
-        if TRIAL_ID_TAG not in data.tags:
-            continue
-        row = {
-            "run_id": info.run_id, "run_name": info.run_name,
-            "trial_id": data.tags.get(TRIAL_ID_TAG), "experiment_id": info.experiment_id,
-            "status": info.status,
-            "start_time": pd.to_datetime(info.start_time, unit="ms", utc=True),
-            "end_time": pd.to_datetime(info.end_time, unit="ms", utc=True) if info.end_time else pd.NaT,
-            "artifact_uri": info.artifact_uri,
-        }
-        row.update({f"metrics.{k}": v for k, v in data.metrics.items()})
-        row.update({f"params.{k}": v for k, v in data.params.items()})
-        row.update({f"tags.{k}": v for k, v in data.tags.items()})
-        rows.append(row)
-    base = ["run_id", "run_name", "trial_id", "experiment_id", "status", "start_time", "end_time",
-            "artifact_uri"]
-    return pd.DataFrame(rows, columns=None if rows else base)
-
-
-# ------------------------------------------------------------------------------- tags
 
 
 def trial_tags(config: Mapping[str, Any], *, code_version: str | None = None) -> dict[str, str]:

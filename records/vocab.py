@@ -4,14 +4,6 @@ Every floor reads it: `vitsweep --help` and the pre-torch checks (`sweeps/valida
 names from here without waiting 10-40 s for torch; training, the analysis and the report take the
 same names, switches and rules from here, so no two copies can drift.
 
-    PES, PROTOCOLS, DATASETS, PRESETS     the registries' keys, in their order (the report's order)
-    SWITCHES, protocol_switches(name)     Study L's protocol switches and the one parser of a protocol name
-    protocol_name(...), canonical_protocol(name)
-    EXECUTION_FIELDS                      run-config fields that say where a run executes, not what it computes
-    CHANCE_MARGIN, did_not_learn(acc, classes)   the collapsed-run rule
-    CLS_SINK_MASS                         the CLS-sink rule of minimum MAD
-    JPEG_HEADLINE, BLUR_HEADLINE          Study P's headline severities of the fragility score
-
 The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
 `trainables.datasets.DATASETS`, `trainables.vit_config.PRESETS`) call `check_registry` at import: a key
 one of them has and the vocabulary lacks (or the other way round, or another order) fails the import

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 import textwrap
 
@@ -24,13 +25,24 @@ from sweeps import STUDIES, options, progress, run as launcher, status as status
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.validate import OneLineParser
 
-EXAMPLES = {
-    "demo": "vitsweep demo --results results",
-    "sweep": "vitsweep sweep study_l --seeds 5 --data-root /data   |   vitsweep sweep factorial --dry-run",
-    "analyze": "vitsweep analyze demo --checkpoints all",
-    "report": "vitsweep report demo --results results",
-    "status": "vitsweep status study_l --results s3://BUCKET/vitsweep",
-    "compare": "vitsweep compare results-v1 results-v2 study_l",
+COMMANDS = {  # name -> (help, description, example)
+    "demo": ("run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
+             "Train the demo study's tiny ViTs on the procedural shapes data, analyse and report.",
+             "vitsweep demo --results results"),
+    "sweep": ("run a study (train, and optionally analyze and report)", "Run a study on Ray Tune + Ray Train.",
+              "vitsweep sweep study_l --seeds 5 --data-root /data   |   vitsweep sweep factorial --dry-run"),
+    "analyze": ("measure a study's checkpoints (SSDC, MAD, entropy, fragility, PE scaling) as a Ray Data job",
+                "Run the studies' metrics and interventions over every checkpoint of a study.",
+                "vitsweep analyze demo --checkpoints all"),
+    "report": ("build the figures and index.html of a study from its Parquet tables",
+               "Regenerate the papers' figures and the claims table from Parquet.",
+               "vitsweep report demo --results results"),
+    "status": ("trials finished / running / failed / pending of a study, from its results folder alone",
+               "Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
+               "vitsweep status study_l --results s3://BUCKET/vitsweep"),
+    "compare": ("two results folders of one study side by side: its claims and conditions",
+                "Put the claims and conditions of one study from two results folders side by side.",
+                "vitsweep compare results-v1 results-v2 study_l"),
 }
 
 
@@ -54,57 +66,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the names one kind a line
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser(
-        "demo",
-        help="run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
-        description="Train the demo study's tiny ViTs on the procedural shapes data, analyse and report.",
-        epilog=f"example: {EXAMPLES['demo']}",
-    )
-    demo.add_argument("--results", default="results", help="output folder (default ./results)")
-
-    sweep = sub.add_parser(
-        "sweep",
-        help="run a study (train, and optionally analyze and report)",
-        description="Run a study on Ray Tune + Ray Train.",
-        epilog=f"example: {EXAMPLES['sweep']}",
-    )
-    options.add_arguments(sweep)
-
-    analyze = sub.add_parser(
-        "analyze",
-        help="measure a study's checkpoints (SSDC, MAD, entropy, fragility, PE scaling) as a Ray Data job",
-        description="Run the studies' metrics and interventions over every checkpoint of a study.",
-        epilog=f"example: {EXAMPLES['analyze']}",
-    )
-    if command in (None, "analyze"):
-        _analysis("analyze").add_arguments(analyze)
-
-    report = sub.add_parser(
-        "report",
-        help="build the figures and index.html of a study from its Parquet tables",
-        description="Regenerate the papers' figures and the claims table from Parquet.",
-        epilog=f"example: {EXAMPLES['report']}",
-    )
-    if command in (None, "report"):
-        _analysis("report").add_arguments(report)
-
-    status = sub.add_parser(
-        "status",
-        help="trials finished / running / failed / pending of a study, from its results folder alone",
-        description="Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
-        epilog=f"example: {EXAMPLES['status']}",
-    )
-
-    status_module.add_arguments(status)
-    compare = sub.add_parser(
-        "compare",
-        help="two results folders of one study side by side: its claims and conditions",
-        description="Put the claims and conditions of one study from two results folders side by side.",
-        epilog=f"example: {EXAMPLES['compare']}",
-    )
-    if command in (None, "compare"):
-        _analysis("compare").add_arguments(compare)
+    for name, (summary, description, example) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=summary, description=description, epilog=f"example: {example}")
+        if name == "demo":
+            command_parser.add_argument("--results", default="results", help="output folder (default ./results)")
+        elif name == "sweep":
+            options.add_arguments(command_parser)
+        elif name == "status":
+            status_module.add_arguments(command_parser)
+        elif command in (None, name):
+            _analysis(name).add_arguments(command_parser)
     return parser
 
 
@@ -119,21 +90,13 @@ def _analysis(command: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
-    if args.command == "sweep":
-        return launcher.run(args)
-    if args.command == "demo":
-        return demo(args.results)
-    if args.command == "analyze":
-        return analyze(args)
-    if args.command == "status":
-        return status_module.run(args)
     if args.command in ("report", "compare"):
         try:
             return _analysis(args.command).run(args)
-        except launcher.user_errors() as exc:
+        except launcher.USER_ERRORS as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return 2
+    return {"sweep": launcher.run, "demo": demo, "analyze": analyze, "status": status_module.run}[args.command](args)
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -151,7 +114,7 @@ def analyze(args: argparse.Namespace) -> int:
         try:
             results, mlflow_uri = job.check(args)
             launcher.check_address(args.address)
-        except launcher.user_errors() as exc:  # e.g. --results s3://... without --mlflow-uri
+        except launcher.USER_ERRORS as exc:  # e.g. --results s3://... without --mlflow-uri
             print(f"error: {exc}", file=sys.stderr)
             return 2
         try:
@@ -160,15 +123,15 @@ def analyze(args: argparse.Namespace) -> int:
                                     then="run the same command again")
         except KeyboardInterrupt:
             print(f"vitsweep: analysis interrupted; measured checkpoints are kept, and the same command continues "
-                  f"(`{status_module.shell(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
+                  f"(`{shlex.join(['vitsweep', 'status', args.study, '--results', args.results])}` shows it)",
                   file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 
 
-def demo(results: str) -> int:
+def demo(args: argparse.Namespace) -> int:
     """Train, analyse and report the demo study; the launcher's closing lines say where everything is."""
-    args = _parser().parse_args(["sweep", "demo", "--stage", "all", "--results", results, "--resume"])
-    return launcher.run(args)
+    argv = ["sweep", "demo", "--stage", "all", "--results", args.results, "--resume"]
+    return launcher.run(_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

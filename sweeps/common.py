@@ -1,9 +1,4 @@
-"""What every study file shares: the options a user may change and the grid helper.
-
-A study is a module in ``sweeps/`` with a docstring (launch command, trial
-count, expected result), ``DEFAULTS`` (a ``StudyOptions``) and
-``trials(options) -> list[RunConfig]``, plus optional hooks (``sweeps/study.py``
-lists them with their defaults). ``sweeps.STUDIES`` lists them.
+"""What every study file (``sweeps/study.py``) shares: the options a user may change and the grid helper.
 
 Importing a study imports nothing of ``trainables`` (``RunConfig`` and the protocols are imported
 when trials are built), and building trials imports no torch (``RunConfig``, ``ViTConfig``, ``Protocol``
@@ -38,7 +33,6 @@ class StudyOptions:
 NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
 
 
-
 def all_protocols() -> tuple[Protocol, ...]:
     """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
     return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
@@ -49,12 +43,8 @@ def native_preset(dataset: str, data_root: str | None = None) -> str:
     return NATIVE_PRESETS.get(size, "study_l")
 
 
-def make_trials(
-    study: str,
-    options: StudyOptions,
-    conditions: Iterable[dict[str, Any]],
-    base: dict[str, Any] | None = None,
-) -> list[RunConfig]:
+def make_trials(study: str, options: StudyOptions, conditions: Iterable[dict[str, Any]],
+                base: dict[str, Any] | None = None) -> list[RunConfig]:
     """conditions x seeds, in that order, each a full RunConfig.
 
     A condition is a dict with ``dataset`` and any run-config fields (``pe``,
@@ -66,15 +56,9 @@ def make_trials(
         dataset = cond.pop("dataset")
         preset = options.preset or native_preset(dataset, options.data_root)
         for seed in range(options.seeds):
-            fields = {
-                **(base or {}),
-                **cond,
-                "study": study,
-                "seed": seed,
-                **({} if options.epochs is None else {"epochs": options.epochs}),
-                "data_root": options.data_root,
-                **options.overrides,
-            }
+            fields = {**(base or {}), **cond, "study": study, "seed": seed,
+                      **({} if options.epochs is None else {"epochs": options.epochs}),
+                      "data_root": options.data_root, **options.overrides}
             warmup = fields.get("warmup_epochs", RunConfig.warmup_epochs)
             fields["warmup_epochs"] = min(int(warmup), int(fields.get("epochs", RunConfig.epochs)))
             configs.append(RunConfig.for_dataset(dataset, preset=preset, **fields))

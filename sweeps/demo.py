@@ -23,10 +23,6 @@ RECIPE = {"max_train_images": 4000, "batch_size": 64, "lr": 2e-3, "warmup_epochs
 
 
 def trials(options: StudyOptions):
-    conditions = [
-        {"dataset": dataset, "pe": pe, "protocol": protocol}
-        for dataset in options.datasets
-        for pe in ("none", "ape")
-        for protocol in ("baseline", "cutmix")
-    ]
+    conditions = [{"dataset": dataset, "pe": pe, "protocol": protocol}
+                  for dataset in options.datasets for pe in ("none", "ape") for protocol in ("baseline", "cutmix")]
     return make_trials("demo", options, conditions, base=RECIPE)

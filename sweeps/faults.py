@@ -1,21 +1,13 @@
 """Storage faults while a sweep runs: recognised, logged, and ended in one line.
 
-A full or read-only results disk, a truncated Tune state file, or an MLflow
-server that stopped answering is no bug of the sweep: the user fixes the
-storage and launches again with ``--resume``. So the launcher
-
-- keeps Ray's and Tune's own output (their tracebacks, their retries) in the
-  launch's log file (``LaunchLog``: ``<results>/<study>/logs/launch-*.log``, or
-  the system temp folder when the results folder cannot take it), not on the
-  console, unless ``--verbose``;
-- watches the sweep (``FaultWatch``): a trial error that is a storage fault, or
-  a tracking server that does not answer for ``RETRY_BUDGET_S``, stops the Tune
-  experiment at once instead of letting Tune retry every trial into the same
-  wall;
-- classifies whatever comes out of Tune (``classify``), has every trial and
-  MLflow run closed (``trainables.lifecycle.close_unfinished``), and ends with
-  ``error: storage fault: ...`` as the last line on stderr, naming the log, with
-  exit code 1 (``StorageFault``).
+A full or read-only results disk, a truncated Tune state file, or an MLflow server that stopped
+answering is no bug of the sweep: the user fixes the storage and launches again with ``--resume``. So
+Ray's and Tune's own output goes to the launch's log file (``LaunchLog``), not the console, unless
+``--verbose``; a storage fault, or a tracking server silent for ``RETRY_BUDGET_S``, stops the Tune
+experiment at once (``FaultWatch``) instead of letting Tune retry every trial into the same wall; and
+what comes out of Tune is classified (``classify``), every trial and MLflow run closed
+(``trainables.lifecycle.close_unfinished``), and the launch ends with ``error: storage fault: ...``
+last on stderr, naming the log, exit code 1 (``StorageFault``).
 """
 
 from __future__ import annotations
@@ -173,20 +165,15 @@ class LaunchLog(logging.Handler):
         super().close()
 
 
-class _ConsoleFilter(logging.Filter):
-    """On the console, only vitsweep's own lines; the rest goes to the launch log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name == "vitsweep" or record.name.startswith("vitsweep.")
-
-
 @contextlib.contextmanager
 def routed(launch_log: LaunchLog, verbose: bool) -> Iterator[None]:
     """While Tune runs: every logger's records (Ray's, Tune's, Train's, MLflow's, warnings) go to the
     launch log; unless ``verbose`` they leave the console, where only vitsweep's lines stay."""
     root = logging.getLogger()
     moved: dict[logging.Logger, list[logging.Handler]] = {}
-    console_filter = _ConsoleFilter()
+    def console_filter(record: logging.LogRecord) -> bool:  # on the console, only vitsweep's own lines
+        return record.name == "vitsweep" or record.name.startswith("vitsweep.")
+
     logging.captureWarnings(True)
     root.addHandler(launch_log)
     for name, logger in list(logging.root.manager.loggerDict.items()):

@@ -8,12 +8,8 @@ weak ones early. Every trial is scored on the ``holdout`` split (a fixed 5% of
 the training set), never on the test split. The best trial's values are
 written to ``<results>/hparam/best_config.json``, which ``--defaults-from``
 feeds to any other study as its defaults (``--set`` still wins). Its trials
-are MLflow runs and Parquet rows like any other study's.
-
-Unlike a grid study (hooks: ``sweeps/study.py``), its trials are sampled as the search
-goes (``PLANNED = False``: no plan to record, no list to check off), they train alone,
-a search is not resumed, it brings its own Tuner, and after the sweep it writes the
-best config.
+are MLflow runs and Parquet rows like any other study's. Unlike a grid study, it declares every
+hook (``sweeps/study.py``): its trials are sampled as the search goes, train alone and are not resumed.
 
 Expected: on CIFAR-100 with the study_l preset, the best lr lies near Lee et
 al.'s 1e-3 with weight decay 0.05; a flat optimum means the studies' shared
@@ -100,14 +96,9 @@ def tuner(setup):
     return tune.Tuner(
         setup.trainable,
         param_space=search_space(base.epochs),
-        tune_config=tune.TuneConfig(
-            search_alg=searcher(seed=base.seed),
-            scheduler=asha,
-            num_samples=setup.args.samples or DEFAULT_SAMPLES,
-            max_concurrent_trials=setup.max_concurrent,
-            metric=METRIC,
-            mode=MODE,
-        ),
+        tune_config=tune.TuneConfig(search_alg=searcher(seed=base.seed), scheduler=asha, metric=METRIC, mode=MODE,
+                                    num_samples=setup.args.samples or DEFAULT_SAMPLES,
+                                    max_concurrent_trials=setup.max_concurrent),
         run_config=tune.RunConfig(**setup.run_config),
     )
 
@@ -123,12 +114,8 @@ def after_sweep(results: str, grid, configs) -> None:
 
 def write_best(results: str, best: dict, *, score: float, condition: dict, n_trials: int) -> str:
     """Write the winner where ``--defaults-from`` reads it."""
-    doc = {
-        "best_config": {k: best[k] for k in SEARCHED},
-        "score": {"metric": METRIC, "split": "holdout", "value": score},
-        "condition": condition,
-        "trials": n_trials,
-    }
+    doc = {"best_config": {k: best[k] for k in SEARCHED},
+           "score": {"metric": METRIC, "split": "holdout", "value": score}, "condition": condition, "trials": n_trials}
     path = layout.best_config_path(results)
     fs, local = layout.filesystem(path)
     fs.create_dir(local.rsplit("/", 1)[0], recursive=True)

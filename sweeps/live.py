@@ -219,7 +219,6 @@ class LiveProgress:
         return lines
 
     def line(self, unit: Unit, est: Estimate, now: float) -> str:
-
         head = f"[train] {unit.name}" if unit.size == 1 else f"[train] pack {unit.name} ({unit.size} trials)"
         if unit.measured:
             mine = remaining_s(unit, est, now)
@@ -231,12 +230,9 @@ class LiveProgress:
         waiting = sum(1 for u in self.known.values() if u.started is None)
         every = (f"all {total} trials: ETA {format_duration(self.eta_s)}" if self.eta_s is not None
                  else f"all {total} trials: ETA after the first epoch")
-        units = "packs" if any(u.size > 1 for u in self.known.values()) else "running"
-        counts = f"{running} {units} running" if units == "packs" else f"{running} running"
+        counts = f"{running} packs running" if any(u.size > 1 for u in self.known.values()) else f"{running} running"
         return f"{head}: {body}; {every} ({counts}, {waiting} waiting)"
 
-
-# ---------------------------------------------------------------------------------------- from records
 
 def shape_of(flat: Mapping[str, Any]) -> str:
     """What sets a trial's seconds per epoch among a sweep's trials, roughly: data set and image size."""

@@ -25,9 +25,8 @@ How the lock file is created, per storage:
   conditional put (S3 ``If-None-Match``, GCS ``ifGenerationMatch``), so the
   lease object is written unconditionally and read back: a second launch
   started later is refused, but two launches started within the same moment
-  can both pass. Documented limitation (docs/operations.md,
-  "Faults, security and storage");
-  use a results folder on the head node or NFS for a strict lock.
+  can both pass. Documented limitation (docs/operations.md, "Faults, security
+  and storage"); use a results folder on the head node or NFS for a strict lock.
 """
 
 from __future__ import annotations
@@ -56,18 +55,6 @@ UNREADABLE_GRACE_S = 10.0
 
 class LaunchLockError(ValueError):
     """Another live launch of the study holds the lock (a user error: exit code 2)."""
-
-
-def _proc_start(pid: int) -> str | None:
-    return proc_start(pid)
-
-
-def _boot_id() -> str | None:
-    return boot_id()
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _alive(holder: dict[str, Any]) -> tuple[bool, str]:
@@ -106,7 +93,8 @@ class LaunchLock:
         self.token = uuid.uuid4().hex
         self.holder = {
             "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            "proc_start": _proc_start(os.getpid()), "boot_id": _boot_id(), "started": _now(),
+            "proc_start": proc_start(os.getpid()), "boot_id": boot_id(),
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
             "heartbeat": time.time(), "study": self.study, "results": self.results, "what": self.what,
         }
         self._stop = threading.Event()
@@ -114,7 +102,6 @@ class LaunchLock:
         self._local = not is_uri(self.uri)
         self._made_folder = False  # the study's folder was created for the lock: removed with it when empty
 
-    # -- acquire / release ----------------------------------------------------------
     def acquire(self) -> None:
         """Take the lock, or raise LaunchLockError naming its live holder."""
         for _ in range(3):  # a takeover that loses a race looks again
@@ -125,11 +112,10 @@ class LaunchLock:
                 continue
             alive, why = _alive(current)
             if alive:
-                raise LaunchLockError(
-                    f"another {current.get('what', 'launch')} of study {self.study!r} into {self.results} is running "
-                    f"({describe(current)}; lock {self.uri}): wait for it to end, or stop it "
-                    f"(on {current.get('host')}: kill {current.get('pid')}) and launch again with --resume"
-                )
+                raise LaunchLockError(f"another {current.get('what', 'launch')} of study {self.study!r} into "
+                                      f"{self.results} is running ({describe(current)}; lock {self.uri}): wait for "
+                                      f"it to end, or stop it (on {current.get('host')}: kill {current.get('pid')}) "
+                                      "and launch again with --resume")
             if self._take_over(current):
                 log.warning("took over the launch lock %s from %s: %s", self.uri, describe(current), why)
                 break
@@ -152,10 +138,8 @@ class LaunchLock:
             with contextlib.suppress(OSError):
                 self._remove(self._tmp_uri())  # a renewal a full disk cut short
             if self._made_folder:  # a launch refused before it wrote anything leaves no folder
-                try:
+                with contextlib.suppress(OSError):  # not empty: the launch wrote its tables there
                     Path(self.uri).parent.rmdir()
-                except OSError:  # not empty: the launch wrote its tables there
-                    pass
 
     def __enter__(self) -> Self:
         self.acquire()
@@ -164,7 +148,6 @@ class LaunchLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    # -- storage --------------------------------------------------------------------
     def _payload(self) -> bytes:
         return json.dumps(self.holder, indent=1).encode()
 
@@ -193,7 +176,7 @@ class LaunchLock:
             if self._local:
                 text = Path(self.uri).read_text()
             else:
-                fs, path = self._fs()
+                fs, path = filesystem(self.uri)
                 with fs.open_input_stream(path) as fh:
                     text = fh.read().decode()
         except FileNotFoundError:
@@ -221,10 +204,8 @@ class LaunchLock:
             taken = None
         if taken != stale.get("_raw"):
             # A fresh lock appeared (or the holder renewed it) between our read and the rename: put it back.
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.link(moved, self.uri)
-            except FileExistsError:
-                pass
             os.unlink(moved)
             return False
         os.unlink(moved)
@@ -234,30 +215,25 @@ class LaunchLock:
         try:
             if self._local:
                 return os.stat(self.uri).st_mtime
-            fs, path = self._fs()
+            fs, path = filesystem(self.uri)
             mtime = fs.get_file_info(path).mtime
             return mtime.timestamp() if mtime else 0.0
         except OSError:
             return 0.0
 
-    def _fs(self):
-        return filesystem(self.uri)
-
     def _write_remote(self) -> None:
-        fs, path = self._fs()
+        fs, path = filesystem(self.uri)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         with fs.open_output_stream(path) as fh:
             fh.write(self._payload())
 
     def _remove(self, uri: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if self._local:
                 os.unlink(uri)
             else:
-                fs, path = self._fs()
+                fs, path = filesystem(self.uri)
                 fs.delete_file(path)
-        except FileNotFoundError:
-            pass
 
     def _renew(self) -> None:
         """Renew the lease (for takers on other hosts, which cannot check our pid)."""

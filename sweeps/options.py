@@ -121,14 +121,12 @@ def build_trials(args: argparse.Namespace):
     configs = []
     for values in itertools.product(*swept.values()):  # one pass of the study's grid per swept combination
         options = StudyOptions(
-            datasets=datasets,
-            seeds=defaults.seeds if args.seeds is None else args.seeds,
+            datasets=datasets, seeds=defaults.seeds if args.seeds is None else args.seeds,
             epochs=defaults.epochs if args.epochs is None else args.epochs,
             preset=defaults.preset if args.preset is None else args.preset,
             overrides={**overrides, **dict(zip(swept, values)), **swept_label(swept)},
             # Absolute: every Ray worker process has its own working directory.
-            data_root=layout.results_location(os.path.expanduser(args.data_root)),
-        )
+            data_root=layout.results_location(os.path.expanduser(args.data_root)))
         configs += spec.trials(options, args)
     ids = [c.trial_id for c in configs]
     if len(set(ids)) != len(ids):

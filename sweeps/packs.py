@@ -76,13 +76,8 @@ def pack_id(members: Sequence[RunConfig]) -> str:
     return f"pack-{members[0].dataset}-k{len(members)}-{digest}"
 
 
-def form_packs(
-    configs: Sequence[RunConfig],
-    k: int,
-    *,
-    workers_per_trial: int = 1,
-    resume_epochs: Mapping[str, int] | None = None,
-) -> list[Pack]:
+def form_packs(configs: Sequence[RunConfig], k: int, *, workers_per_trial: int = 1,
+               resume_epochs: Mapping[str, int] | None = None) -> list[Pack]:
     """Group `configs` into packs of at most `k`, in trial order.
 
     resume_epochs: trial id -> the epoch its checkpoint holds (absent: 0, a fresh start); trials
@@ -127,7 +122,6 @@ def resume_epochs(results: str, study: str, storage: str, trial_ids: Sequence[st
     epochs: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="vitsweep-resume-") as scratch:
         for trial_id in sorted(started):
-            epoch = stored_epoch(storage, study, trial_id, scratch)
-            if epoch:
+            if epoch := stored_epoch(storage, study, trial_id, scratch):
                 epochs[trial_id] = epoch
     return epochs

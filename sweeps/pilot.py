@@ -27,25 +27,7 @@ the last epoch the whole split (``test_acc``). The analysis measures every log-s
 per core: Study L's claims read the minimum MAD (a mean over 250 images x 64 queries per head) and
 the test accuracy of training (the whole split).
 
-Sizing (2026-12-03, the 2-core development VM shared with four other helpers: load average 2-7
-during the probes, so the rates below are low; "direct" = ``trainables.train.train_pack`` in one
-process, 100 steps of batch 128 on the whole training split)::
-
-    what                                          load   measured
-    direct, 1 trial, 1 thread                     2-5    500 training images/s; 10,000 test images scored in ~6 s
-    direct, 2 trials at once, 1 thread each       6-7    257 and 237 training images/s (baseline, CutMix)
-    direct, 1 trial, AutoAugment, 1 thread        6      250 training images/s (50 steps)
-    direct, pack of 2, 2 threads                  5-6    41 images/s per member (the cores held by other work)
-    issue #35, pack of 2 on 2 cores (idle)        -      500-600 images/s
-    direct, analysis of one checkpoint, 1 thread  3-7    500 images: 30-64 s (52 passes: every intervention)
-
-    plan at 450 images/s per trial, two trials at once (one per core, the launcher's default on a CPU):
-    an epoch of one trial 111 s + 1,000 test images; 10 trials x 5 epochs / 2  = 46 min training
-    50 snapshots x ~15 s (250 images, dim 64) / 2 actors                     = ~6 min analysis
-    Ray and data start-up per trial (~15 s), the report                      = ~3 min; ~55 min in all
-
-At 300 images/s per trial (cores half taken by other work) training takes ~70 min; ``--epochs 4``
-cuts it by a fifth (the issue measured minimum MAD 0.378 after 4 epochs).
+Sizing (the rates measured, the plan of ~55 min): docs/operations.md, "Benchmarks".
 """
 
 from sweeps.common import StudyOptions, make_trials

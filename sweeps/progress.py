@@ -3,38 +3,27 @@
     [3/60] cifar10-ape-rpt-cutmix-s2-1a2b3c4d: test 0.481 in 84 s; ETA 41 min
     [4/60] cifar10-ape-rpt-cutmix-s3-5e6f7a8b: FAILED at epoch 12 (loss is nan); ETA 40 min
 
-A Tune trial is a pack of one or more trials; when it ends, each member's own
-``trials`` row (written by the member, the record of truth) gives the line, so
-the numbers printed are the numbers stored. The callback runs in the launcher
-process, so it needs no worker output at all: by default the launcher stops
-Ray forwarding worker logs (Train's checkpoint/report lines, epoch lines),
-Tune's tables and Ray Data's progress blocks; ``--verbose`` brings them back,
-with Ray's log deduplication off so no epoch line is swallowed. While trials
-train, ``sweeps.live`` adds a throttled line per running pack or trial
-(epoch k/N, images/s, ETA); the MLflow experiment's address is printed at launch.
+A Tune trial is a pack of one or more trials; when it ends, each member's own ``trials`` row (the record
+of truth) gives the line, so the numbers printed are the numbers stored, and the callback, in the
+launcher, needs no worker output: by default Ray's forwarding of worker logs, Tune's tables and Ray
+Data's progress blocks are off; ``--verbose`` brings them back, with Ray's log deduplication off so no
+epoch line is swallowed. While trials train, ``sweeps.live`` adds a throttled line per running unit.
 
-What is left of Ray's, Tune's and MLflow's own output reaches the console by
-ways no logger setting reaches: Ray's C++ core worker writes to file
-descriptor 2, the raylet's warnings are printed to the driver's stdout by
-Ray's error-listener thread, and libraries log in their own formats with
-their own handlers. ``quiet_console`` catches them where they all meet, file
-descriptors 1 and 2 of the launcher (a pipe each, read by a thread): a line
-of the shape of a Ray, Tune or MLflow line (``FOREIGN``), or another
-library's log record, goes to ``<results>/<study>/logs/console-*.log``
-instead of the console; everything else (vitsweep's lines, tracebacks) passes
-as it is. Lines known to be harmless are suppressed for these reasons
-(``EXPECTED``):
+What is left of Ray's, Tune's and MLflow's own output reaches the console by ways no logger setting
+reaches (Ray's C++ core worker writes to file descriptor 2, the raylet's warnings reach the driver's
+stdout through Ray's error-listener thread, libraries log with their own handlers). ``quiet_console``
+catches them where they all meet, file descriptors 1 and 2 of the launcher (a pipe each, read by a
+thread): a line of the shape of a Ray, Tune or MLflow line (``FOREIGN``), or another library's log
+record, goes to ``<results>/<study>/logs/console-*.log``; everything else (vitsweep's lines,
+tracebacks) passes. Lines known to be harmless (``EXPECTED``) are not reported as errors:
 
-- ``core_worker.cc ... E ... Actor with class name: 'MapWorker(MapBatches(Measurer))' ... has
-  constructor arguments in the object store and max_restarts > 0``: Ray Data keeps an actor
-  pool's constructor arguments in the object store and lets its actors restart; Ray warns that a
-  restart fails if those arguments were lost. They are the measuring actors' settings (paths,
-  sizes), owned by the launcher, which lives until the analysis ends, so they cannot be lost while
-  a restart could need them; nothing to do, and an error-level line would say otherwise.
+- ``core_worker.cc ... Actor with class name: 'MapWorker(MapBatches(Measurer))' ... has constructor
+  arguments in the object store and max_restarts > 0``: those arguments are the measuring actors'
+  settings, owned by the launcher, which lives until the analysis ends, so a restart cannot lose them.
 - ``(raylet) WARNING: N PYTHON worker processes have been started ... maximum expected startup
   concurrency``: each Tune trial's driver asks for no CPU (``trainables.ray_start.DRIVER_RESOURCES``,
-  so drivers never hold the cores their own Train workers need), so more Python workers start
-  than the machine has CPUs; that is the design, not a leak.
+  so drivers never hold the cores their own Train workers need): more Python workers than CPUs is
+  the design, not a leak.
 
 Any other error-level line of theirs prints one vitsweep line, once, naming the log that keeps it.
 """
@@ -45,6 +34,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -56,7 +46,7 @@ from records.layout import TABLES, is_uri, logs_dir, study_dir
 from sweeps import live
 from sweeps.faults import private_log_folder
 from sweeps.live import format_duration
-from sweeps.status import shell, study_status
+from sweeps.status import study_status
 
 
 def configure_console(verbose: bool) -> None:
@@ -97,10 +87,7 @@ def classify_line(line: str) -> str | None:
     """Which library's console line ``line`` is (a ``FOREIGN`` key), or None: a vitsweep line,
     or anything else (a traceback), which stays on the console."""
     plain = _ANSI.sub("", line)
-    for name, shape in FOREIGN.items():
-        if shape.search(plain):
-            return name
-    return None
+    return next((name for name, shape in FOREIGN.items() if shape.search(plain)), None)
 
 
 class _Pump:
@@ -223,11 +210,6 @@ def _writable(folder: str) -> bool:
             return False
         folder = parent
     return os.path.isdir(folder) and os.access(folder, os.W_OK)
-
-
-def tune_verbosity(verbose: bool) -> int:
-    """Tune's ``RunConfig(verbose=...)``: its status tables only with --verbose."""
-    return 1 if verbose else 0
 
 
 def trial_line(k: int, total: int, row: Mapping[str, Any] | None, trial_id: str) -> str:
@@ -397,7 +379,7 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | No
     lines.append(f"  Parquet tables: {study_dir(results, study)}/{{{','.join(TABLES)}}}/")
     if report:
         lines.append(f"  report:         {report}")
-    lines.append(f"  status:         {shell(['vitsweep', 'status', study, '--results', results])}")
+    lines.append(f"  status:         {shlex.join(['vitsweep', 'status', study, '--results', results])}")
     try:
         missing = mlflow_uri.startswith("sqlite:") and not stores.sqlite_path(mlflow_uri).exists()
         experiment_id = None if missing else tracking.experiment_id_of(mlflow_uri, study)
@@ -415,6 +397,6 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     if mlflow_uri.startswith(("http://", "https://")):
         return where
-    return f"{shell(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
+    return f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
 
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import os
+import shlex
 import socket
 import sys
 import time
@@ -42,13 +43,13 @@ from sweeps import faults, options, progress, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.lock import LaunchLock
 from sweeps.packs import pack_of, resume_epochs
-from sweeps.status import shell
 from sweeps.validate import OneLineParser
 from trainables.data_roots import check_root
 from trainables.lifecycle import LaunchSettings, close_unfinished, finished_trials
 from trainables.ray_start import DRIVER_RESOURCES, init_ray
 
 log = logging.getLogger("vitsweep")
+USER_ERRORS = (ValueError, TrackingError)  # what a user can fix by changing the command: one `error:` line, exit 2
 
 
 def check_data(configs) -> None:
@@ -63,12 +64,6 @@ def check_data(configs) -> None:
         prepare_root(dataset, root)
 
 
-def resolve_locations(args: argparse.Namespace) -> tuple[str, str, str]:
-    """(results, storage, mlflow_uri), validated."""
-    results, storage = resolve_paths(args)
-    return results, storage, resolve_tracking(args, results)
-
-
 def resolve_paths(args: argparse.Namespace) -> tuple[str, str]:
     """(results, storage), validated, without importing torch, Ray or MLflow."""
     results = layout.results_location(args.results)
@@ -76,7 +71,10 @@ def resolve_paths(args: argparse.Namespace) -> tuple[str, str]:
     for flag, uri in (("--results", results), ("--storage", storage)):
         if not layout.is_uri(uri) and os.path.exists(uri) and not os.path.isdir(uri):
             raise ValueError(f"{flag} {uri} is a file; pass a folder (created when missing) or a URI (s3://...)")
-        _check_uri(uri)
+        try:
+            layout.filesystem(uri)
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own wording
+            raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
     return results, storage
 
 
@@ -84,13 +82,6 @@ def resolve_tracking(args: argparse.Namespace, results: str) -> str:
     mlflow_uri = args.mlflow_uri or stores.default_tracking_uri(results)
     stores.check_tracking_uri(mlflow_uri)
     return mlflow_uri
-
-
-def _check_uri(uri: str) -> None:
-    try:
-        layout.filesystem(uri)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError with its own wording
-        raise ValueError(f"cannot use storage location {uri!r}: {exc}") from exc
 
 
 def max_concurrent(args: argparse.Namespace) -> int | None:
@@ -109,10 +100,8 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
     if fit < 1:
         if args.address:  # an autoscaling cluster adds nodes for pending trials
             return None
-        raise ValueError(
-            f"one trial needs {args.workers_per_trial} worker(s) x {args.cpus_per_trial} CPU / "
-            f"{gpus} GPU, but this Ray has {total.get('CPU', 0)} CPU / {total.get('GPU', 0)} GPU"
-        )
+        raise ValueError(f"one trial needs {args.workers_per_trial} worker(s) x {args.cpus_per_trial} CPU / {gpus} "
+                         f"GPU, but this Ray has {total.get('CPU', 0)} CPU / {total.get('GPU', 0)} GPU")
     return fit
 
 
@@ -125,10 +114,6 @@ class Launch:
     settings: Any  # trainables.lifecycle.LaunchSettings: where it writes, what each trial may use
     done: set[str]  # trial ids finished by earlier launches
     interrupts: Interrupts
-
-    @property
-    def results(self) -> str:
-        return self.settings.results
 
 
 def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interrupts) -> int:
@@ -149,9 +134,7 @@ def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interru
     if interrupts.received:
         return INTERRUPTED_EXIT
     launch.spec.after_sweep(results, grid, configs)
-    if errors:
-        return 1
-    return 1 if launch.spec.planned and unfinished(launch, todo) else 0
+    return 1 if errors or (launch.spec.planned and unfinished(launch, todo)) else 0
 
 
 def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> Launch:
@@ -163,10 +146,8 @@ def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: I
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=options.gpus_per_trial(args), max_failures=args.max_failures,
-        code_version=code_version,
-        provenance={**provenance.provenance(), "code_version": code_version},
-    )
+        gpus_per_trial=options.gpus_per_trial(args), max_failures=args.max_failures, code_version=code_version,
+        provenance={**provenance.provenance(), "code_version": code_version})
     done = finished_trials(results, args.study)
     # No trial runs now (this launch holds the lock): a run still RUNNING is an earlier launch's
     # orphan, and a finished trial's run that could not be closed then is closed FINISHED now.
@@ -179,7 +160,7 @@ def trials_to_run(launch: Launch, configs) -> list:
     args, spec = launch.args, launch.spec
     todo = [c for c in configs if c.trial_id not in launch.done]
     if args.resume:
-        log.info(_resume_line(launch.results, args.study, len(configs), len(todo)))
+        log.info(_resume_line(launch.settings.results, args.study, len(configs), len(todo)))
     if spec.planned:  # a search samples its trials; there is no list to check off
         log.info("%d trials, %d already finished, %d to run", len(configs), len(configs) - len(todo), len(todo))
     if todo and args.resume and spec.resume_refused:
@@ -223,9 +204,11 @@ def start_ray(args, mlflow_uri: str) -> None:
     found = ray.cluster_resources()
     print(f"Ray: up, {len(ray.nodes())} node(s), {found.get('CPU', 0):g} CPU(s), {found.get('GPU', 0):g} GPU(s)",
           flush=True)
-    _check_store_reach(mlflow_uri)
-    warning = options.check_gpus(ray.cluster_resources(), args)
-    if warning:
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if mlflow_uri.startswith("sqlite:") and len(alive) > 1:  # a file on one machine: each node would write its own
+        raise ValueError(f"--mlflow-uri {mlflow_uri!r} is a SQLite file, but this Ray cluster has {len(alive)} nodes; "
+                         "pass the MLflow server the cluster runs, e.g. --mlflow-uri http://HEAD_IP:5000")
+    if warning := options.check_gpus(ray.cluster_resources(), args):
         log.warning(warning)
 
 
@@ -275,7 +258,7 @@ def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: se
         args=args, base=configs[0], trainable=trainable, max_concurrent=max_concurrent(args), stopped=stopped,
         run_config={"name": f"tune-{time.strftime('%Y%m%d-%H%M%S')}",
                     "storage_path": layout.storage_dir(launch.settings.storage, args.study),
-                    "verbose": progress.tune_verbosity(args.verbose),
+                    "verbose": int(args.verbose),  # Tune's status tables only with --verbose
                     "callbacks": [watch.callback()], "stop": watch.stopper()})
     if launch.spec.tuner is not None:
         return launch.spec.tuner(setup)
@@ -305,11 +288,11 @@ def grid_tuner(setup: study.TuneSetup, todo, members: dict[str, list[str]], prog
 def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     """Run the Tuner under the heartbeat, the launch log and the fault watch, then close what did not
     finish; (Tune's results, the failed ones). A storage fault raises StorageFault."""
-    args, results, settings = launch.args, launch.results, launch.settings
+    args, settings, interrupts = launch.args, launch.settings, launch.interrupts
+    results = settings.results
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
-    interrupts = launch.interrupts
     try:
         with manifest.heartbeat(results, args.study) as beat, faults.routed(launch_log, args.verbose), watch, \
                 interrupts.stopping(watch):
@@ -365,7 +348,7 @@ def failed(grid, watch) -> list:
 def unfinished(launch: Launch, todo) -> list[str]:
     """Trials of ``todo`` the trials table does not show finished (e.g. Ctrl-C: Tune returns, its
     trials cut short), said in one warning."""
-    table = tables.read_table(launch.results, launch.args.study, "trials")
+    table = tables.read_table(launch.settings.results, launch.args.study, "trials")
     ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
     left = [c.trial_id for c in todo if c.trial_id not in ended]
     if left:
@@ -388,36 +371,16 @@ def _describe(plan: dict) -> str:
             f"`vitsweep status {plan['study']}` shows progress.")
 
 
-def _check_store_reach(mlflow_uri: str) -> None:
-    """A SQLite store is a file on one machine: on a multi-node cluster each node
-    would write its own copy at that path. Such a sweep needs an MLflow server."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if mlflow_uri.startswith("sqlite:") and len(nodes) > 1:
-        raise ValueError(
-            f"--mlflow-uri {mlflow_uri!r} is a SQLite file, but this Ray cluster has {len(nodes)} nodes; "
-            "pass the MLflow server the cluster runs, e.g. --mlflow-uri http://HEAD_IP:5000"
-        )
-
-
 def _trial_name(trial) -> str:
     return trial.config.get("pack_id") or trial.config["trial_id"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(
-        prog="sweeps/run.py",
-        description="Run a study: train every trial on Ray Tune + Ray Train, then analyse and report.",
-        epilog="example: python sweeps/run.py demo --stage all   |   python sweeps/run.py study_l --dry-run",
-    )
+    parser = OneLineParser(prog="sweeps/run.py", description="Run a study: train every trial on Ray Tune + Ray "
+                           "Train, then analyse and report.", epilog="example: python sweeps/run.py demo --stage all"
+                           "   |   python sweeps/run.py study_l --dry-run")
     options.add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """What a user can fix by changing the command: one ``error:`` line and exit code 2."""
-    return (ValueError, TrackingError)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -428,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
             return _run(args, interrupts)
         except KeyboardInterrupt:
             print(f"vitsweep: interrupted ({interrupts.received[-1] if interrupts.received else 'SIGINT'}); "
-                  f"{shell(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
+                  f"{shlex.join(['vitsweep', 'status', args.study, '--results', args.results])} shows what "
                   "was left", file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
 
@@ -444,7 +407,7 @@ def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
             return dry_run(args)
         check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
         results, storage = resolve_paths(args)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -484,7 +447,7 @@ def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what
                     with contextlib.suppress(Exception):
                         sys.modules["ray"].shutdown()
         # (the lock is released here, so its own warnings come before the one line)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     faults.report_storage_faults(fault.lines, fault.log_path, then)

@@ -15,18 +15,12 @@ import json
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from records import manifest, tables
 from records.layout import results_location
 from sweeps import STUDIES
 from sweeps.live import format_duration
-
-def shell(argv: Sequence[str]) -> str:
-    """A command to paste into a shell: each word quoted where it needs it (a path with a space)."""
-    return shlex.join(argv)
-
 
 STATES = ("finished", "running", "stale", "failed", "stopped", "pending")
 
@@ -49,23 +43,14 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     for tid in planned:
         state.setdefault(tid, "pending")
     counts = Counter(state.values())
-    return {
-        "study": study,
-        "results": results,
-        "counts": {s: counts.get(s, 0) for s in STATES},
-        "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
-        "planned": len(planned) if plan else None,
-        "unplanned": sorted(set(rows) - set(planned)) if plan else [],
-        "launch": plan,
-        "heartbeat": beat,
-        "alive": alive,
-        "pid_checked": checked,
-    }
+    return {"study": study, "results": results, "counts": {s: counts.get(s, 0) for s in STATES},
+            "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
+            "planned": len(planned) if plan else None, "unplanned": sorted(set(rows) - set(planned)) if plan else [],
+            "launch": plan, "heartbeat": beat, "alive": alive, "pid_checked": checked}
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
     counts, plan, beat = status["counts"], status["launch"], status["heartbeat"]
-    now = now or datetime.datetime.now(datetime.timezone.utc)
     lines = []
     if plan:
         lines.append(f"{status['study']} in {status['results']}: {status['planned']} planned trials "
@@ -75,7 +60,7 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
                      "so pending trials are unknown")
     lines.append("  " + ", ".join(f"{s} {counts[s]}" for s in STATES if s != "pending" or plan))
     if beat:
-        age = (now - datetime.datetime.fromisoformat(beat["time"])).total_seconds()
+        age = manifest.heartbeat_age(beat, now=now)
         if status["alive"] and status.get("pid_checked"):
             lines.append(f"  launcher: running on this machine (pid {beat['pid']}), last heartbeat {age:.0f} s ago")
         elif status["alive"]:
@@ -126,9 +111,9 @@ def continue_line(study: str, results: str, beat: dict[str, Any]) -> str:
         if p.get("checkpoints"):  # the choices it measured with (the study's own, unless given)
             command += ["--checkpoints", str(p["checkpoints"]), "--eval-size", str(p.get("eval_size") or 0)]
         done = f"{p['done']} of {p['total']} checkpoints measured; " if p.get("total") else ""
-        return f"analysis unfinished: {done}`{shell(command)}` continues it"
+        return f"analysis unfinished: {done}`{shlex.join(command)}` continues it"
     if beat.get("stage") == "report":
-        return f"report unfinished: `{shell(['vitsweep', 'report', study, '--results', results])}` writes it"
+        return f"report unfinished: `{shlex.join(['vitsweep', 'report', study, '--results', results])}` writes it"
     return "training unfinished: the launch command with --resume continues the unfinished trials"
 
 

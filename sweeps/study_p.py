@@ -13,19 +13,10 @@ final LayerNorm, evaluation images squashed to 224 x 224); lr 1e-3, wd 5e-2,
 batch 128, 60 epochs, baseline protocol (no label smoothing: the code smooths
 only its validation loss).
 
-Optimiser: AdamW, lr 1e-3, decoupled weight decay 5e-2, biases, norms, CLS and
-the APE table exempt (``optimizer=adamw``, ``decay_exempt=timm``), chosen by
-``bench/recipe_pilot.py --budget cpu`` on real images. The paper's table says
-"Adam, weight decay 5e-2"; read literally in PyTorch
-(``torch.optim.Adam(model.parameters(), weight_decay=5e-2)``, coupled L2 on every
-parameter) Study P's model stays at chance on the Tiny-ImageNet subset (holdout
-0.005, chance 0.005) while this recipe learns (0.029), and the literal run's
-patch embeddings shrink until the APE table is ~10^6 times their norm. That run
-was short and small (375 steps of 64 images at 64 px; the paper's is ~59k steps
-at 224 px): the literal reading fails in a short, small run, which does not show
-the paper could not have run it. ``--budget gpu`` (four arms, arm d: AdamW with
-every parameter decaying, as the factorial's 32/64 px recipe) settles it. The
-literal arm stays one flag away: ``--set optimizer=adam --set decay_exempt=none``.
+Optimiser: AdamW, lr 1e-3, decoupled weight decay 5e-2, biases, norms, CLS and the APE table exempt
+(``optimizer=adamw``, ``decay_exempt=timm``), not the paper's "Adam, weight decay 5e-2" read literally
+(coupled L2 on every parameter), which stays at chance in a short, small run (docs/studies.md, "Study
+P", measured there); the literal arm: ``--set optimizer=adam --set decay_exempt=none``.
 
 Expected (paper, 4 seeds): clean accuracy rope2d 0.690 > sincos2d 0.657 >
 ape 0.641 > none 0.568 ~ ape+RPT 0.560; FS under JPEG q5 lowest for rope2d

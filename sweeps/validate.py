@@ -6,12 +6,8 @@ there fails every trial deterministically, and Tune retries it). So the names
 (``records.vocab``), the flags and every ``--set`` field are checked here, each
 field by the spec it declares in ``RunConfig`` or ``ViTConfig`` (torch-free;
 ``trainables.fields``), which checks the same spec again when it is built; what
-needs two fields at once (warm-up <= epochs, dim divisible by heads) is left to it.
-
-One function per kind of check (``check_study``, ``check_numbers``,
-``check_texts``, ``check_names``, ``check_value``, ``check_overrides``);
-``check_args`` runs them all. Each raises ValueError with the one line; a name
-close to a valid one (``difflib``) ends it with "did you mean ...?".
+needs two fields at once (warm-up <= epochs, dim divisible by heads) is left to it. A name close to
+a valid one (``difflib``) ends the line with "did you mean ...?".
 """
 
 from __future__ import annotations
@@ -150,4 +146,3 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-

@@ -100,6 +100,8 @@ def test_each_step_is_logged_once_across_attempts(tmp_path):
 def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, freezable, capsys):
     """The launcher's epilogue after a storage fault: rows it cannot write are reported,
     and every MLflow run still ends (FAILED), instead of a raw OSError leaving them RUNNING."""
+    from mlflow_runs import search_trial_runs
+
     from records import stores, tables, tracking
 
     results = str(tmp_path / "results")
@@ -112,11 +114,11 @@ def test_epilogue_closes_every_run_despite_a_read_only_trials_folder(tmp_path, f
 
     faults = close_unfinished(results, "demo", uri, experiment, stopped=set())
     assert [f.split(":")[0] for f in faults] == ["cannot write the trials row of a", "cannot write the trials row of b"]
-    statuses = tracking.search_trial_runs(uri, "demo").set_index("trial_id")["status"].to_dict()
+    statuses = search_trial_runs(uri, "demo").set_index("trial_id")["status"].to_dict()
     assert statuses == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
     assert set(runs) == set(statuses)
 
-    runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    runs = search_trial_runs(uri, "demo").set_index("trial_id")
     assert runs.loc["a", "tags.vitsweep.error"] == "the launch ended before the trial finished"
 
     report_storage_faults(faults, "/x/launch.log")
@@ -129,6 +131,8 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
     """Only a scheduler's stop is "stopped"; an unfinished trial is failed with its reason in its row and
     its run; a trial whose row says finished has its run FINISHED even when the run was left RUNNING or
     an earlier epilogue called it an orphan; a continued run loses the stopped-early tag."""
+    from mlflow_runs import search_trial_runs
+
     from records import stores, tables, tracking
 
     results = str(tmp_path / "results")
@@ -151,7 +155,7 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
     assert {t: r["status"] for t, r in got.items()} == {
         "done": "finished", "orphaned_done": "finished", "cut": "failed", "asha": "stopped", "broken": "failed"}
     assert got["cut"]["error"].startswith("storage fault: OSError: [Errno 28]") and got["broken"]["error"] == "loss is nan"
-    mlflow = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    mlflow = search_trial_runs(uri, "demo").set_index("trial_id")
     assert mlflow["status"].to_dict() == {"done": "FINISHED", "orphaned_done": "FINISHED", "cut": "FAILED",
                                           "asha": "FINISHED", "broken": "FAILED"}
     assert mlflow.loc["cut", "tags.vitsweep.error"].startswith("storage fault: OSError: [Errno 28]")
@@ -161,7 +165,7 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
 
     again = tracking.start_trial_run(uri, experiment, "asha", params={"lr": 1e-3})  # a later launch continues it
     assert again == runs["asha"]
-    tags = tracking.search_trial_runs(uri, "demo").set_index("trial_id").loc["asha"]
+    tags = search_trial_runs(uri, "demo").set_index("trial_id").loc["asha"]
     assert tags["status"] == "RUNNING" and pd_isna(tags.get("tags.vitsweep.stopped_early"))
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sweeps import cli
-from sweeps import lock as lock_module
 from sweeps import options
 from sweeps import run as launcher
 from records.layout import lock_path
+from records.manifest import boot_id, proc_start
 from sweeps.lock import LaunchLock, LaunchLockError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_second_launch_is_refused_naming_the_holder_then_a_dead_holder_is_taken_
 def _write_lock(path: Path, **holder) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     base = {"token": "t0", "host": socket.gethostname(), "pid": os.getpid(), "started": "2026-01-01T00:00:00+00:00",
-            "boot_id": lock_module._boot_id(), "proc_start": lock_module._proc_start(os.getpid()),
+            "boot_id": boot_id(), "proc_start": proc_start(os.getpid()),
             "heartbeat": time.time()}
     path.write_text(json.dumps({**base, **holder}))
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_EVAL_SIZE
+from mlflow_runs import search_trial_runs
 from test_ray_resume import assert_listens_on_loopback_only, kill_ray_under
 
 from records import stores, tables, tracking
@@ -85,7 +86,7 @@ def _assert_one_fault_line(out: Path, words: str, then: str = "launch again with
 
 
 def _no_run_running(results: Path) -> None:
-    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(results)), "demo")
+    runs = search_trial_runs(stores.default_tracking_uri(str(results)), "demo")
     assert "RUNNING" not in set(runs["status"]), runs[["trial_id", "status"]]
     table = tables.read_table(str(results), "demo", "trials")
     assert table is None or "stopped" not in set(table.column("status").to_pylist())  # no scheduler here
@@ -204,7 +205,7 @@ def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes
         for epoch in range(1, stored + 1):
             assert by_epoch.loc[(trial_id, epoch), "wall_time_s"] == trained.loc[(trial_id, epoch), "wall_time_s"]
     uri = stores.default_tracking_uri(str(results))
-    runs = tracking.search_trial_runs(uri, "demo")
+    runs = search_trial_runs(uri, "demo")
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"]) and set(runs["status"]) == {"FINISHED"}
     import mlflow
 
@@ -255,7 +256,7 @@ def test_the_analysis_of_a_copy_on_a_full_disk_ends_in_one_line_and_the_rerun_me
     assert redo <= tables.measured(str(results), "demo")
     uri = stores.default_tracking_uri(str(results))
     client = mlflow.MlflowClient(tracking_uri=uri)
-    for run_id in tracking.search_trial_runs(uri, "demo")["run_id"]:
+    for run_id in search_trial_runs(uri, "demo")["run_id"]:
         for key in client.get_run(run_id).data.metrics:
             steps = [m.step for m in client.get_metric_history(run_id, key)]
             assert len(steps) == len(set(steps)), (run_id, key, steps)
@@ -289,7 +290,7 @@ def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_loca
     ).fit()
     (result,) = grid
     assert result.error is None and "is a file; expected a folder" in result.metrics[UNRETRIABLE]
-    (run,) = tracking.search_trial_runs(uri, "demo").to_dict("records")
+    (run,) = search_trial_runs(uri, "demo").to_dict("records")
     assert run["status"] == "FAILED" and run["tags.vitsweep.attempt"] == "1"  # one attempt: no Tune retry
     assert "is a file; expected a folder" in run["tags.vitsweep.error"]
     assert tables.read_trial(results, "demo", cfg.trial_id)["status"] == "failed"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from mlflow_runs import search_trial_runs
 from test_ray_resume import ROOT, kill_ray_under
 
-from records import stores, tables, tracking
+from records import stores, tables
 from sweeps import options
 from sweeps import run as launcher
 from trainables import checkpoints
@@ -78,7 +79,7 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
             checkpoints.snapshot_name(e) for e in (0, 1, 2, 3)]
 
     uri = stores.default_tracking_uri(str(results))
-    runs = tracking.search_trial_runs(uri, "demo").set_index("trial_id")
+    runs = search_trial_runs(uri, "demo").set_index("trial_id")
     assert sorted(runs.index) == sorted(trials.index)  # one run per trial
     assert runs.loc[diverged, "status"] == "FAILED" and "diverged" in runs.loc[diverged, "tags.vitsweep.error"]
     assert set(runs.drop(diverged)["status"]) == {"FINISHED"}

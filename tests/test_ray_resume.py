@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from mlflow_runs import search_trial_runs
 
-from records import stores, tracking
+from records import stores
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path)
     trials = pq.read_table(results / "hparam" / "trials").to_pandas()
     assert len(trials) == 2 and set(trials["eval_split"]) == {"holdout"}
     assert trials["test_acc"].isna().all()  # scored on holdout, the test split never looked at
-    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(results)), "hparam")
+    runs = search_trial_runs(stores.default_tracking_uri(str(results)), "hparam")
     assert len(runs) == 2 and set(runs["status"]) <= {"FINISHED"}
 
     # Another study's plan picks the file up (in-process: the dry run's JSON is tests/test_sweeps.py's).

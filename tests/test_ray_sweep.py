@@ -5,8 +5,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 from conftest import FAST_DEMO, FAST_EVAL_SIZE
+from mlflow_runs import search_trial_runs
 
-from records import stores, tables, tracking
+from records import stores, tables
 from trainables import checkpoints
 
 pytestmark = pytest.mark.ray
@@ -36,7 +37,7 @@ def test_checkpoints_and_snapshots_are_on_storage(demo_results):
 
 def test_each_trial_is_one_finished_mlflow_run(demo_results):
     uri = stores.default_tracking_uri(str(demo_results))
-    runs = tracking.search_trial_runs(uri, "demo")
+    runs = search_trial_runs(uri, "demo")
     trials = tables.read_table(str(demo_results), "demo", "trials").to_pandas()
     assert sorted(runs["trial_id"]) == sorted(trials["trial_id"])
     assert set(runs["status"]) == {"FINISHED"}
@@ -69,7 +70,7 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
 def test_trials_ran_concurrently(demo_results):
     """Two 1-CPU trials fit a 2-CPU Ray at once: some pair of runs must overlap in time
     (a driver holding even a sliver of a CPU would serialise them)."""
-    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
+    runs = search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
     spans = sorted(zip(runs["start_time"], runs["end_time"]))
     assert any(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:])), spans
 
@@ -210,7 +211,7 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
 
 def test_trials_join_mlflow_by_run_id_and_carry_their_times(demo_results):
     trials = tables.read_table(str(demo_results), "demo", "trials").to_pandas()
-    runs = tracking.search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
+    runs = search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
     joined = trials.merge(runs[["run_id", "trial_id"]], left_on="mlflow_run_id", right_on="run_id")
     assert len(joined) == 4 and (joined["trial_id_x"] == joined["trial_id_y"]).all()
     assert (trials["started_at"] < trials["ended_at"]).all()

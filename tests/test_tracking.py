@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 import server
 from mlflow.tracking import MlflowClient
+from mlflow_runs import search_trial_runs
 
 from records import client, measurements, provenance, stores, tracking
 from records.stores import TrackingError
@@ -211,7 +212,7 @@ def test_ensure_experiment_is_idempotent_and_keeps_artifacts_beside_the_db(uri):
     db_folder = Path(uri.removeprefix("sqlite:///")).parent
     assert location == (db_folder / "mlartifacts" / "idempotent").as_uri()
     with pytest.raises(ValueError, match="'idempotnet'.*idempotent"):  # lists what exists
-        tracking.search_trial_runs(uri, "idempotnet")
+        search_trial_runs(uri, "idempotnet")
 
 
 def test_ensure_experiment_refuses_a_deleted_experiment(uri):
@@ -255,7 +256,7 @@ def test_same_trial_id_continues_one_run(uri):
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "eval_acc")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.3)]
 
-    runs = tracking.search_trial_runs(uri, "resume")
+    runs = search_trial_runs(uri, "resume")
     assert len(runs) == 1
     row = runs.iloc[0]
     assert (row.trial_id, row.status, row["params.lr"], row["metrics.eval_acc"]) == (
@@ -287,7 +288,7 @@ def test_trial_run_marks_failed_on_exception_and_finished_otherwise(uri):
     assert retried.run_id == failed.info.run_id
     data = _run(uri, retried.run_id).data
     assert tracking.ERROR_TAG not in data.tags and data.tags[tracking.ATTEMPT_TAG] == "2"
-    statuses = tracking.search_trial_runs(uri, "context").set_index("trial_id").status.to_dict()
+    statuses = search_trial_runs(uri, "context").set_index("trial_id").status.to_dict()
     assert statuses == {"bad": "FINISHED", "interrupted": "KILLED", "good": "FINISHED"}
 
 
@@ -428,7 +429,7 @@ def test_concurrent_writers_on_one_fresh_sqlite_file_lose_no_metric(tmp_path):
 
     client = MlflowClient(tracking_uri=uri)
     assert [e.name for e in client.search_experiments()].count("concurrent") == 1
-    runs = tracking.search_trial_runs(uri, "concurrent")
+    runs = search_trial_runs(uri, "concurrent")
     assert sorted(runs.trial_id) == [f"w{i}" for i in range(WRITERS)]
     assert set(runs.status) == {"FINISHED"}
     for run_id in runs.run_id:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+from mlflow_runs import search_trial_runs
 from test_report import _measure, write_study
 
 from analysis import claims, condition_tables, figures, study_data, trial_record
@@ -134,7 +135,7 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
         "index.html", "claims.csv", "figures"}
     build_report(str(report_results), "layers", mlflow_uri=uri)  # again: the same run, not a second one
     assert len(client.search_runs([reports], "attributes.run_name = 'layers-report'")) == 1
-    assert list(tracking.search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
+    assert list(search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
 
 
 def test_trials_table_links_each_run_on_a_tracking_server():
