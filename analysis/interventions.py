@@ -16,8 +16,8 @@ P's scaling.
 ``clean`` does neither. Interventions compose: a condition is a tuple of them, applied with
 ``apply_condition``. Make one from its class (``Jpeg(5)``, ``GaussianBlur(2.5, 5)``, ``PEScale(0.3)``,
 ``RandomPermutation(seed=0)``: one permutation per image; ``RandomPermutation(seed=0,
-group=PAPER_RPI_BATCH)``: one per 1,000 images, the paper's batch); ``INTERVENTIONS`` is the registry by
-name and ``DEFAULT_LEVELS`` the severity grids. JPEG quality 5 and blur kernel 5 / sigma 2.5 are the
+group=PAPER_RPI_BATCH)``: one per 1,000 images, the paper's batch); each class's ``name`` is its
+measurements-table name. JPEG quality 5 and blur kernel 5 / sigma 2.5 are the
 paper's headline shifts, set for 224 px images; at 32 px they are far harsher, hence the grids.
 """
 
@@ -200,12 +200,6 @@ class RopeScale(PEScale):
     which equals ``none``), not Study P's PE scaling. Same model argument, its own name."""
 
     name: ClassVar[str] = "rope_scale"
-
-
-INTERVENTIONS: dict[str, type[Intervention]] = {
-    cls.name: cls for cls in (Clean, Jpeg, GaussianBlur, RandomPermutation, PEScale, RopeScale)
-}
-DEFAULT_LEVELS: dict[str, tuple] = {"jpeg": JPEG_LEVELS, "blur": BLUR_LEVELS, "pe_scale": ALPHAS, "rope_scale": ALPHAS}
 
 
 def apply_condition(condition: Sequence[Intervention], images: torch.Tensor, *, positions: range, num_patches: int,

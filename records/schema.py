@@ -97,5 +97,4 @@ SUMMARY_FIELDS = pa.schema([
     ("mlflow_run_id", pa.string()),
 ])
 
-INTERVENTIONS = ("clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale")
 PAIRED_COUNTS = ("right_both", "right_clean_only", "right_shift_only")  # per shift: FS's paired cells

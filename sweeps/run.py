@@ -5,16 +5,15 @@ Runs as a plain script, so a cluster user can write
     ray submit cluster/aws.yaml sweeps/run.py -- study_l --address auto \
         --results s3://BUCKET/vitsweep --mlflow-uri '$VITSWEEP_MLFLOW_URI' --data-root /data
 
-and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong
-(study, PE, data set, protocol, ``--set`` field and value, storage and MLflow
-URIs) is checked before Ray starts, names and values (``sweeps.options``,
-``sweeps.validate``) and the launch lock even before torch is imported;
-``--dry-run`` stops right after that check and prints the plan
-(``sweeps.dry_run``). The stages know no study by name: what a study does
-differently it declares in its hooks (``sweeps/study.py``). Exit codes: 0 done, 1 a trial failed or
-a storage fault (``sweeps.faults``: one ``error: storage fault`` line, last on
-stderr), 2 a user error (one ``error:`` line), 130 interrupted: Ctrl-C, SIGTERM or SIGHUP
-(``sweeps.interrupt``: the unfinished trials closed ``failed``, then the closing lines).
+and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong (study, PE, data set,
+protocol, ``--set`` field and value, storage and MLflow URIs) is checked before Ray starts, names and
+values (``sweeps.options``, ``sweeps.validate``) and the launch lock even before torch is imported;
+``--dry-run`` stops right after that check and prints the plan (``sweeps.dry_run``). The stages know no
+study by name: what a study does differently it declares in its hooks (``sweeps/study.py``).
+
+Exit codes: 0 done; 1 a trial failed or a storage fault (``sweeps.faults``: one ``error: storage
+fault`` line, last on stderr); 2 a user error (one ``error:`` line); 130 interrupted: Ctrl-C, SIGTERM
+or SIGHUP (``sweeps.interrupt``: the unfinished trials closed ``failed``, then the closing lines).
 """
 
 from __future__ import annotations

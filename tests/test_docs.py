@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from test_evaluate import pes_scaled_by
+from test_interventions import DEFAULT_LEVELS, INTERVENTIONS
 
 from analysis.evaluate import evaluate_checkpoint
-from analysis.interventions import DEFAULT_LEVELS, INTERVENTIONS
-from records import schema
 from trainables.pos_embed import POS_EMBEDS
 from trainables.protocols import PROTOCOLS
 from trainables.vit import ViT
@@ -93,7 +92,7 @@ def test_every_metric_is_defined_in_the_text(doc, emitted):
 
 
 def test_every_registered_intervention_is_defined(doc, emitted):
-    names = set(INTERVENTIONS) | set(schema.INTERVENTIONS) | set(DEFAULT_LEVELS)
+    names = set(INTERVENTIONS) | set(DEFAULT_LEVELS)
     assert {iv for iv, _, _ in emitted} <= names  # the evaluation uses only registered interventions
     section = doc.split("## Interventions", 1)[1].split("\n## ", 1)[0]
     rows = {line.strip("|").split("|")[0].strip().strip("`") for line in section.splitlines() if line.startswith("| `")}

@@ -12,6 +12,14 @@ from analysis import interventions as iv
 from records import vocab
 
 
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+# Every intervention by its measurements-table name, and the severity grids of the levelled ones.
+INTERVENTIONS: dict[str, type[iv.Intervention]] = {cls.name: cls for cls in _subclasses(iv.Intervention)}
+DEFAULT_LEVELS = {"jpeg": iv.JPEG_LEVELS, "blur": iv.BLUR_LEVELS, "pe_scale": iv.ALPHAS, "rope_scale": iv.ALPHAS}
+
 def make_intervention(name: str, level: float | None = None, **params: Any) -> iv.Intervention:
     """Build an intervention by registry name (the tests' shorthand; the analysis builds its classes).
 
@@ -19,19 +27,19 @@ def make_intervention(name: str, level: float | None = None, **params: Any) -> i
     ``make_intervention("pe_scale", 0.3)``, ``make_intervention("rope_scale", 0.5)``,
     ``make_intervention("rpi", seed=0)``,
     ``make_intervention("clean")``. ``level`` is required exactly for the
-    interventions in ``iv.DEFAULT_LEVELS``.
+    interventions in ``DEFAULT_LEVELS``.
     """
-    if name not in iv.INTERVENTIONS:
-        raise ValueError(f"unknown intervention {name!r}; choose one of {tuple(iv.INTERVENTIONS)}")
-    if name in iv.DEFAULT_LEVELS:
+    if name not in INTERVENTIONS:
+        raise ValueError(f"unknown intervention {name!r}; choose one of {tuple(INTERVENTIONS)}")
+    if name in DEFAULT_LEVELS:
         if level is None:
-            raise ValueError(f"intervention {name!r} needs a level; defaults: {iv.DEFAULT_LEVELS[name]}")
-        return iv.INTERVENTIONS[name](level, **params)
+            raise ValueError(f"intervention {name!r} needs a level; defaults: {DEFAULT_LEVELS[name]}")
+        return INTERVENTIONS[name](level, **params)
     if level is not None:
         raise ValueError(
-            f"intervention {name!r} takes no level (got {level!r}); levelled ones: {tuple(iv.DEFAULT_LEVELS)}"
+            f"intervention {name!r} takes no level (got {level!r}); levelled ones: {tuple(DEFAULT_LEVELS)}"
         )
-    return iv.INTERVENTIONS[name](**params)
+    return INTERVENTIONS[name](**params)
 
 
 def _images(batch: int = 4, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -47,8 +55,8 @@ def _change(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_registry_and_default_levels():
-    assert set(iv.INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale"}
-    assert iv.DEFAULT_LEVELS["rope_scale"] == iv.DEFAULT_LEVELS["pe_scale"] == iv.ALPHAS
+    assert set(INTERVENTIONS) == {"clean", "jpeg", "blur", "rpi", "pe_scale", "rope_scale"}
+    assert DEFAULT_LEVELS["rope_scale"] == DEFAULT_LEVELS["pe_scale"] == iv.ALPHAS
     assert iv.JPEG_LEVELS == (5, 10, 20, 50, 75) and vocab.JPEG_HEADLINE in iv.JPEG_LEVELS
     assert iv.BLUR_LEVELS == (0.5, 1.0, 1.5, 2.0, 2.5) and vocab.BLUR_HEADLINE == (iv.BLUR_KERNEL, iv.BLUR_LEVELS[-1])
     assert iv.ALPHAS == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

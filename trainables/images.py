@@ -74,15 +74,10 @@ _DEVICE_CONSTANTS: dict = {}
 def device_constant(key, build: Callable[[], torch.Tensor]):
     """A constant of the step (normalisation stats, AutoAugment's sampling grids, a blur kernel), built by
     `build()` on first use and kept per `key` (which names the device): building it per step from host
-    numbers would be a blocking host-to-device copy each time. One registry, so tests can drop every
-    cached device tensor at once (`clear_device_constants`)."""
+    numbers would be a blocking host-to-device copy each time."""
     if key not in _DEVICE_CONSTANTS:
         _DEVICE_CONSTANTS[key] = build()
     return _DEVICE_CONSTANTS[key]
-
-
-def clear_device_constants() -> None:
-    _DEVICE_CONSTANTS.clear()
 
 
 def _pixel_stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
