@@ -143,8 +143,6 @@ def test_live_eta_accounts_for_the_slots():
 def test_a_unit_still_starting_says_so_after_five_quiet_minutes():
     from sweeps import live
 
-    clock = [0.0]
-
     def read(names, running=()):
         return [live.Unit(n, 8, 100, "s", started=0.0) for n in names]
 
