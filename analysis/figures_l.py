@@ -19,6 +19,7 @@ from analysis import plotting as pl
 from analysis.labels import model_key, model_label, protocol_key, protocol_label
 from analysis.paper_numbers import PAPER_L_MIN_MAD, PAPER_L_SETTING
 from analysis.seedstats import summarise
+from analysis.uniform_attention import uniform_mad
 
 if TYPE_CHECKING:
     from analysis.study_data import StudyData
@@ -108,7 +109,7 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
                    ylabel="normalised entropy")
             canvas.style(ax, min_span=None)
     # Shared axes fitted to every point of every panel: nothing pinned to an edge, nothing cut off.
-    axes.flat[0].set_xlim(*pl.fitted([*both["value_mad"], *map(canvas.uniform_mad, pl.grids(data.trials))]))
+    axes.flat[0].set_xlim(*pl.fitted([*both["value_mad"], *map(uniform_mad, pl.grids(data.trials))]))
     axes.flat[0].set_ylim(*pl.fitted(both["value_ent"]))
     handles = [Line2D([], [], marker="o", ls="none", color=cmap(norm(layer)), mec="k", mew=0.6, label=f"layer {layer}")
                for layer in range(n_layers)]

@@ -115,9 +115,10 @@ class Measurer:
                 if _storage_side(exc):  # ...but a fault of the storage stops it: every checkpoint would fail
                     raise
                 n, status = 0, f"error: {type(exc).__name__}: {exc}"
-            images = len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0
-            for key, value in zip(out, (str(trial_id), int(epoch), str(path), status, n, time.perf_counter() - t0,
-                                        images, note)):
+            row = {"trial_id": str(trial_id), "epoch": int(epoch), "path": str(path), "status": status, "rows": n,
+                   "seconds": time.perf_counter() - t0, "note": note,
+                   "images": len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0}
+            for key, value in row.items():
                 out[key].append(value)
         return {k: np.asarray(v) for k, v in out.items()}
 

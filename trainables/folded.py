@@ -8,13 +8,11 @@ rows 16-byte aligned) and the weight by the bias and zeros,
     LayerNorm then Linear (qkv, fc1):  [xhat, 1..] @ [W diag(g), W beta + b, 0..]^T
     Linear after GELU (fc2):           [x, 1..] @ [W, b, 0..]^T
 
-the matmul writes the biased output once, its weight gradient carries the bias's (and, through
-the weight-sized fold, g's and beta's), and LayerNorm keeps only its normalisation. The attention's
-projection is left as it is: its input comes from the fused attention kernel, so widening it would
-cost a copy each way. The folded weights are made from the parameters in every forward
-(weight-sized work, shared by the batch), in the autocast dtype as autocast would cast them, so the
-parameters, their state_dict and the checkpoints keep the ViT's layout. `bench/step_model.py`
-counts what this saves.
+the matmul writes the biased output once, its weight gradient carries the bias's (and, through the
+weight-sized fold, g's and beta's), and LayerNorm keeps only its normalisation. The attention's
+projection is left as it is: its input comes from the fused attention kernel, so widening it would cost
+a copy each way. The folded weights are made from the parameters in every forward (weight-sized work),
+in the autocast dtype, so parameters, state_dict and checkpoints keep the ViT's layout.
 """
 
 from __future__ import annotations

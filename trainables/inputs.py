@@ -31,8 +31,8 @@ import torchvision.io
 from torch.utils.data import DataLoader, Dataset
 
 from trainables.augment import CHUNK_IMAGES, Augmentation, apply, draw, item_keys, resized_crop, resized_crop_params
-from trainables.images import ImageFiles, TensorImages, decode, eval_view, resize_center_crop, to_device
 from trainables.datasets import capped_subset
+from trainables.images import ImageFiles, TensorImages, decode, eval_view, resize_center_crop, to_device
 from trainables.protocols import epoch_order
 
 
