@@ -1,5 +1,6 @@
 """The Ray layer's worker without Ray: what it records when the loop trains epochs again."""
 
+import pytest
 import torch
 
 import trainables.train as loop
@@ -72,3 +73,41 @@ def test_a_continued_trial_sums_the_wall_time_of_every_launch(tmp_path):
     assert row["status"] == "running" and row["wall_time_s"] == 42.5
     (member, open_row), = lifecycle.still_open(settings, [cfg])
     assert lifecycle.prior_wall_time(open_row) == 42.5  # what the worker adds its own seconds to
+
+
+def test_a_checkpoint_uploaded_before_its_epoch_rows_failed_to_write_restores_the_rows(tmp_path, monkeypatch):
+    """The last epoch's checkpoint reaches storage while its epochs row and MLflow step fail to write (a
+    full disk): the resumed trial has nothing left to train, and still ends with every epoch recorded once."""
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", seed=0, max_train_images=64, batch_size=64, epochs=2,
+                                warmup_epochs=0, eval_split="holdout")
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    settings = lifecycle.LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"),
+                                        mlflow_uri=uri, experiment_id=tracking.ensure_experiment(uri, "demo"))
+    run_ids = lifecycle.open_trials(settings, [cfg], None)
+    real_write = tables.write_epochs
+
+    def full_at_epoch_2(results, study, trial_id, rows):
+        if rows[-1]["epoch"] == 2:
+            raise OSError(28, "No space left on device")
+        real_write(results, study, trial_id, rows)
+
+    loop_config = {"pack_id": "p", "tag": None, "solo": True, "run_ids": run_ids, "trials": [cfg.to_flat()]}
+    with monkeypatch.context() as patch:
+        patch.setattr(tables, "write_epochs", full_at_epoch_2)
+        worker = PackWorker(settings, loop_config, rank=0)
+        try:
+            with pytest.raises(OSError, match="No space left on device"):
+                worker.run(lambda metrics: None)
+        finally:
+            worker.cleanup()
+    assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()] == [1]
+    lifecycle.open_trials(settings, [cfg], None)  # --resume
+    worker = PackWorker(settings, loop_config, rank=0)
+    try:
+        assert worker.run(lambda metrics: None) is None
+    finally:
+        worker.cleanup()
+    assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()] == [1, 2]
+    assert sorted(tracking.logged_steps(uri, run_ids[cfg.trial_id], "epochs/eval_acc")) == [1, 2]
+    assert tables.read_trial(results, "demo", cfg.trial_id)["status"] == "finished"

@@ -176,6 +176,8 @@ class PackWorker:
             found = uri is not None and files.download(uri, local)
             self.epochs[trial_id], self.histories[trial_id] = (
                 checkpoints.resume_point(local, name=uri) if found else (0, []))
+            if self.rank == 0 and self.histories[trial_id]:  # its rows may have failed to write after its upload
+                self.records.add(trial_id, self.histories[trial_id][-1])
 
     def run(self, report_to_train) -> dict[str, str] | None:
         try:
@@ -263,10 +265,9 @@ class PackWorker:
                                      step=final["epochs_completed"])
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
-                checkpoint_path=self.settings.checkpoint_uri(trial_id),
+                checkpoint_path=self.settings.checkpoint_uri(trial_id), started_at=self.rows[trial_id].get("started_at"),
                 wall_time_s=lifecycle.prior_wall_time(self.rows[trial_id]) + time.perf_counter() - self.t0,
-                started_at=self.rows[trial_id].get("started_at"), **{k: final.get(k) for k in SUMMARY},
-            )
+                **{k: final.get(k) for k in SUMMARY})
             inputs = final.get("inputs") or {}
             if inputs.get("dataset"):  # the run's input: the data set it trained on (mlflow.log_input)
                 tracking.log_dataset_input(self.settings.mlflow_uri, run_id, inputs["dataset"])
