@@ -56,11 +56,12 @@ EPOCHS = 1
 # launcher, as tests/conftest.py sets it for the local demo sweep; the analysis is linear in them.
 EVAL_SIZE = 100
 TRIALS = 4  # demo: PE {none, ape} x protocol {baseline, cutmix}
+PACKS = 2  # trained two by two (--pack 2), as GPU clusters run: one Train worker per pack
 WORKER_RESOURCE = "worker_node"
 JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core machine
 START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
 TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
-# Each node has 1 CPU and each trial's Train worker asks for a whole one: that fits only
+# Each node has 1 CPU and each pack's Train worker asks for a whole one: that fits only
 # because Tune trial drivers ask for no CPU (trainables.ray_start.DRIVER_RESOURCES).
 CPUS_PER_TRIAL = "1"
 MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
@@ -257,6 +258,7 @@ def _submit(cluster: Cluster) -> str:
         "--results", str(cluster.results), "--storage", str(cluster.storage),
         "--mlflow-uri", cluster.mlflow_uri,
         "--set", f"epochs={EPOCHS}", "--set", "max_train_images=512", "--cpus-per-trial", CPUS_PER_TRIAL,
+        "--pack", str(TRIALS // PACKS),
         "--gpus-per-trial", "0",  # a launch with --address says what it trains on
     ]
     done = cluster.ray(
@@ -422,13 +424,13 @@ def test_analysis_and_report_stages_ran_on_the_cluster(job):
 
 
 def test_trials_trained_on_both_nodes(job):
-    """Ray Train workers (one per trial) appear in the state API with the node they ran on."""
+    """Ray Train workers (one per pack) appear in the state API with the node they ran on."""
     cluster, _ = job
     reply = cluster.api("/api/v0/actors?limit=1000&detail=1&filter_keys=class_name"
                         "&filter_predicates=%3D&filter_values=RayTrainWorker")
     workers = reply["data"]["result"]["result"]
     nodes = [w["node_id"] for w in workers]
-    assert len(workers) >= TRIALS, workers
+    assert len(workers) >= PACKS, workers
     assert set(nodes) == {cluster.head_node_id, cluster.worker_node_id}, (
         f"Train workers per node: head {nodes.count(cluster.head_node_id)}, "
         f"worker {nodes.count(cluster.worker_node_id)}")
