@@ -269,6 +269,11 @@ def test_offline_cifar_fails_the_launch_before_any_trial(tmp_path, capsys, monke
         monkeypatch.setenv(var, "http://127.0.0.1:9")  # discard port: connection refused
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
+    # urllib builds its global opener, proxies included, at its first urlopen: one built here (torchvision's
+    # download) would send every later urlopen of this process to the dead proxy. It goes with the test.
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "_opener", None)
     parser = launcher.argparse.ArgumentParser()
     options.add_arguments(parser)
     args = parser.parse_args(["demo", "--datasets", "cifar10", "--data-root", str(tmp_path / "data"),
