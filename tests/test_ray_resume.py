@@ -1,11 +1,8 @@
-"""The hparam study end to end, its launcher a real process with its own local Ray; the helpers that
-run, check and clean up such launchers (the loopback-only socket check runs during the SIGKILLed sweep
-of tests/test_ray_faults.py)."""
+"""The hparam study end to end on the suite's local Ray; the helpers that check and clean up launchers
+that are real processes with their own Ray (the loopback-only socket check runs during the SIGKILLed
+sweep of tests/test_ray_faults.py)."""
 
-import os
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,12 +13,6 @@ from records import stores
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def launcher(*argv, ray_tmp: str):
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "sweeps/run.py", *argv], cwd=ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def kill_ray_under(ray_tmp: str) -> None:
@@ -53,18 +44,18 @@ def assert_listens_on_loopback_only(pid: int) -> None:
     assert all(loopback(laddr.ip) for _, laddr in listening), [x for x in listening if not loopback(x[1].ip)]
 
 
-def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path):
+def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(ray_local, tmp_path):
+    from sweeps import options
+    from sweeps import run as sweep_launcher
+
     results = tmp_path / "results"
-    ray_tmp = tempfile.mkdtemp(prefix="vsh-", dir="/tmp")
-    try:
-        # Two samples: both run at once on 2 CPUs, still a search (the TPE searcher proposes, ASHA judges).
-        proc = launcher("hparam", "--datasets", "shapes", "--preset", "tiny", "--epochs", "2", "--samples", "2",
-                        "--set", "max_train_images=256", "--set", "batch_size=64", "--results", str(results),
-                        ray_tmp=ray_tmp)
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-4000:]
-    finally:
-        kill_ray_under(ray_tmp)
+    parser = sweep_launcher.argparse.ArgumentParser()
+    options.add_arguments(parser)
+    # Two samples: both run at once on 2 CPUs, still a search (the TPE searcher proposes, ASHA judges).
+    # On the suite's Ray, as the demo sweep of tests/conftest.py.
+    assert sweep_launcher.run(parser.parse_args([
+        "hparam", "--datasets", "shapes", "--preset", "tiny", "--epochs", "2", "--samples", "2",
+        "--set", "max_train_images=256", "--set", "batch_size=64", "--results", str(results)])) == 0
     best = results / "hparam" / "best_config.json"
     import json
 
@@ -77,12 +68,7 @@ def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(tmp_path)
     runs = search_trial_runs(stores.default_tracking_uri(str(results)), "hparam")
     assert len(runs) == 2 and set(runs["status"]) <= {"FINISHED"}
 
-    # Another study's plan picks the file up (in-process: the dry run's JSON is tests/test_sweeps.py's).
-    from sweeps import options
-    from sweeps import run as sweep_launcher
-
-    parser = sweep_launcher.argparse.ArgumentParser()
-    options.add_arguments(parser)
+    # Another study's plan picks the file up (the dry run's JSON is tests/test_sweeps.py's).
     configs = [c.to_flat() for c in options.build_trials(
         parser.parse_args(["study_l", "--dry-run", "--defaults-from", str(best)]))]
     assert all(c["lr"] == pytest.approx(doc["best_config"]["lr"]) for c in configs)
