@@ -23,6 +23,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from analysis.uniform_attention import max_grid_distance
+
 DISTANCES = ("manhattan", "euclidean")
 
 
@@ -218,11 +220,6 @@ def _attention_query_sums(attn: torch.Tensor, distance: torch.Tensor, has_cls: b
     # Patch-token queries only (rows 1..N): how much of each query's mass went to the CLS key.
     cls_mass = attn[:, :, 1:, 0] if has_cls else torch.zeros_like(mass)
     return tuple(v.sum((0, 2), dtype=torch.float64) for v in (expected_distance, raw_distance, entropy, cls_mass))
-
-
-def max_grid_distance(grid: int) -> float:
-    """Largest Euclidean distance on a G x G grid, sqrt(2) (G - 1): MAD's normaliser."""
-    return math.sqrt(2.0) * (grid - 1)
 
 
 class AttentionAccumulator:

@@ -1,11 +1,16 @@
-"""Uniform attention's mean attention distance on a G x G grid: where an untrained model's heads start,
-and the level a local head lies below. Numpy only, so the claims' precondition (``analysis.claim_tests``)
-and the dotted line on every MAD axis (``analysis.canvas``) read it without torch or matplotlib;
-``analysis.metrics`` measures the same distance in torch (tests/test_claims.py checks they agree)."""
+"""MAD's normaliser, and uniform attention's MAD on a G x G grid (where an untrained model's heads start,
+the level a local head lies below). Numpy only: the claims' precondition (``analysis.claim_tests``) and
+every MAD axis (``analysis.canvas``) read it without torch or matplotlib; ``analysis.metrics`` divides by
+the same normaliser (tests/test_claims.py checks the two MADs agree)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def max_grid_distance(grid: int) -> float:
+    """Largest Euclidean distance on a G x G grid, sqrt(2) (G - 1): MAD's normaliser."""
+    return 2.0 ** 0.5 * (grid - 1)
 
 
 def uniform_mad(grid: int) -> float:
@@ -13,4 +18,4 @@ def uniform_mad(grid: int) -> float:
     the mean Euclidean grid distance over all ordered pairs over sqrt(2) (G - 1), 0.418 at G 8, 0.396 at G 14."""
     row, col = np.divmod(np.arange(grid * grid), grid)
     distance = np.hypot(row[:, None] - row[None], col[:, None] - col[None])
-    return float(distance.mean() / (np.sqrt(2.0) * (grid - 1)))
+    return float(distance.mean() / max_grid_distance(grid))
