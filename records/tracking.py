@@ -179,8 +179,7 @@ def start_trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapp
         run = _find_trial_run(client, experiment_id, trial_id)
         if run is not None:
             return run, False
-        tags = {TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}
-        return client.create_run(experiment_id, run_name=trial_id, tags=tags), True
+        return client.create_run(experiment_id, run_name=trial_id, tags={TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}), True
 
     run, created = with_retries(f"start_trial_run({trial_id!r})", uri, find_or_create)
     run_id = run.info.run_id

@@ -8,8 +8,9 @@ weak ones early. Every trial is scored on the ``holdout`` split (a fixed 5% of
 the training set), never on the test split. The best trial's values are
 written to ``<results>/hparam/best_config.json``, which ``--defaults-from``
 feeds to any other study as its defaults (``--set`` still wins). Its trials
-are MLflow runs and Parquet rows like any other study's. Unlike a grid study, it declares every
-hook (``sweeps/study.py``): its trials are sampled as the search goes, train alone and are not resumed.
+are MLflow runs and Parquet rows like any other study's. Unlike a grid study, it declares its own hooks
+(``sweeps/study.py``): its trials are sampled as the search goes by its own Tuner, train alone and are
+not resumed, and the best config is written after the sweep.
 
 Expected: on CIFAR-100 with the study_l preset, the best lr lies near Lee et
 al.'s 1e-3 with weight decay 0.05; a flat optimum means the studies' shared
@@ -94,8 +95,7 @@ def tuner(setup):
 
     asha.on_trial_result = on_trial_result
     return tune.Tuner(
-        setup.trainable,
-        param_space=search_space(base.epochs),
+        setup.trainable, param_space=search_space(base.epochs),
         tune_config=tune.TuneConfig(search_alg=searcher(seed=base.seed), scheduler=asha, metric=METRIC, mode=MODE,
                                     num_samples=setup.args.samples or DEFAULT_SAMPLES,
                                     max_concurrent_trials=setup.max_concurrent),

@@ -232,7 +232,7 @@ class LaunchLock:
             if self._local:
                 os.unlink(uri)
             else:
-                fs, path = filesystem(self.uri)
+                fs, path = filesystem(uri)
                 fs.delete_file(path)
 
     def _renew(self) -> None:

@@ -200,14 +200,13 @@ def start_ray(args, mlflow_uri: str) -> None:
     # Ray's start takes up to a minute or two: say so, then what it found.
     print(f"Ray: joining {args.address}" if args.address else "Ray: starting a local Ray (loopback only)", flush=True)
     init_ray(args.address, log_to_driver=args.verbose)  # quiet: the launcher prints one line per trial
-    found = ray.cluster_resources()
-    print(f"Ray: up, {len(ray.nodes())} node(s), {found.get('CPU', 0):g} CPU(s), {found.get('GPU', 0):g} GPU(s)",
-          flush=True)
-    alive = [n for n in ray.nodes() if n.get("Alive")]
+    found, nodes = ray.cluster_resources(), ray.nodes()
+    print(f"Ray: up, {len(nodes)} node(s), {found.get('CPU', 0):g} CPU(s), {found.get('GPU', 0):g} GPU(s)", flush=True)
+    alive = [n for n in nodes if n.get("Alive")]
     if mlflow_uri.startswith("sqlite:") and len(alive) > 1:  # a file on one machine: each node would write its own
         raise ValueError(f"--mlflow-uri {mlflow_uri!r} is a SQLite file, but this Ray cluster has {len(alive)} nodes; "
                          "pass the MLflow server the cluster runs, e.g. --mlflow-uri http://HEAD_IP:5000")
-    if warning := options.check_gpus(ray.cluster_resources(), args):
+    if warning := options.check_gpus(found, args):
         log.warning(warning)
 
 

@@ -6,6 +6,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from records.stores import redact
+from records import tracking
+from records.client import with_retries
 from records.tracking import TRIAL_ID_TAG
 
 BASE_COLUMNS = ["run_id", "run_name", "trial_id", "experiment_id", "status", "start_time", "end_time",
@@ -24,14 +26,8 @@ def search_trial_runs(uri: str, experiment_name: str) -> pd.DataFrame:
         names = sorted(e.name for e in client.search_experiments())
         raise ValueError(f"no MLflow experiment {experiment_name!r} on {redact(uri)!r}; "
                          f"experiments: {', '.join(names) or '(none)'}")
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment.experiment_id], max_results=1000,
-                                  order_by=["attributes.start_time ASC"], page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+    runs = with_retries(f"search runs of {experiment_name!r}", uri, lambda c: tracking._search_all(
+        c, experiment.experiment_id, "", order_by=["attributes.start_time ASC"]))
     rows = []
     for run in runs:
         info, data = run.info, run.data

@@ -357,10 +357,8 @@ def evaluate_pack(pack: PackedViT, batches, mean, std, device: torch.device, *,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="python -m trainables.train",
-        description="Train one ViT without Ray. Example: python -m trainables.train --dataset shapes --pe rope2d --epochs 2",
-    )
+    parser = argparse.ArgumentParser(prog="python -m trainables.train", description=(
+        "Train one ViT without Ray. Example: python -m trainables.train --dataset shapes --pe rope2d --epochs 2"))
     parser.add_argument("--dataset", default="shapes")
     parser.add_argument("--data-root", default="data")
     parser.add_argument("--preset", default="study_l")
