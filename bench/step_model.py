@@ -42,8 +42,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +53,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainables import folded, images, optim, pos_embed, train, vit
-from trainables.config import RunConfig
-from trainables.packed import PackedViT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fake_cuda import clear_device_constants  # noqa: E402
+
+from trainables import folded, optim, pos_embed, train, vit  # noqa: E402
+from trainables.config import RunConfig  # noqa: E402
+from trainables.packed import PackedViT  # noqa: E402
 
 HBM_BYTES_PER_S = 3.0e12  # achieved HBM bandwidth
 MATMUL_FLOP_PER_S = 400e12  # achieved bf16 matmul rate
@@ -273,7 +278,7 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
     {"eager": row} and, when `compiled`, {"compiled": row} (the same step, its vmapped forward and
     backward counted as inductor lowers them)."""
     cfgs = _configs(pe, k)
-    images.clear_device_constants()  # none made in another fake mode
+    clear_device_constants()  # none made in another fake mode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with variant(before):
         pack = _pack(cfgs, mode)
@@ -307,7 +312,7 @@ def census(pe: str, k: int, *, before: bool, compiled: bool) -> dict[str, dict]:
                                     "parts_mb_per_image": {"forward graph": graph["forward"] / n / 1e6,
                                                            "backward graph": graph["backward"] / n / 1e6,
                                                            "rest of the step (eager)": rest / n / 1e6}}
-    images.clear_device_constants()
+    clear_device_constants()
     return rows
 
 
