@@ -64,8 +64,8 @@ def fold_params(params: dict[str, torch.Tensor], plan: list[tuple[str, str | Non
         weight, bias = out.pop(f"{linear}.weight"), out.pop(f"{linear}.bias")
         if norm is not None:
             scale, shift = out.pop(f"{norm}.weight"), out.pop(f"{norm}.bias")
-            bias = bias + (weight @ shift[..., None])[..., 0]
-            weight = weight * scale[..., None, :]
+            # W beta as a product and sum, not a matvec: fp32 under autocast, and one pass over W with the scale
+            bias, weight = bias + (weight * shift[..., None, :]).sum(-1), weight * scale[..., None, :]
         if dtype is not None:  # before the cat: one kernel writes the folded weight in its dtype
             weight, bias = weight.to(dtype), bias.to(dtype)
         out[f"{linear}.weight"] = torch.cat([weight, F.pad(bias[..., None], (0, PAD - 1))], dim=-1)
