@@ -23,7 +23,7 @@ import textwrap
 from records import vocab
 from sweeps import STUDIES, options, progress, run as launcher, status as status_module, study
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-from sweeps.validate import OneLineParser
+from sweeps.validate import OneLineParser, check_ascii_paths
 
 COMMANDS = {  # name -> (help, description, example)
     "demo": ("run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
@@ -112,6 +112,7 @@ def analyze(args: argparse.Namespace) -> int:
         args.eval_size = (spec.eval_size or 0) if args.eval_size is None else args.eval_size  # 0: whole split
     with Interrupts():
         try:
+            check_ascii_paths(args)  # it starts Ray too (Ray Data): see sweeps.validate
             results, mlflow_uri = job.check(args)
             launcher.check_address(args.address)
         except launcher.USER_ERRORS as exc:  # e.g. --results s3://... without --mlflow-uri

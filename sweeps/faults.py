@@ -12,6 +12,7 @@ last on stderr, naming the log, exit code 1 (``StorageFault``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import logging
@@ -90,15 +91,25 @@ def _storage_words(text: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- the log
 
-_PRIVATE: list[str] = []  # this process's fallback log folder, made once
+_PRIVATE: list[str] = []  # this process's fallback log folder, made once, when a log first needs it
 
 
 def private_log_folder() -> str:
     """Where this process's logs go when the results folder cannot take them: a folder of its own
-    (``mkdtemp``: mode 0700, a fresh name), not a fixed name that another user could make first."""
+    (``mkdtemp``: mode 0700, a fresh name), not a fixed name that another user could make first.
+    Removed at exit when nothing was written there (a log opens at its first line), so empty ones do
+    not pile up in the temp folder, one per launch."""
     if not _PRIVATE:
         _PRIVATE.append(tempfile.mkdtemp(prefix="vitsweep-logs-"))
+        atexit.register(_remove_if_empty, _PRIVATE[0], os.getpid())
     return _PRIVATE[0]
+
+
+def _remove_if_empty(folder: str, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child inherits the hook; the folder is its parent's
+        return
+    with contextlib.suppress(OSError):  # not empty: a log is there, and the line that named it stays true
+        os.rmdir(folder)
 
 
 def remove_trial_temp_folders(names) -> None:
@@ -122,7 +133,9 @@ class LaunchLog(logging.Handler):
         super().__init__(logging.DEBUG)
         name = f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         here = [os.path.join(logs, name)] if (logs := logs_dir(results, study)) else []
-        self._candidates = [*here, os.path.join(private_log_folder(), f"{study}-{name}")]
+        # None: the private fallback folder, made only when the results folder cannot take the log.
+        self._candidates: list[str | None] = [*here, None]
+        self._fallback_name = f"{study}-{name}"
         self.path: str | None = None
         self._file = None
         self._next()
@@ -132,6 +145,7 @@ class LaunchLog(logging.Handler):
         while self._candidates:
             path = self._candidates.pop(0)
             try:
+                path = path or os.path.join(private_log_folder(), self._fallback_name)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._file, self.path = open(path, "a", encoding="utf-8"), path  # noqa: SIM115
                 return True

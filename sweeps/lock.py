@@ -51,6 +51,9 @@ log = logging.getLogger("vitsweep")
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
 UNREADABLE_GRACE_S = 10.0
+# What a refused one runs once the holder is gone, by what it is: ``vitsweep analyze`` has no --resume
+# (it continues where it stopped by itself); a launch does not re-run its finished trials with it.
+AGAIN = {"launch": "launch again with --resume", "analysis": "run the same `vitsweep analyze` command again"}
 
 
 class LaunchLockError(ValueError):
@@ -115,7 +118,7 @@ class LaunchLock:
                 raise LaunchLockError(f"another {current.get('what', 'launch')} of study {self.study!r} into "
                                       f"{self.results} is running ({describe(current)}; lock {self.uri}): wait for "
                                       f"it to end, or stop it (on {current.get('host')}: kill {current.get('pid')}) "
-                                      "and launch again with --resume")
+                                      f"and {AGAIN.get(self.what, 'run the same command again')}")
             if self._take_over(current):
                 log.warning("took over the launch lock %s from %s: %s", self.uri, describe(current), why)
                 break

@@ -171,9 +171,14 @@ ADDRESS_TIMEOUT_S = 5.0
 
 
 def check_address(address: str | None) -> None:
-    """Refuse a ``--address host:port`` where nothing accepts a connection: Ray itself retries such
-    an address for about two minutes and then fails into its own log, after the trials were planned.
-    ("auto" and an address without a port are left to Ray.)"""
+    """Refuse, in one line, a ``--address host:port`` where no Ray GCS answers, before anything is
+    planned: Ray itself retries such an address silently for minutes, and one that answers HTTP (the
+    dashboard's port) ends in a traceback. The probe is one call of the GCS's own gRPC service
+    (``NodeInfoGcsService.CheckAlive``) over Ray's own channel (``gcs_utils.create_gcs_channel``: its TLS
+    and token settings), bounded by ``ADDRESS_TIMEOUT_S``; gRPC's wait checks for signals, so Ctrl-C or
+    SIGTERM ends it at once. (``ray._raylet.GcsClient`` waits 12 s whatever its timeout and writes its
+    retries to stderr.) A ``ray://`` (Ray Client) address gets a TCP connect only; "auto" and an
+    address without a port are left to Ray."""
     if not address or address == "auto":
         return
     where = urllib.parse.urlsplit(address if layout.is_uri(address) else f"ray://{address}")
@@ -183,13 +188,55 @@ def check_address(address: str | None) -> None:
         raise ValueError(f"--address {address!r} is not host:port, ray://host:port or 'auto' ({exc})") from exc
     if not host or port is None:
         return
+    if layout.is_uri(address):  # ray://: the Ray Client server speaks its own protocol; a TCP connect it is
+        try:
+            socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT_S).close()
+        except OSError as exc:
+            raise ValueError(f"--address {address!r}: nothing accepts a connection at {host}:{port} (tried for up "
+                             f"to {ADDRESS_TIMEOUT_S:g} s: {exc.strerror or exc})") from exc
+        return
+    import grpc  # (Ray's own dependency; with the two below, ~0.4 s, no torch)
+    import ray
+    from ray._private import gcs_utils
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 literal keeps its brackets
     try:
-        socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT_S).close()
-    except OSError as exc:
-        raise ValueError(
-            f"--address {address!r}: nothing accepts a connection at {host}:{port} (tried a TCP connection for "
-            f"up to {ADDRESS_TIMEOUT_S:g} s: {exc.strerror or exc}); pass the address `ray status` shows on the "
-            "head node, 'auto' on a cluster node, or no --address for a local Ray") from exc
+        channel = gcs_utils.create_gcs_channel(target)
+    except Exception:  # noqa: BLE001 - Ray's own TLS / token settings are broken: ray.init says how, in its words
+        return
+    try:
+        reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).CheckAlive(
+            gcs_service_pb2.CheckAliveRequest(), timeout=ADDRESS_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+        gcs_port = ("Ray's GCS listens on another port: 6379 unless `ray start --head --port` chose another "
+                    "(`ray start --head` printed it as --address='HOST:PORT'; /tmp/ray/ray_current_cluster on the "
+                    "head holds it)")
+        if code == grpc.StatusCode.UNAVAILABLE and ("refused" in details or "resolving" in details):
+            why = (f"nothing accepts a connection at {host}:{port} "
+                   f"({'connection refused' if 'refused' in details else 'its host name does not resolve'})")
+            gcs_port = "pass the GCS address (`ray start --head` printed it as --address='HOST:PORT')"
+        elif code == grpc.StatusCode.UNAVAILABLE:  # it answered, and not with HTTP/2: an HTTP/1 server
+            why = (f"{host}:{port} answers, but not in gRPC: no Ray GCS (an HTTP server, such as Ray's dashboard, "
+                   "answers so)")
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:  # (a silent listener, or a firewall dropping the packets)
+            why = (f"no Ray GCS answered at {host}:{port} within {ADDRESS_TIMEOUT_S:g} s (or a firewall drops "
+                   "the packets)")
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            why = f"{host}:{port} speaks gRPC but is no Ray GCS (a Ray Client port takes ray://{target})"
+        else:  # a GCS that answers with an error (UNAUTHENTICATED: no token here) is Ray's: ray.init says why
+            return
+        dashboard = f" ({port} is the port of Ray's dashboard)" if port == 8265 else ""
+        raise ValueError(f"--address {address!r}: {why}{dashboard}; {gcs_port}; or pass 'auto' on a cluster node, "
+                         "or no --address for a local Ray") from None
+    except Exception:  # noqa: BLE001 - e.g. Ray's token interceptor finds no token here: ray.init says so
+        return
+    finally:
+        channel.close()
+    if reply.ray_version and reply.ray_version != ray.__version__:  # ray.init refuses it later, in a traceback
+        raise ValueError(f"--address {address!r}: that cluster runs Ray {reply.ray_version} and this launcher Ray "
+                         f"{ray.__version__}; install ray=={reply.ray_version} here")
 
 
 def start_ray(args, mlflow_uri: str) -> None:

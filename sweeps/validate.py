@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import shlex
 from collections.abc import Iterable
 from typing import Any
 
 from records import vocab
+from records.layout import is_uri
 from sweeps import STUDIES
 from trainables.config import FIELD_SPECS  # torch-free
 
@@ -119,6 +121,28 @@ def _expected(flag: str) -> str:
     return "pass a value"
 
 
+# The flags that take a path or URI: typed as they are, they stand on the launcher's command line.
+PATH_FLAGS = (("--results", "results"), ("--storage", "storage"), ("--data-root", "data_root"),
+              ("--mlflow-uri", "mlflow_uri"), ("--defaults-from", "defaults_from"))
+
+
+def check_ascii_paths(args: argparse.Namespace, flags=PATH_FLAGS) -> None:
+    """A path flag with a non-ASCII character is refused: it stands on the launcher's command line, and
+    Ray's memory monitor, reporting the processes that use the most memory, cuts their command lines at
+    a byte length; a cut inside a multi-byte character made every raylet on the machine abort on the
+    invalid UTF-8 (other users' included). A symlink gives such a folder an ASCII path."""
+    for flag, attr in flags:
+        value = getattr(args, attr, None)
+        if value is None or value.isascii():
+            continue
+        at, char = next((i, c) for i, c in enumerate(value) if not c.isascii())
+        link = "" if is_uri(value) else f", e.g. a symlink with an ASCII name (ln -s {shlex.quote(value)} ASCII_PATH)"
+        raise ValueError(f"{flag} {value!r} has a non-ASCII character {char!r} (U+{ord(char):04X}) at position "
+                         f"{at + 1}: on this command line it can abort every raylet on this machine (Ray's "
+                         f"out-of-memory report cuts command lines at a byte length, inside such a character); "
+                         f"pass an ASCII {'URI' if is_uri(value) else 'path'} instead{link}")
+
+
 def check_names(args: argparse.Namespace) -> None:
     """``--datasets`` and ``--preset`` name things that exist."""
     for dataset in (d.strip() for d in (getattr(args, "datasets", None) or "").split(",") if d.strip()):
@@ -136,6 +160,7 @@ def check_args(args: argparse.Namespace) -> dict[str, list[str]]:
     check_study(args.study)
     check_numbers(args)
     check_texts(args)
+    check_ascii_paths(args)
     check_names(args)
     return check_overrides(getattr(args, "set", None) or [])
 
