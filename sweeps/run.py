@@ -177,8 +177,8 @@ def check_address(address: str | None) -> None:
     (``NodeInfoGcsService.CheckAlive``) over Ray's own channel (``gcs_utils.create_gcs_channel``: its TLS
     and token settings), bounded by ``ADDRESS_TIMEOUT_S``; gRPC's wait checks for signals, so Ctrl-C or
     SIGTERM ends it at once. (``ray._raylet.GcsClient`` waits 12 s whatever its timeout and writes its
-    retries to stderr.) A ``ray://`` (Ray Client) address gets a TCP connect only; "auto" and an
-    address without a port are left to Ray."""
+    retries to stderr.) A ``ray://`` (Ray Client) address gets a TCP connect only, an ``http://`` one (the
+    dashboard's) is refused; "auto" and an address without a port are left to Ray."""
     if not address or address == "auto":
         return
     where = urllib.parse.urlsplit(address if layout.is_uri(address) else f"ray://{address}")
@@ -186,6 +186,10 @@ def check_address(address: str | None) -> None:
         host, port = where.hostname, where.port
     except ValueError as exc:
         raise ValueError(f"--address {address!r} is not host:port, ray://host:port or 'auto' ({exc})") from exc
+    if where.scheme in ("http", "https"):  # the dashboard's address, which `ray job submit` takes
+        raise ValueError(f"--address {address!r} is an HTTP address (the dashboard's, for `ray job submit`), not "
+                         "Ray's: pass the GCS's HOST:PORT (6379 unless `ray start --head --port` chose another), "
+                         "ray://HOST:10001 for Ray Client, 'auto' on a cluster node, or no --address for a local Ray")
     if not host or port is None:
         return
     if layout.is_uri(address):  # ray://: the Ray Client server speaks its own protocol; a TCP connect it is

@@ -177,3 +177,10 @@ def test_an_empty_fallback_log_folder_is_removed_at_exit(tmp_path, written):
         code += "; Path(folder, 'x.log').write_text('x')"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)}, check=True)
     assert len(_log_folders(tmp_path)) == (1 if written else 0)  # a folder holding a log stays
+
+
+def test_the_dashboards_http_address_is_refused_before_any_connection():
+    from sweeps.run import check_address
+
+    with pytest.raises(ValueError, match=r"^--address 'http://127\.0\.0\.1:8265' is an HTTP address \(the dashboard"):
+        check_address("http://127.0.0.1:8265")
