@@ -6,10 +6,11 @@ tests a within-trial difference across seeds (``Claim.b`` None); the statistics 
 Holm-adjusted per paper and data set (one family each) and every verdict reads the adjusted p. Trials
 flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group, and every
 claim is computed twice: on the trials that learned (the verdict) and with the non-learners kept, their
-measurements as they are (``verdict (all trials)``); a row whose two verdicts differ is flagged. A claim
-whose precondition is not met at this scale is "untestable at this scale", whatever its test says
-(``claim_tests.PRECONDITIONS``). It knows no plotting and no storage: it reads a ``StudyData``'s
-``per_trial`` table and its ``pin`` method.
+measurements as they are (``verdict (all trials)``); a row whose two verdicts differ is flagged. A
+precondition is a reading aid: the row keeps its test's verdict and an unmet one adds a mark
+(``reading aid``, ``claim_tests.PRECONDITIONS``). A minimum-MAD claim is repeated with CLS-sink heads
+kept, outside the Holm family (it repeats a test). It knows no plotting and no storage: it reads a
+``StudyData``'s ``per_trial`` table and its ``pin`` method.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.claim_tests import claim_stats, decides, paper_numbers, power_mark, precondition, verdict
+from analysis.claim_tests import (MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null, paper_numbers, power_mark,
+                                  precondition, reading_aid, verdict)
 from analysis.labels import METRIC_LABELS, group_label
-from analysis.seedstats import holm
+from analysis.seedstats import ALPHA, holm, holm_step_alpha, mde
 from records.vocab import MODERN, SWITCHES
 
 if TYPE_CHECKING:
@@ -57,8 +59,10 @@ class Claim:
 
 # No-effect margins per metric: 1 accuracy point; 0.02 of normalised MAD (Study L's CutMix runs sit
 # <= 0.024, the others >= 0.210); 0.05 of dSSDC (the paper's APE scaling steps are >= 0.05); 0.02 of FS
-# (the paper's seed spread, and one binomial SE at 1,000 images).
-MARGINS = {"test_acc": 0.01, "min_mad": 0.02, "dssdc": 0.05, "fs_jpeg": 0.02, "fs_blur": 0.02}
+# (the paper's seed spread, and one binomial SE at 1,000 images); the early layers' mean MAD and entropy
+# take minimum MAD's 0.02 (both in [0, 1]).
+MARGINS = {"test_acc": 0.01, "min_mad": 0.02, "dssdc": 0.05, "fs_jpeg": 0.02, "fs_blur": 0.02, "mad_early": 0.02,
+           "entropy_early": 0.02}
 # "ape + RPT is as fragile as none": a quarter of the paper's none - ape gap in FS JPEG (0.646 - 0.435),
 # three times the paper's own ape + RPT - none gap (0.016).
 RPT_AS_NONE_MARGIN = 0.05
@@ -74,6 +78,16 @@ CLAIMS = (
            needs="local heads"),
     _claim("Study L", "modern lowers minimum MAD (0.316 -> 0.008)", "min_mad", {"protocol": MODERN},
            {"protocol": "baseline"}, needs="local heads"),
+    # Study L's own words: "more local and concentrated attention in early layers". A minimum over every
+    # layer and head can stay put while the early layers change, so layers 0-1 are tested on their own.
+    _claim("Study L", "CutMix alone makes early layers more local (mean MAD of layers 0-1)", "mad_early",
+           {"protocol": "cutmix"}, {"protocol": "baseline"}),
+    _claim("Study L", "modern makes early layers more local (mean MAD of layers 0-1)", "mad_early",
+           {"protocol": MODERN}, {"protocol": "baseline"}),
+    _claim("Study L", "CutMix alone concentrates early-layer attention (mean entropy of layers 0-1)",
+           "entropy_early", {"protocol": "cutmix"}, {"protocol": "baseline"}),
+    _claim("Study L", "modern concentrates early-layer attention (mean entropy of layers 0-1)", "entropy_early",
+           {"protocol": MODERN}, {"protocol": "baseline"}),
     _claim("Study L", "every CutMix run has lower minimum MAD than every run without", "min_mad",
            {"cutmix": True}, {"cutmix": False}, separation=True, needs="local heads"),
     _claim("Study L", "AutoAugment alone leaves minimum MAD at baseline", "min_mad", {"protocol": "autoaugment"},
@@ -87,8 +101,8 @@ CLAIMS = (
     _claim("Study L", "AutoAugment and CutMix add comparable accuracy (~6-7 points each)", "test_acc",
            {"protocol": "autoaugment"}, {"protocol": "cutmix"}, "two-sided"),
     _claim("Study P", "APE recovers SSDC under RPI more than none (dSSDC)", "dssdc", APE,
-           {"pe": "none", "rpt": False}, "greater", needs="APE frame"),
-    _claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", APE_RPT, APE, needs="APE frame"),
+           {"pe": "none", "rpt": False}, "greater"),
+    _claim("Study P", "RPT collapses APE's SSDC recovery under RPI (dSSDC)", "dssdc", APE_RPT, APE),
     _claim("Study P", "rope2d is less fragile to JPEG than ape", "fs_jpeg", {"pe": "rope2d", "rpt": False}, APE),
     _claim("Study P", "rope2d is less fragile to JPEG than sincos2d", "fs_jpeg", {"pe": "rope2d", "rpt": False},
            {"pe": "sincos2d", "rpt": False}),
@@ -104,12 +118,20 @@ CLAIMS = (
     _claim("Study P", "scaling the APE to 0.4 raises FS JPEG (FS at 0.4 - FS at 1.0 > 0)", "fs_jpeg_pe_scale_rise",
            APE, None, "greater", margin=MARGINS["fs_jpeg"], needs="APE frame"),
     _claim("Study P", "scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)", "dssdc_pe_scale_drop",
-           APE, None, "greater", margin=MARGINS["dssdc"], needs="APE frame"),
+           APE, None, "greater", margin=MARGINS["dssdc"]),
 )
 
 FS_GRID = {"fs_jpeg": "fs_jpeg_grid", "fs_blur": "fs_blur_grid"}  # the per-trial mean over the severity grid
 HEADLINE_MARK, GRID_MARK = "paper's severity, 224 px", "mean FS over the measured severity grid"
-GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_grid": "FS blur, mean over the sigma grid"}
+# dSSDC on both scales (``docs/studies.md``, "One scale per comparison"): the per-image estimand, and the
+# paper's estimator, the only one set beside the paper's 0.473.
+PER_IMAGE_MARK, PER_BATCH_MARK = "one permutation per image", "the paper's estimator, one permutation per 1,000 images"
+# Minimum MAD with CLS-sink heads kept: a sensitivity check of the 0.5 CLS-mass threshold, outside the family.
+SINKS_KEPT = "min_mad_all_heads"
+SINKS_KEPT_MARK = "sensitivity: CLS-sink heads kept (outside the Holm family)"
+GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_grid": "FS blur, mean over the sigma grid",
+               SINKS_KEPT: "minimum MAD over every head, CLS sinks included",
+               "dssdc_per_batch": "dSSDC under RPI, the paper's estimator"}
 SCALING_LABELS = {"fs_jpeg_pe_scale_rise": "FS JPEG q5 at PE scale 0.4 - at 1.0",
                   "dssdc_pe_scale_drop": "dSSDC under RPI at PE scale 1.0 - at 0.4"}
 
@@ -130,7 +152,11 @@ def _kept(claim: Claim) -> set[str]:
 def _variants(claim: Claim, data: StudyData, dataset: str) -> list[tuple[str, str]]:
     """(per-trial metric, setting mark) rows of a claim on one data set: an FS claim is tested at the
     paper's headline severity and, away from 224 px where a grid of severities was measured, on the
-    mean over that grid."""
+    mean over that grid; a dSSDC claim on both estimators; a minimum-MAD claim also with CLS sinks kept."""
+    if claim.metric == "min_mad":
+        return [(claim.metric, ""), (SINKS_KEPT, SINKS_KEPT_MARK)]
+    if claim.metric == "dssdc":
+        return [(claim.metric, PER_IMAGE_MARK), ("dssdc_per_batch", PER_BATCH_MARK)]
     if claim.metric not in FS_GRID:
         return [(claim.metric, "")]
     rows = [(claim.metric, HEADLINE_MARK)]
@@ -167,15 +193,18 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
                 text, effect = paper_numbers(claim, metric, str(dataset), data.matches_paper_p(str(dataset)))
                 rows.append({**_describe(claim, metric), "dataset": str(dataset),
                              "setting": ", ".join(filter(None, [str(dataset), setting, mark])),
-                             "precondition": said, "_met": met, **row,
-                             "paper A / B": text, "paper effect (A - B)": effect})
+                             "precondition": said, "reading aid": reading_aid(met, said), **row,
+                             "CLS sinks (A; B)": _sinks(claim, data, per_trial[per_trial["dataset"] == dataset],
+                                                        keep),
+                             "paper A / B": text, "paper effect (A - B)": effect, "_family": metric != SINKS_KEPT})
                 evaluated = True
         if not evaluated:
             empty = pd.DataFrame({claim.metric: [], "seed": []})
             none = pd.Series([], dtype=bool)
             rows.append({**_describe(claim, claim.metric), "dataset": None, "setting": None, "precondition": None,
-                         "_met": None, **claim_stats(claim, claim.metric, empty, none, none),
-                         "paper A / B": "—", "paper effect (A - B)": math.nan})
+                         "reading aid": "", **claim_stats(claim, claim.metric, empty, none, none),
+                         "CLS sinks (A; B)": None, "paper A / B": "—", "paper effect (A - B)": math.nan,
+                         "_family": True})
     return _decide(pd.DataFrame(rows), claims)
 
 
@@ -186,32 +215,63 @@ def _describe(claim: Claim, metric: str) -> dict:
             "margin": claim.margin}
 
 
+def _sinks(claim: Claim, data: StudyData, trials: pd.DataFrame, keep: set[str]) -> str | None:
+    """A minimum-MAD claim's CLS sinks per group, over the trials that learned (the verdict's): the heads
+    left out of its trials' minima, and the trials whose every head is a sink (no minimum: left out of
+    the test, counted here); None elsewhere."""
+    if claim.metric != "min_mad" or "cls_sink_heads" not in trials:
+        return None
+    g, _ = data.pin(trials[~trials["did_not_learn"].astype(bool)], keep)
+    said = []
+    for filters in (claim.a, claim.b):
+        group = g[_matches(g, filters)]
+        heads, whole = int(group["cls_sink_heads"].fillna(0).sum()), int(group["all_heads_cls_sinks"].sum())
+        said.append(f"{heads} sink head(s)" + (f", {whole} trial(s) all sinks, left out" if whole else ""))
+    return "; ".join(said)
+
+
 def _decide(table: pd.DataFrame, claims: tuple[Claim, ...]) -> pd.DataFrame:
     """Holm-adjust the raw p values per paper and data set (the learned trials and all trials
-    separately), then read each row's verdict, power mark and agreement from them."""
+    separately), then read each row's verdict, power at the alpha of its verdict, reading aid and
+    agreement from them. A sensitivity row (CLS sinks kept) is outside the family: it is read at the
+    Holm step of the row it repeats."""
     by_text = {c.text: c for c in claims}
+    family = table["_family"].astype(bool)
+    table[STEP_ALPHA] = np.nan
     for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
         table[adjusted] = np.nan
-        for _, family in table.groupby(["paper", "dataset"], dropna=True):
-            table.loc[family.index, adjusted] = holm(family[raw].to_numpy(float))
-    said, said_all, marks = [], [], []
-    for row in table.to_dict("records"):
+        for _, rows in table[family].groupby(["paper", "dataset"], dropna=True):
+            table.loc[rows.index, adjusted] = holm(rows[raw].to_numpy(float))
+            if raw == "p (raw)":
+                table.loc[rows.index, STEP_ALPHA] = holm_step_alpha(rows[raw].to_numpy(float))
+    for i in table.index[~family]:  # the step of the row it repeats, and its p times that step's factor
+        same = table[family & (table["claim"] == table.at[i, "claim"]) & (table["dataset"] == table.at[i, "dataset"])]
+        step = float(same[STEP_ALPHA].iloc[0]) if len(same) else ALPHA
+        table.at[i, STEP_ALPHA] = step
+        for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
+            table.at[i, adjusted] = min(1.0, table.at[i, raw] * ALPHA / step)
+    said, said_all, marks, power = [], [], [], []
+    for i, row in zip(table.index, table.to_dict("records")):
         claim = by_text[row["claim"]]
-        said.append(verdict(claim, row["_c"], row["p (Holm)"], row["_separated"], row["_met"]))
-        said_all.append(verdict(claim, row["_c all"], row["p (Holm, all trials)"], row["_separated all"],
-                                row["_met"]))
-        marks.append(power_mark(claim, said[-1], row["MDE (80% power, unadjusted alpha)"],
-                                row["paper effect (A - B)"]))
-    table["verdict"], table["verdict (all trials)"], table["power"] = said, said_all, marks
+        # A claim of no effect reads its 95% interval, not a Holm-adjusted p: its power is at ALPHA.
+        step = ALPHA if is_null(claim) or not np.isfinite(row[STEP_ALPHA]) else row[STEP_ALPHA]
+        table.at[i, STEP_ALPHA] = step if np.isfinite(row["p (raw)"]) else np.nan
+        c = row["_c"]
+        power.append(mde(c.se, c.df, c.alternative, alpha=step))
+        said.append(verdict(claim, c, row["p (Holm)"], row["_separated"]))
+        said_all.append(verdict(claim, row["_c all"], row["p (Holm, all trials)"], row["_separated all"]))
+        marks.append(power_mark(claim, said[-1], power[-1], row["paper effect (A - B)"]))
+    table[MDE], table["verdict"], table["verdict (all trials)"], table["power"] = power, said, said_all, marks
     table["survivors vs all"] = np.where(table["verdict"] == table["verdict (all trials)"], "agree", "DISAGREE")
     return table[COLUMNS]
 
 
 COLUMNS = ["paper", "claim", "metric", "dataset", "setting", "A", "B", "margin", "precondition", "test", "n A",
-           "n B", "n pairs", "did not learn A", "did not learn B", "mean A", "mean B", "effect (A - B)",
-           "95% CI of effect", "CI", "p (raw)", "p (Holm)", "p (sign-flip)", "MDE (80% power, unadjusted alpha)",
-           "power", "paper A / B", "paper effect (A - B)", "verdict", "effect (all trials)", "95% CI (all trials)",
-           "p (Holm, all trials)", "verdict (all trials)", "survivors vs all"]
+           "n B", "n pairs", "did not learn A", "did not learn B", "CLS sinks (A; B)", "mean A", "mean B",
+           "effect (A - B)", "95% CI of effect", "CI", TWO_SIDED, "p (raw)", "p (Holm)",
+           "p (sign-flip)", STEP_ALPHA, MDE, "power", "paper A / B", "paper effect (A - B)", "verdict", "reading aid",
+           "effect (all trials)", "95% CI (all trials)", "p (Holm, all trials)", "verdict (all trials)",
+           "survivors vs all"]
 
 
 def undecided(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> list[str]:

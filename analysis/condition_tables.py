@@ -62,6 +62,29 @@ def _separation_note(table: pd.DataFrame, runs: pd.DataFrame) -> str:
             f"{lo['_mean']:.3f} ({lo['protocol']}): condition means {verdict_means}; single runs {by_run}.")
 
 
+def layer_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
+    """Study L's claim is about early layers, so MAD and entropy per protocol and layer: (dataset,
+    table, the factors held), one row per protocol and layer, each metric the mean over the layer's
+    heads per trial (CLS sinks included, as ``mad_early``), then mean [95% t interval] over seeds, with
+    n. The report and ``bench/pilot_page.py`` print it."""
+    frames = [data.select("clean", m, per_layer=True, per_head=True) for m in ("mad", "entropy")]
+    rows = pd.concat([f for f in frames if not f.empty]) if any(not f.empty for f in frames) else None
+    if rows is None or (rows["metric"] == "mad").sum() == 0:
+        return []
+    rows, setting = data.pin(rows, {"protocol"})
+    per_trial = rows.groupby(["dataset", "protocol", "layer", "metric", "trial_id"])["value"].mean().reset_index()
+    out = []
+    for dataset, g in per_trial.groupby("dataset", sort=True):
+        table = []
+        cells = {key: c["value"] for key, c in g.groupby(["protocol", "layer", "metric"])}
+        for protocol, layer in sorted({k[:2] for k in cells}, key=lambda k: (protocol_key(k[0]), k[1])):
+            mad, entropy = cells.get((protocol, layer, "mad"), []), cells.get((protocol, layer, "entropy"), [])
+            table.append({"protocol": protocol_label(protocol), "layer": int(layer), "n": len(mad),
+                          f"MAD [{INTERVAL}]": mean_ci(mad), f"entropy [{INTERVAL}]": mean_ci(entropy)})
+        out.append((str(dataset), pd.DataFrame(table), setting))
+    return out
+
+
 CONDITION_METRICS = ("test_acc", "min_mad", "dssdc", "fs_jpeg", "fs_blur")
 SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "fs_blur_se"}  # per_trial columns
 

@@ -15,7 +15,8 @@ FACTORS = ("dataset", "pe", "rpt", "protocol")  # what a condition is; `seed` ma
 REFERENCE = {"pe": "ape", "rpt": False, "protocol": "baseline"}  # the setting a factor is pinned to
 SWITCH_LABELS = {"autoaugment": "AA", "cutmix": "CutMix", "label_smoothing": "LS"}  # table heads, group names
 METRIC_LABELS = {"min_mad": "minimum MAD", "test_acc": "test accuracy", "dssdc": "dSSDC under RPI",
-                 "fs_jpeg": "FS JPEG q5", "fs_blur": "FS blur s2.5"}
+                 "fs_jpeg": "FS JPEG q5", "fs_blur": "FS blur s2.5", "mad_early": "mean MAD of layers 0-1",
+                 "entropy_early": "mean attention entropy of layers 0-1"}
 
 
 def protocol_label(name: str) -> str:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.condition_tables import ablation_tables, conditions_table
+from analysis.claim_tests import TWO_SIDED
+from analysis.condition_tables import ablation_tables, conditions_table, layer_tables
 from analysis.paper_numbers import paper_reference_table
 from analysis.seedstats import ALPHA
 from records.schema import TRIAL_FIELDS
@@ -41,6 +42,7 @@ td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f
 table.claims{width:100%;table-layout:auto} table.claims td.claim{text-align:left;max-width:28em}
 table.claims tr.details td{border-top:0;padding:0 7px 4px;text-align:left;font-size:.9em}
 table.claims tr.details summary{color:#555;cursor:pointer} table.kv th{text-align:left;font-weight:normal}
+small.aid{color:#7a4d00}
 """
 
 
@@ -80,7 +82,8 @@ def trials_html(data: StudyData, links: dict[str, str]) -> str:
         row = {"trial": tid, "condition": condition, "seed": t.get("seed"), "status": status,
                "test acc (test split)": "—" if tuning else _fmt(p["test_acc"] if counted else t.get("test_acc")),
                "clean acc (analysis set)": _fmt(p["acc_clean"]) if counted and not tuning else "—",
-               "n images": "—" if not counted or pd.isna(p["n_images"]) else int(p["n_images"])}
+               "n images": "—" if not counted or pd.isna(p["n_images"]) else int(p["n_images"]),
+               "CLS sink heads": _sinks(p) if counted else "—"}
         if any_tuning:
             row["holdout acc (tuning score)"] = _fmt(t.get("eval_acc")) if tuning else "—"
         run_id = t.get("mlflow_run_id")
@@ -89,13 +92,22 @@ def trials_html(data: StudyData, links: dict[str, str]) -> str:
         rows.append(row)
     table = pd.DataFrame(rows)
     caption = ("<h3>Trials</h3><p class='caption'>Every trial in the trials table. <i>test acc</i>: top-1 on the "
-               "full test split, from training; <i>clean acc</i>: top-1 of the analysis job on its <i>n images</i> "
+               "full test split, from training; <i>CLS sink heads</i>: heads whose attention mass on CLS is at least 0.5, "
+               "left out of the minimum MAD; <i>clean acc</i>: top-1 of the analysis job on its <i>n images</i> "
                "at the last measured checkpoint: the same number on the same set when n images is the whole test "
                "split (the default), a subset's accuracy when the analysis was capped (--eval-size). A tuning trial "
                "(scored on the holdout, the hparam study) shows neither: its score is its <i>holdout acc</i>, and "
                "no number from the test split is shown for it, so none can be selected on.</p>")
     return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,
                                    formatters={c: _e for c in table.columns if c != "MLflow run"})
+
+
+def _sinks(p) -> str:
+    """Heads left out of the trial's minimum MAD (CLS mass >= 0.5); a trial whose every head is one has
+    no minimum, and says so rather than dropping out of the claims unseen."""
+    if pd.isna(p.get("cls_sink_heads")):
+        return "—"
+    return f"{int(p['cls_sink_heads'])}" + (" (all: no minimum MAD)" if p.get("all_heads_cls_sinks") else "")
 
 
 def _fmt(v) -> str:
@@ -122,23 +134,30 @@ def render(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, 
         "interval from the same test (one-sided for a one-sided claim), with the exact sign-flip p beside it as a "
         "distribution-free check; a PE-scaling claim pairs within each trial, then across seeds; where seeds do "
         "not pair (a group pooling several conditions) Welch's t test (<i>test</i>, <i>CI</i> say which). "
-        "<i>p (Holm)</i>: the raw p values Holm-adjusted across the claims of one paper on one data set; every verdict "
-        f"reads the adjusted p at alpha = {ALPHA}. <i>MDE</i>: the effect the test used detects with 80% power at "
-        "unadjusted alpha, from the observed sd; 'underpowered' marks a row that did not find the effect where the "
-        "MDE exceeds the paper's effect (for a claim of no effect, its margin). 'not enough seeds': a directional "
-        "claim whose exact sign-flip check cannot reach alpha at these sizes (fewer than 5 pairs), or a claim of no "
-        "effect without an interval. A claim of <i>no</i> effect is 'consistent with no effect' when its 95% "
-        "interval lies inside ± <i>margin</i>, else 'differs' when the interval lies outside the margin or "
-        "excludes 0 with adjusted p &lt; alpha, else 'inconclusive'. 'untestable at this scale': the claim's "
-        "<i>precondition</i> is not met. <i>did not learn A / "
+        "<i>p (Holm)</i>: the raw p values Holm-adjusted across the claims of one paper on one data set; a "
+        f"directional verdict reads the adjusted p at alpha = {ALPHA}: 'supported', else 'not supported', said as "
+        "'opposite direction' where the estimate runs against the claim. The effect is shown with its "
+        "<i>two-sided</i> 95% interval, so an estimate in the wrong direction is seen; the one-sided interval of a "
+        "one-sided test is in the details. <i>MDE</i>: the effect the test used detects with 80% power at the alpha "
+        "of its verdict (Holm's step, alpha / (m - k + 1) for the row ranked k of m by raw p), from the observed "
+        "sd; 'underpowered' marks a row that did not find the effect where the MDE exceeds the paper's effect (for "
+        "a claim of no effect, its margin). 'not enough seeds': a directional claim whose exact sign-flip check "
+        "cannot reach alpha at these sizes (fewer than 5 pairs), or a claim of no effect without an interval. A "
+        "claim of <i>no</i> effect reads its 95% interval against ± <i>margin</i>: 'consistent with no effect' "
+        "when it lies inside (a small effect, said so, when it also excludes 0), 'differs' only when it lies "
+        "wholly outside, else 'inconclusive'. A <i>precondition</i> (this project's choice, not the paper's) is "
+        "a reading aid: an unmet one adds a mark under the verdict, with what was measured against what it needs, "
+        "and never replaces the verdict. A minimum-MAD claim is repeated with CLS-sink heads kept (sensitivity, "
+        "outside the Holm family); dSSDC is tested per image and on the paper's estimator, and only the latter "
+        "stands beside the paper's 0.473. <i>did not learn A / "
         "B</i>: trials of each group within 2 points of chance accuracy; the verdict is on the trials that "
         "learned, the <i>(all trials)</i> columns repeat the claim with them kept (their measurements as they "
         "are), and <i>survivors vs all</i> flags a claim whose two verdicts disagree. <i>paper A / B</i>: the "
         "paper's numbers for the two groups where this data set's setting matches the paper's (Study P: "
         "ImageNet-100 or 224 px; Study L: CIFAR-100). Up front: each claim's <i>n</i> (trials in A / B, and "
-        "pairs), its effect A - B with the 95% CI, the p the verdict uses (Holm-adjusted where given) and the "
-        "verdict (grey where the data cannot decide); <i>details</i> under each claim holds every other column "
-        "of claims.csv.</p>",
+        "pairs), its effect A - B with the two-sided 95% CI, the p the verdict uses (Holm-adjusted where given) "
+        "and the verdict (grey where the data cannot decide); <i>details</i> under each claim holds every other "
+        "column of claims.csv.</p>",
         _claims_html(claims),
     ]
     for key, title in SECTIONS.items():
@@ -180,7 +199,7 @@ def _claims_html(claims: pd.DataFrame) -> str:
 
 # The claims table up front: what a reader scans (<= 8 columns, fits a 1,400-px window); every other
 # column of ``claims.csv`` sits in a details row under its claim.
-CLAIM_COLUMNS = ("claim", "setting", "n", "effect [95% CI]", "p (adjusted)", "verdict")
+CLAIM_COLUMNS = ("claim", "setting", "n", "effect [95% CI, two-sided]", "p (adjusted)", "verdict")
 
 
 def _verdict_table(claims: pd.DataFrame) -> str:
@@ -192,7 +211,7 @@ def _verdict_table(claims: pd.DataFrame) -> str:
         n = f"{_int(claim.get('n A'))} / {_int(claim.get('n B'))}" + (
             f" ({_int(pairs)} pairs)" if _number(pairs) and pairs > 0 else "")
         effect = claim.get("effect (A - B)")
-        shown = "—" if not _number(effect) else f"{effect:+.3f} {claim.get('95% CI of effect', '')}".strip()
+        shown = "—" if not _number(effect) else f"{effect:+.3f} {claim.get(TWO_SIDED) or ''}".strip()
         p = claim.get("p (Holm)")  # the p the verdict uses
         cells = [f"<td class='claim'>{_e(claim.get('paper', ''))}: {_e(claim['claim'])}</td>",
                  f"<td class='claim'>{_e(claim.get('setting', ''))}</td>", f"<td>{_e(n)}</td>",
@@ -200,6 +219,8 @@ def _verdict_table(claims: pd.DataFrame) -> str:
                  f"<td class='{_verdict_class(verdict)}'>{_e(verdict)}</td>"]
         rest = {k: v for k, v in claim.items() if k not in {"claim", "setting", "verdict", "paper"}}
         details = "".join(f"<tr><th>{_e(k)}</th><td{_flag(v)}>{_e(_cell(v))}</td></tr>" for k, v in rest.items())
+        if claim.get("reading aid"):  # an unmet precondition: beside the verdict, never in its place
+            cells[-1] = cells[-1].replace("</td>", f"<br><small class='aid'>{_e(claim['reading aid'])}</small></td>")
         if claim.get("survivors vs all") == "DISAGREE":  # the verdict changes with the non-learners kept
             cells[-1] = cells[-1].replace("</td>", f"<br><small>all trials: {_e(claim.get('verdict (all trials)'))}"
                                                    "</small></td>")
@@ -238,14 +259,18 @@ def _cell(v) -> str:
 
 def ablation_html(data: StudyData) -> list[str]:
     tables = ablation_tables(data)
-    if not tables:
-        return ['<p class="omitted">Protocol ablation table: omitted (needs minimum MAD for two or more '
-                "protocols).</p>"]
-    out = []
+    out = [] if tables else ['<p class="omitted">Protocol ablation table: omitted (needs minimum MAD for two or '
+                             "more protocols).</p>"]
     for dataset, table, note in tables:
         out += [f"<h3>Protocol ablation table ({_e(dataset)})</h3>",
                 "<p class='caption'>Minimum MAD = smallest per-head MAD in the network at the final checkpoint; "
                 "mean ± std over seeds, n = seeds.</p>", _table(table), f"<p class='caption'>{_e(note)}</p>"]
+    for dataset, table, setting in layer_tables(data):
+        out += [f"<h3>MAD and entropy per layer ({_e(dataset)})</h3>",
+                "<p class='caption'>Study L's claim is about early layers: per protocol and layer, the mean MAD and "
+                "attention entropy over the layer's heads (CLS sinks included) per trial, then the mean with its 95% t "
+                "interval over seeds, n = seeds. The early-layer claims test layers 0-1."
+                + (f" Other factors: {_e(setting)}." if setting else "") + "</p>", _table(table)]
     return out
 
 

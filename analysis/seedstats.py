@@ -15,7 +15,8 @@ is *paired*: the per-seed differences d = A - B, tested by a paired t test whose
 the same t statistic, with the exact sign-flip p of mean(d) (all 2^n sign patterns) beside it as a
 distribution-free check. A within-trial difference (one value per trial, ``one_sample``) is tested the
 same way. Where seeds do not pair (a group pooling several conditions) it is Welch's unpaired t test.
-Each comparison carries its minimum detectable effect at 80% power (``mde``) and the smallest p its
+Each comparison carries its t test's standard error and df (from which ``mde`` gives the minimum
+detectable effect at 80% power, at the alpha its verdict uses: ``holm_step_alpha``) and the smallest p its
 distribution-free companion can reach at these sizes (``min_p``). ``holm`` adjusts a family of p values.
 """
 
@@ -141,8 +142,8 @@ class Comparison:
     the deciding t test (two-sided for a two-sided test, else one-sided with an infinite end), named by
     ``interval``; p: that test's p, unadjusted; sign_flip_p: the exact sign-flip p of the same differences
     (NaN unpaired); min_p: the smallest p the distribution-free companion (sign flip, or the exact rank
-    test unpaired) can reach at these sizes; mde: the effect the t test detects with 80% power at
-    unadjusted alpha, from the observed sd."""
+    test unpaired) can reach at these sizes; se, df: the t test's standard error of the effect and its
+    degrees of freedom (NaN without a spread), from which ``two_sided`` and ``mde`` follow."""
 
     paired: bool
     n_a: int
@@ -154,9 +155,11 @@ class Comparison:
     p: float
     sign_flip_p: float
     min_p: float
-    mde: float
+    se: float
+    df: float
     test: str
     interval: str
+    alternative: str
 
 
 _SIDES = {"less": "A < B", "greater": "A > B", "two-sided": "A = B"}
@@ -198,9 +201,9 @@ def _paired(d: np.ndarray, alternative: str, n_a: int, n_b: int, pairs: str) -> 
     se = float(d.std(ddof=1)) / math.sqrt(n) if n >= 2 else math.nan
     p, low, high = t_test(effect, se, n - 1, alternative)
     return Comparison(True, n_a, n_b, n, effect, low, high, p, sign_flip_p(d, alternative),
-                      min_sign_flip_p(n, alternative), mde(se, n - 1, alternative),
+                      min_sign_flip_p(n, alternative), se, n - 1 if n >= 2 else math.nan,
                       f"paired t test of mean(A - B), {_sided(alternative)}, {pairs}",
-                      _interval_name("paired t", alternative))
+                      _interval_name("paired t", alternative), alternative)
 
 
 def welch(a: np.ndarray, b: np.ndarray, alternative: str, why: str = "seeds do not pair") -> Comparison:
@@ -213,8 +216,9 @@ def welch(a: np.ndarray, b: np.ndarray, alternative: str, why: str = "seeds do n
         df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if va + vb > 0 else a.size + b.size - 2
     p, low, high = t_test(effect, se, df, alternative)
     min_p = min_achievable_p(a.size, b.size, alternative) if a.size and b.size else 1.0
-    return Comparison(False, a.size, b.size, 0, effect, low, high, p, math.nan, min_p, mde(se, df, alternative),
-                      f"Welch t test, {_sided(alternative)}, unpaired ({why})", _interval_name("Welch t", alternative))
+    return Comparison(False, a.size, b.size, 0, effect, low, high, p, math.nan, min_p, se, df,
+                      f"Welch t test, {_sided(alternative)}, unpaired ({why})", _interval_name("Welch t", alternative),
+                      alternative)
 
 
 def t_test(effect: float, se: float, df: float, alternative: str) -> tuple[float, float, float]:
@@ -238,9 +242,17 @@ def t_test(effect: float, se: float, df: float, alternative: str) -> tuple[float
     return float(p[alternative]), float(low), float(high)
 
 
+def two_sided(c: Comparison) -> tuple[float, float]:
+    """The two-sided 95% interval of a comparison's effect from the same t statistic, shown beside a
+    one-sided test's interval so that an estimate in the wrong direction is seen; NaN without a spread."""
+    _, low, high = t_test(c.effect, c.se, c.df, "two-sided")
+    return low, high
+
+
 def mde(se: float, df: float, alternative: str, alpha: float = ALPHA, power: float = POWER) -> float:
     """Minimum detectable effect: the |effect| the t test (``se``, ``df``, its rejection region at
-    unadjusted ``alpha``) rejects with probability ``power``, from the noncentral t distribution.
+    ``alpha``: a claim's Holm step, ``holm_step_alpha``) rejects with probability ``power``, from the
+    noncentral t distribution.
     One-sided: P(T' > t_{1-alpha}) = power; two-sided: P(|T'| > t_{1-alpha/2}) = power. NaN without
     a spread."""
     if not (df >= 1 and math.isfinite(se)):
@@ -271,6 +283,19 @@ def holm(p: Any) -> np.ndarray:
     order = ok[np.argsort(p[ok], kind="stable")]
     m = order.size
     out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    return out
+
+
+def holm_step_alpha(p: Any, alpha: float = ALPHA) -> np.ndarray:
+    """The alpha each raw p of a family is compared with in Holm's step-down: alpha / (m - k + 1) for
+    the one ranked k of m by raw p (ties in the order ``holm`` takes them); NaN outside the family.
+    A row's power is stated at this alpha, the one its verdict effectively uses (at 5 pairs and 8
+    claims the first step's MDE is 2.48 sd one-sided, not the 1.36 sd of unadjusted alpha)."""
+    p = np.asarray(p, dtype=float)
+    out = np.full(p.shape, math.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    out[order] = alpha / (order.size - np.arange(order.size))
     return out
 
 

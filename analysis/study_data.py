@@ -122,8 +122,10 @@ class StudyData:
         test_acc (trials table; for a test-scored trial without it, the clean accuracy measurement; a
         holdout-scored trial, tuning, has none: its score is eval_acc on the holdout, and no number from the
         test split may stand in for it), eval_acc, min_mad (smallest per-head MAD in the network over heads
-        that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out; ``mad_early`` the mean
-        MAD of every head of ``EARLY_LAYERS``), dssdc (under RPI), fs_jpeg (q5) and fs_blur (sigma 2.5): the
+        that are no CLS sink, Study L; ``cls_sink_heads`` counts the heads left out, ``all_heads_cls_sinks``
+        flags a trial they all are, ``min_mad_all_heads`` keeps them; ``mad_early`` and ``entropy_early`` the
+        mean MAD and entropy of every head of ``EARLY_LAYERS``), dssdc (under RPI, one permutation per
+        image) and dssdc_per_batch (the paper's estimator, ``analysis.metrics``), fs_jpeg (q5) and fs_blur (sigma 2.5): the
         PE-scaling rows at alpha 1 (the unscaled model) stand in for fs_* when the severity grid lacks the
         headline level. did_not_learn (trials flag); n_images (evaluation images of the measurements) and
         the standard errors: test_acc_se (binomial) over test_images, the test split test_acc was measured
@@ -155,8 +157,14 @@ class StudyData:
         heads, local = self.select("clean", "mad", per_layer=True, per_head=True), self.local_heads()
         out["min_mad"] = per(local, "min")
         out["cls_sink_heads"] = per(heads, "size").sub(per(local, "size"), fill_value=0).reindex(out.index)
+        # Every head a sink: no minimum MAD. Flagged, so the claims count the trial instead of losing it.
+        out["all_heads_cls_sinks"] = (out["cls_sink_heads"] > 0) & out["min_mad"].isna()
+        out["min_mad_all_heads"] = per(heads, "min")  # the same minimum with the sinks kept: a sensitivity check
         out["mad_early"] = per(heads[heads["layer"].isin(EARLY_LAYERS)])
+        entropy = self.select("clean", "entropy", per_layer=True, per_head=True)
+        out["entropy_early"] = per(entropy[entropy["layer"].isin(EARLY_LAYERS)])
         out["dssdc"] = per(self.select("rpi", "dssdc"))
+        out["dssdc_per_batch"] = per(self.select("rpi", "dssdc_per_batch"))
         paired, scaled_from = {}, ("pe_scale", "rope_scale")
         for name, kind, level in (("fs_jpeg", "jpeg", float(vocab.JPEG_HEADLINE)),
                                   ("fs_blur", "blur", vocab.BLUR_HEADLINE[1])):

@@ -206,6 +206,7 @@ def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
     write_study(results, "sink", seeds=2, protocols=["baseline", "cutmix"], models=[], checkpoints=(4,))
     read = {name: pd.read_parquet(tmp_path / "sink" / name) for name in ("trials", "epochs", "measurements")}
     m = read["measurements"]
+    m = m[m["metric"] != "cls_mass"]  # the synthetic study's own sink heads out: this test plants one
     heads = m[m["metric"] == "mad"]
     sink_trial = heads["trial_id"].iloc[0]
     before = StudyData.from_frames("sink", read["trials"], read["epochs"], m).per_trial.set_index("trial_id")
@@ -219,6 +220,8 @@ def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
     pt = data.per_trial.set_index("trial_id")
     assert pt.loc[sink_trial, "min_mad"] == pytest.approx(before.loc[sink_trial, "min_mad"])  # not 0.001
     assert pt["cls_sink_heads"].to_dict() == {t: (1 if t == sink_trial else 0) for t in pt.index}
+    assert pt.loc[sink_trial, "min_mad_all_heads"] == pytest.approx(0.001)  # the sensitivity check keeps it
+    assert not pt["all_heads_cls_sinks"].any()
     early = m[(m["trial_id"] == sink_trial) & (m["metric"] == "mad") & m["layer"].isin([0, 1])]["value"].mean()
     assert pt.loc[sink_trial, "mad_early"] == pytest.approx(early)
 
