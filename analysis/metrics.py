@@ -111,10 +111,10 @@ def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 class SSDCAccumulator:
     """SSDC over a whole evaluation set, fed one batch at a time: Spearman({S_ij}, {-D_ij}) over pairs
-    i < j, S the cosine-similarity matrix of the patch tokens averaged over every image (the published
-    code keeps only the last batch: a bug), D the grid distance of the tokens' positions. One accumulator
-    per (condition, layer, coordinate frame): ``update`` with ``perm`` scores content coordinates,
-    without it index coordinates. grid: side G of the patch grid (N = G*G), used for row-major
+    i < j, S the cosine-similarity matrix of the patch tokens averaged over every image (Study P's code
+    accumulates it over its last batch only, another estimator), D the grid distance of the tokens'
+    positions. One accumulator per (condition, layer, coordinate frame): ``update`` with ``perm``
+    scores content coordinates, without it index coordinates. grid: side G of the patch grid (N = G*G), used for row-major
     coordinates unless ``coords`` (N, 2) overrides them. distance: one of ``DISTANCES``."""
 
     def __init__(self, grid: int, *, coords: torch.Tensor | None = None, distance: str = "manhattan"):
