@@ -45,6 +45,9 @@ _log = logging.getLogger(__name__)
 
 TRIAL_ID_TAG = "vitsweep.trial_id"
 ATTEMPT_TAG = "vitsweep.attempt"  # 1 for a fresh run, +1 every time a retry/resume continues it
+RESTARTS_TAG = "vitsweep.restarts"  # times Ray Train restarted the trial from its last checkpoint (trials.restarts)
+LAST_RESTART_TAG = "vitsweep.last_restart"  # why it last restarted: the lost worker's node and error
+NODE_TAG = "vitsweep.node"  # the Ray node that trained it last (trials.node)
 ERROR_TAG = "vitsweep.error"  # why the run ended FAILED/KILLED; cleared when it is continued
 ERROR_TEXT_LIMIT = 5000  # characters of that why kept, in the tag and in the trials row (MLflow takes 8,000)
 STOPPED_EARLY_TAG = "vitsweep.stopped_early"  # a scheduler (ASHA) stopped the trial; cleared when continued

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--workers-per-trial", type=int, default=1, help="Ray Train workers per trial (>1: DDP)")
     r.add_argument("--max-concurrent", type=int, help="cap on trials running at once (default: what fits)")
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its last checkpoint")
+    r.add_argument("--placement-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a trial's Train workers may wait for a node, at start or after losing theirs; "
+                   "tried twice, then the trial fails (default 60; raise it for a cluster that adds nodes slowly)")
     for name in STUDIES:  # each study's own flags (its add_arguments hook)
         study.of(name).add_arguments(parser.add_argument_group(f"{name} only"))
 

@@ -47,6 +47,7 @@ from sweeps import live
 from sweeps.faults import private_log_folder
 from sweeps.live import format_duration
 from sweeps.status import study_status
+from trainables.lifecycle import RESTART_KEYS
 
 
 def configure_console(verbose: bool) -> None:
@@ -224,7 +225,8 @@ def trial_line(k: int, total: int, row: Mapping[str, Any] | None, trial_id: str)
         acc, split = (row.get("test_acc"), "test") if row.get("test_acc") is not None else (row.get("eval_acc"), "holdout")
         score = f"{split} {acc:.3f}" if acc is not None else "no score"
         flag = " (did not learn)" if row.get("did_not_learn") else ""
-        return head + score + flag + took
+        moved = f", after {row['restarts']} restart(s)" if row.get("restarts") else ""
+        return head + score + flag + took + moved
     if status == "running":  # its driver ended but could not write its end: a storage fault, or a kill
         return head + "ended while its record still says running (see the launch log)"
     why = row.get("error") or "see its MLflow run"
@@ -244,6 +246,7 @@ class TrialProgress:
         self.counts: dict[str, int] = {}
         self._seen: set[str] = set()
         self._started: set[str] = set()  # Tune trials (packs, or lone trials) seen running
+        self._restarts: dict[str, int] = {}  # Tune trial -> the restarts already said
         # Live lines while trials train (sweeps.live), from the configs of the trials to run.
         flats = {c.trial_id: c.to_flat() for c in configs}
         plan = live.plan_units(self.members, flats) if flats else {}
@@ -303,6 +306,18 @@ class TrialProgress:
             self._print(trial_line(self.done, self.total, row, trial_id) + eta)
             self._report(seconds if left else 0.0)
 
+    def restarted(self, name: str, result: Mapping[str, Any]) -> None:
+        """Ray Train restarted the Tune trial ``name`` (its first report since then carries
+        ``ray_trial.RESTART_KEYS``): one line naming what was lost, and where and from when it resumed."""
+        count, cause, epoch, node = (result.get(k) for k in RESTART_KEYS)
+        if not count or count <= self._restarts.get(name, 0):
+            return
+        self._restarts[name] = count
+        members = self.members.get(name, [name])
+        which = f"pack {name} ({len(members)} trials)" if len(members) > 1 else name
+        self._print(f"[train] {which}: {cause or 'its Train worker was lost'}; resumed from epoch {epoch} on node "
+                    f"{node} (restart {count})")
+
     def final_counts(self) -> tuple[dict[str, int], bool]:
         """(trials per status, whether from the table): the launch's trials as the trials table has
         them now (the record of truth, not what this object counted: a restored or missed callback
@@ -354,6 +369,10 @@ class TrialProgress:
         class _Callback(tune.Callback):
             def on_step_end(self, iteration, trials, **info):
                 stepped(trials)
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                if RESTART_KEYS[0] in result and not (watch is not None and (watch.found or watch.interrupted)):
+                    progress.restarted(str(trial), result)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 ended(trial)

@@ -145,7 +145,8 @@ def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: I
     settings = LaunchSettings(
         study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
         workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=options.gpus_per_trial(args), max_failures=args.max_failures, code_version=code_version,
+        gpus_per_trial=options.gpus_per_trial(args), max_failures=args.max_failures,
+        placement_timeout_s=args.placement_timeout, code_version=code_version,
         provenance={**provenance.provenance(), "code_version": code_version})
     done = finished_trials(results, args.study)
     # No trial runs now (this launch holds the lock): a run still RUNNING is an earlier launch's

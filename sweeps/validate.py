@@ -84,6 +84,7 @@ NUMERIC_FLAGS = (
     ("--max-concurrent", "max_concurrent", 1, True, True),
     ("--max-failures", "max_failures", 0, True, True),
     ("--pack", "pack", 1, True, True),
+    ("--placement-timeout", "placement_timeout", 0, False, False),
 )
 TEXT_FLAGS = (("--datasets", "datasets"), ("--preset", "preset"), ("--results", "results"),
               ("--storage", "storage"), ("--mlflow-uri", "mlflow_uri"), ("--data-root", "data_root"),

@@ -1,15 +1,19 @@
-"""The demo study on a real two-node Ray cluster, submitted the way a cluster user does.
+"""The demo study on a real three-node Ray cluster, submitted the way a cluster user does, and
+one node lost mid-trial.
 
 Everything is a real process on this machine, started with the same commands
 cluster/README.md gives users:
 
     ray start --head ...          head node: GCS, dashboard + jobs API on 127.0.0.1
-    ray start --address HEAD ...  a second node with its own CPU and a custom resource
+    ray start --address HEAD ...  two more nodes, each with its own CPU
     mlflow server ...             SQLite backend + artifact proxy in a temp folder
     ray job submit --working-dir <repo> -- python sweeps/run.py demo --address auto ...
 
 A temp folder stands in for the NFS share (``--storage``) and another for the
-results folder. The test waits for the job, then reads the results back the
+results folder. Once a pack trains on a non-head node and its first checkpoint
+is on the share, that node is lost: its raylet and every process it started are
+SIGKILLed (``_lose_node``). Ray Train restarts the pack on a surviving node from
+that checkpoint. The test waits for the job, then reads the results back the
 way a user would: through the MLflow server's REST API and from Parquet.
 
 Isolation on a machine other Ray instances share: every process gets its own
@@ -51,13 +55,13 @@ from trainables import checkpoints
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
 STUDY = "demo"
-EPOCHS = 1
+EPOCHS = 2  # a checkpoint at epoch 1, then the node is lost while a pack trains epoch 2
+TRAIN_IMAGES = 1024  # an epoch long enough (seconds) for the test to see the checkpoint and lose the node
 # Test images measured per checkpoint (the demo's own cap is 500): set by tests/evalcap/ in the job's
 # launcher, as tests/conftest.py sets it for the local demo sweep; the analysis is linear in them.
 EVAL_SIZE = 100
 TRIALS = 4  # demo: PE {none, ape} x protocol {baseline, cutmix}
 PACKS = 2  # trained two by two (--pack 2), as GPU clusters run: one Train worker per pack
-WORKER_RESOURCE = "worker_node"
 JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core machine
 START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
 TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
@@ -65,6 +69,11 @@ TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and
 # because Tune trial drivers ask for no CPU (trainables.ray_start.DRIVER_RESOURCES).
 CPUS_PER_TRIAL = "1"
 MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
+NODE_MARKER = "VITSWEEP_E2E_NODE"  # and the node (its raylet, its workers) a process belongs to
+NON_HEAD = ("a", "b")
+# The GCS declares a killed node dead after 3 missed 1 s health checks, not Ray's default 5 x 3 s.
+FAST_HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                     "RAY_health_check_failure_threshold": "3"}
 # Kept out of the uploaded working dir, as cluster/README.md tells users, on top of what
 # Ray leaves out anyway: .gitignore'd paths and (Ray 2.60) .git, .venv, venv, __pycache__.
 UPLOAD_EXCLUDES = ["/.venv", "/results", "/data", "/storage", "/bench/out", "*.egg-info",
@@ -91,6 +100,7 @@ class Cluster:
     """A running head + worker node, an MLflow server and the folders the job writes to."""
 
     tmp: Path
+    starters: dict[str, subprocess.Popen] = field(repr=False)  # node name -> its `ray start --block`
     # For `ray` CLI calls: venv first on PATH, token auth, this cluster's token. Out of the
     # repr, which pytest prints with every failure.
     env: dict[str, str] = field(repr=False)
@@ -100,7 +110,7 @@ class Cluster:
     results: Path
     storage: Path  # stands in for the NFS share every node mounts
     head_node_id: str
-    worker_node_id: str
+    node_ids: dict[str, str]  # node name ("a", "b") -> Ray node id
 
     def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """A `ray` CLI command against this cluster, as a user types it."""
@@ -214,24 +224,25 @@ def cluster():
                  "--ray-client-server-port", str(_free_port()),
                  "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
                  "--dashboard-agent-listen-port", str(_free_port()), *common]
-    worker_args = ["--address", f"127.0.0.1:{head_port}", "--temp-dir", str(tmp / "w"),
-                   "--resources", json.dumps({WORKER_RESOURCE: 1}),
-                   "--dashboard-agent-listen-port", str(_free_port()), *common]
     starters: list[tuple[subprocess.Popen, Path]] = []
+    node_ids: dict[str, str] = {}
     mlflow_server = None
     try:
-        starters.append((_start_node(head_args, env, tmp / "head.log"), tmp / "head.log"))
+        starters.append((_start_node(head_args, {**env, **FAST_HEALTH_CHECK}, tmp / "head.log"), tmp / "head.log"))
         (head,) = _wait_for_nodes(dashboard, token, 1, starters)
-        starters.append((_start_node(worker_args, env, tmp / "worker.log"), tmp / "worker.log"))
-        nodes = _wait_for_nodes(dashboard, token, 2, starters)
-        (worker,) = [n for n in nodes if n["node_id"] != head["node_id"]]
+        for name in NON_HEAD:  # one at a time, so each node id is known by name
+            args = ["--address", f"127.0.0.1:{head_port}", "--temp-dir", str(tmp / name),
+                    "--dashboard-agent-listen-port", str(_free_port()), *common]
+            starters.append((_start_node(args, {**env, NODE_MARKER: name}, tmp / f"{name}.log"), tmp / f"{name}.log"))
+            nodes = _wait_for_nodes(dashboard, token, len(starters), starters)
+            (node_ids[name],) = [n["node_id"] for n in nodes if n["node_id"] not in (head["node_id"], *node_ids.values())]
         mlflow_uri, mlflow_server = server.start_local_server(
             f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", tmp / "mlflow" / "artifacts", host="127.0.0.1",
             log_path=tmp / "mlflow.log",
         )
-        yield Cluster(tmp=tmp, env=env, token=token, dashboard=dashboard, mlflow_uri=mlflow_uri,
-                      results=tmp / "results", storage=tmp / "nfs", head_node_id=head["node_id"],
-                      worker_node_id=worker["node_id"])
+        yield Cluster(tmp=tmp, starters={name: p for name, (p, _) in zip(("head", *NON_HEAD), starters)}, env=env,
+                      token=token, dashboard=dashboard, mlflow_uri=mlflow_uri, results=tmp / "results",
+                      storage=tmp / "nfs", head_node_id=head["node_id"], node_ids=node_ids)
     finally:
         if mlflow_server is not None:
             server.stop_local_server(mlflow_server)
@@ -257,7 +268,7 @@ def _submit(cluster: Cluster) -> str:
         "python", "sweeps/run.py", STUDY, "--address", "auto", "--stage", "all",
         "--results", str(cluster.results), "--storage", str(cluster.storage),
         "--mlflow-uri", cluster.mlflow_uri,
-        "--set", f"epochs={EPOCHS}", "--set", "max_train_images=512", "--cpus-per-trial", CPUS_PER_TRIAL,
+        "--set", f"epochs={EPOCHS}", "--set", f"max_train_images={TRAIN_IMAGES}", "--cpus-per-trial", CPUS_PER_TRIAL,
         "--pack", str(TRIALS // PACKS),
         "--gpus-per-trial", "0",  # a launch with --address says what it trains on
     ]
@@ -271,17 +282,62 @@ def _submit(cluster: Cluster) -> str:
     return submission_id
 
 
-def _wait_for_job(cluster: Cluster, submission_id: str) -> str:
-    """Poll the jobs API until the job ends; returns its final status."""
+@dataclass
+class Loss:
+    """The node lost mid-trial: its name and Ray node id, and the trials its pack trained there."""
+
+    name: str
+    node_id: str
+    trials: list[str]
+
+
+def _training_on(cluster: Cluster) -> tuple[str, list[str]] | None:
+    """(node name, trial ids) of a pack training on a non-head node whose first checkpoint is on the
+    share, from the trials rows (``node``: "<ip> <node id>") and the checkpoints; None: none yet."""
+    try:
+        rows = pq.read_table(cluster.results / STUDY / "trials").to_pylist()
+    except (OSError, ValueError):  # not written yet, or a file mid-replace
+        return None
+    for name, node_id in cluster.node_ids.items():
+        running = [r for r in rows if r["status"] == "running" and (r.get("node") or "").endswith(node_id)]
+        saved = [r for r in running if Path(checkpoints.epoch_file(
+            str(cluster.storage / STUDY / "checkpoints" / r["trial_id"]))).exists()]
+        if saved:
+            return name, sorted({r["trial_id"] for r in running if r["pack"] == saved[0]["pack"]})
+    return None
+
+
+def _lose_node(cluster: Cluster, name: str) -> None:
+    """A node lost as a preempted machine is: its `ray start` group and every process its raylet
+    started (workers Ray puts in their own groups) SIGKILLed at once."""
+    os.killpg(cluster.starters[name].pid, signal.SIGKILL)
+    needle = f"{NODE_MARKER}={name}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def _wait_for_job(cluster: Cluster, submission_id: str) -> tuple[str, Loss | None]:
+    """Poll the jobs API until the job ends, losing a node once a pack trained there to its first
+    checkpoint; returns the job's final status and the loss (None: no pack got there in time)."""
     deadline = time.monotonic() + JOB_DEADLINE_S
+    loss = None
     while True:
+        if loss is None and (found := _training_on(cluster)):
+            name, trials = found
+            _lose_node(cluster, name)
+            loss = Loss(name, cluster.node_ids[name], trials)
+            print(f"lost node {name} ({loss.node_id}) while it trained {trials}")
         status = cluster.api(f"/api/jobs/{submission_id}")["status"]
         if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-            return status
+            return status, loss
         if time.monotonic() > deadline:
             cluster.ray("job", "stop", "--address", cluster.dashboard, submission_id)
-            return f"still {status} after {JOB_DEADLINE_S:g} s (stopped)"
-        time.sleep(3)
+            return f"still {status} after {JOB_DEADLINE_S:g} s (stopped)", loss
+        time.sleep(0.25 if loss is None else 3)
 
 
 def _job_logs(cluster: Cluster, submission_id: str, lines: int = 150) -> str:
@@ -292,10 +348,11 @@ def _job_logs(cluster: Cluster, submission_id: str, lines: int = 150) -> str:
 
 @pytest.fixture(scope="module")
 def job(cluster):
-    """The demo sweep submitted as a Ray job and finished: (cluster, submission id)."""
+    """The demo sweep submitted as a Ray job, a node lost mid-trial, and the job finished:
+    (cluster, submission id, the loss)."""
     t0 = time.monotonic()
     submission_id = _submit(cluster)
-    status = _wait_for_job(cluster, submission_id)
+    status, loss = _wait_for_job(cluster, submission_id)
     wall = time.monotonic() - t0
     if status != "SUCCEEDED":
         # The full logs once (captured output of the first test's setup); every test that
@@ -306,11 +363,11 @@ def job(cluster):
         pytest.fail(f"job {submission_id}: {status} after {wall:.0f} s ({message}); its logs are in the "
                     f"captured stdout of the first test's setup\n{_job_logs(cluster, submission_id, lines=30)}")
     print(f"\njob {submission_id} succeeded in {wall:.0f} s")
-    return cluster, submission_id
+    return cluster, submission_id, loss
 
 
 def test_the_ray_cli_reports_the_job_succeeded(job):
-    cluster, submission_id = job
+    cluster, submission_id, _ = job
     done = cluster.ray("job", "status", "--address", cluster.dashboard, submission_id)
     assert done.returncode == 0 and f"Job '{submission_id}' succeeded" in done.stdout + done.stderr, (
         f"`ray job status` with the cluster's token: {done.stdout}\n{done.stderr}")
@@ -324,7 +381,7 @@ def test_the_ray_cli_reports_the_job_succeeded(job):
 
 
 def test_the_token_is_required(job):
-    cluster, _ = job
+    cluster, _, _ = job
     with pytest.raises(urllib.error.HTTPError) as info:
         _get_json(f"{cluster.dashboard}/api/jobs/")
     assert info.value.code == 401
@@ -334,7 +391,7 @@ def test_the_token_is_required(job):
 
 
 def test_every_trial_is_a_finished_run_on_the_mlflow_server(job):
-    cluster, _ = job
+    cluster, _, _ = job
     api = f"{cluster.mlflow_uri}/api/2.0/mlflow"
     experiment = _get_json(f"{api}/experiments/get-by-name?experiment_name={STUDY}")["experiment"]
     runs = _get_json(f"{api}/runs/search", body={"experiment_ids": [experiment["experiment_id"]],
@@ -372,11 +429,11 @@ def test_every_trial_is_a_finished_run_on_the_mlflow_server(job):
 
 
 def test_parquet_tables_hold_every_trial_and_epoch(job):
-    cluster, _ = job
+    cluster, _, _ = job
     trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
     assert len(trials) == TRIALS and set(trials["status"]) == {"finished"}, trials[["trial_id", "status"]]
     assert set(trials["pe"]) == {"none", "ape"} and set(trials["protocol"]) == {"baseline", "cutmix"}
-    assert (trials["epochs"] == EPOCHS).all() and (trials["max_train_images"] == 512).all()
+    assert (trials["epochs"] == EPOCHS).all() and (trials["max_train_images"] == TRAIN_IMAGES).all()
     epochs = pq.read_table(cluster.results / STUDY / "epochs").to_pandas()
     assert len(epochs) == TRIALS * EPOCHS and set(epochs["epoch"]) == set(range(1, EPOCHS + 1))
     assert sorted(epochs["trial_id"].unique()) == sorted(trials["trial_id"])
@@ -392,7 +449,7 @@ def test_trials_table_has_the_final_metrics(job):
     """trials.epochs_completed / test_acc come from the last report of each Train run, and the
     analysis stage labels each final checkpoint with epochs_completed (the demo measures every
     snapshot too: epoch 0 is the untrained one)."""
-    cluster, _ = job
+    cluster, _, _ = job
     trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
     shown = trials[["trial_id", "epochs_completed", "eval_acc", "test_acc"]].to_string()
     assert (trials["epochs_completed"] == EPOCHS).all(), shown
@@ -404,7 +461,7 @@ def test_trials_table_has_the_final_metrics(job):
 
 
 def test_analysis_and_report_stages_ran_on_the_cluster(job):
-    cluster, _ = job
+    cluster, _, _ = job
     measurements = pq.read_table(cluster.results / STUDY / "measurements").to_pandas()
     trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas()
     assert sorted(measurements["trial_id"].unique()) == sorted(trials["trial_id"])
@@ -423,14 +480,43 @@ def test_analysis_and_report_stages_ran_on_the_cluster(job):
     assert (cluster.results / STUDY / "report" / "index.html").stat().st_size > 0
 
 
-def test_trials_trained_on_both_nodes(job):
-    """Ray Train workers (one per pack) appear in the state API with the node they ran on."""
-    cluster, _ = job
+def test_trials_trained_on_several_nodes(job):
+    """Ray Train workers (one per pack, and the restarted one) appear in the state API with the node
+    they ran on: the lost node among them."""
+    cluster, _, loss = job
     reply = cluster.api("/api/v0/actors?limit=1000&detail=1&filter_keys=class_name"
                         "&filter_predicates=%3D&filter_values=RayTrainWorker")
     workers = reply["data"]["result"]["result"]
-    nodes = [w["node_id"] for w in workers]
-    assert len(workers) >= PACKS, workers
-    assert set(nodes) == {cluster.head_node_id, cluster.worker_node_id}, (
-        f"Train workers per node: head {nodes.count(cluster.head_node_id)}, "
-        f"worker {nodes.count(cluster.worker_node_id)}")
+    nodes = {w["node_id"] for w in workers}
+    assert len(workers) >= PACKS + 1 and len(nodes) >= 2, workers
+    assert loss is not None and loss.node_id in nodes, (loss, nodes)
+
+
+def test_a_lost_node_moves_its_pack_to_a_surviving_node_from_its_checkpoint_and_the_records_say_so(job):
+    cluster, submission_id, loss = job
+    assert loss is not None, "no pack trained on a non-head node to its first checkpoint before the job ended"
+    trials = pq.read_table(cluster.results / STUDY / "trials").to_pandas().set_index("trial_id")
+    moved = trials.loc[loss.trials]
+    assert (moved["status"] == "finished").all() and (moved["restarts"] == 1).all(), moved[["status", "restarts"]]
+    assert not moved["node"].str.endswith(loss.node_id).any(), moved["node"]  # finished on a surviving node
+    assert (trials.drop(index=loss.trials)["restarts"] == 0).all()
+    # Each epoch recorded once, in Parquet and in MLflow: the moved pack went on from its checkpoint.
+    epochs = pq.read_table(cluster.results / STUDY / "epochs").to_pandas()
+    assert not epochs.duplicated(["trial_id", "epoch"]).any()
+    assert (epochs.groupby("trial_id")["epoch"].apply(sorted) == [list(range(1, EPOCHS + 1))] * TRIALS).all()
+    api = f"{cluster.mlflow_uri}/api/2.0/mlflow"
+    for trial_id in loss.trials:
+        run_id = trials.loc[trial_id, "mlflow_run_id"]
+        for key in (tracking.epoch_key("eval_acc"), tracking.epoch_key("train_loss")):
+            history = _get_json(f"{api}/metrics/get-history?run_id={run_id}&metric_key={key}")["metrics"]
+            assert sorted(m["step"] for m in history) == list(range(1, EPOCHS + 1)), (trial_id, key, history)
+        tags = {t["key"]: t["value"] for t in _get_json(f"{api}/runs/get?run_id={run_id}")["run"]["data"]["tags"]}
+        assert tags[tracking.RESTARTS_TAG] == "1" and loss.node_id in tags[tracking.LAST_RESTART_TAG], tags
+        assert tags[tracking.NODE_TAG] == trials.loc[trial_id, "node"]
+    # The console said which pack lost its node, and where and from which epoch it resumed.
+    logs = _job_logs(cluster, submission_id, lines=10_000)
+    said = [line for line in logs.splitlines() if "resumed from epoch" in line]
+    assert len(said) == 1 and loss.node_id in said[0] and "was lost" in said[0], said or logs[-3000:]
+    resumed_on = re.search(r"resumed from epoch (\d+) on node \S+ (\w+)", said[0])
+    assert resumed_on and int(resumed_on[1]) >= 1 and resumed_on[2] != loss.node_id, said[0]
+    assert sum("after 1 restart(s)" in line for line in logs.splitlines()) == len(loss.trials), logs[-3000:]

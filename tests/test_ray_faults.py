@@ -294,3 +294,38 @@ def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_loca
     assert run["status"] == "FAILED" and run["tags.vitsweep.attempt"] == "1"  # one attempt: no Tune retry
     assert "is a file; expected a folder" in run["tags.vitsweep.error"]
     assert tables.read_trial(results, "demo", cfg.trial_id)["status"] == "failed"
+
+
+@pytest.mark.timeout(180)
+def test_a_trial_whose_workers_cannot_be_placed_ends_failed_with_why_instead_of_waiting_forever(ray_local, tmp_path):
+    """Every CPU held by a placement group that never frees them (as a lost node's leaked group, or
+    a cluster with no capacity left): Ray Train gives up on starting the trial's worker after the
+    placement timeout, tries once more, and the trial ends failed, saying why."""
+    from ray import tune
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from trainables.config import RunConfig
+    from trainables.lifecycle import LaunchSettings
+    from trainables.ray_start import DRIVER_RESOURCES
+    from trainables.ray_trial import run_trial
+
+    cfg = RunConfig.for_dataset("shapes", preset="tiny", study="demo", epochs=1, warmup_epochs=0)
+    results = str(tmp_path / "results")
+    uri = stores.default_tracking_uri(results)
+    settings = LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"), mlflow_uri=uri,
+                              experiment_id=tracking.ensure_experiment(uri, "demo"), max_failures=0,
+                              placement_timeout_s=2)
+    held = placement_group([{"CPU": ray_local.cluster_resources()["CPU"]}])
+    assert held.wait(30)
+    try:
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg.to_flat()}), DRIVER_RESOURCES)
+        (result,) = tune.Tuner(trainable, param_space={"trial_id": cfg.trial_id},
+                               run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"))).fit()
+    finally:
+        remove_placement_group(held)
+    assert result.error is not None
+    row = tables.read_trial(results, "demo", cfg.trial_id)
+    assert row["status"] == "failed" and "found no node with {'CPU': 1.0} free in two tries of 2 s" in row["error"]
+    (run,) = search_trial_runs(uri, "demo").to_dict("records")
+    assert run["status"] == "FAILED" and run["tags.vitsweep.error"] == row["error"]

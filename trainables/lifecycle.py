@@ -23,6 +23,9 @@ from records.stores import TrackingError
 from trainables.config import RunConfig
 
 PACK_TAG = "vitsweep.pack"
+# The first report after Ray Train restarted a pack's worker carries these (the launcher prints them):
+# the restart count, its cause, the epoch the members resumed from and the node they resumed on.
+RESTART_KEYS = ("vitsweep_restarts", "vitsweep_restart_cause", "vitsweep_resumed_from", "vitsweep_node")
 log = logging.getLogger("vitsweep")
 
 
@@ -39,6 +42,10 @@ class LaunchSettings:
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
     max_failures: int = 2
+    # Seconds a trial's Train workers may wait to be placed (first start, or after a lost node) before
+    # Ray Train gives up on that start; it retries once, so a trial that cannot be placed again ends
+    # failed after about twice this (counted against max_failures) instead of waiting forever.
+    placement_timeout_s: float = 60.0
     code_version: str = "unknown"  # computed by the launcher: workers' code copies carry no .git
     provenance: dict | None = None  # records.provenance.provenance(), taken once by the launcher
 
@@ -91,7 +98,7 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
             earlier = prior_wall_time(row)
             tables.write_trial(settings.results, settings.study, flat,
                                outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now(),
-                                       wall_time_s=earlier))
+                                       wall_time_s=earlier, **carried(row)))
         except BaseException as exc:
             for started in run_ids.values():
                 try:
@@ -152,7 +159,8 @@ def close_unclosed(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids:
         except OSError as exc:
             row, errors = None, [*errors, exc]
         if row is None or row["status"] == "running":
-            result = outcome(settings, cfg, "failed", pack_id, error=why, started_at=(row or {}).get("started_at"))
+            result = outcome(settings, cfg, "failed", pack_id, error=why, started_at=(row or {}).get("started_at"),
+                             **carried(row))
             errors += [f for f in close_trial(settings.results, settings.study, settings.mlflow_uri, cfg.to_flat(),
                                               result, run_ids[cfg.trial_id]) if f is not None]
     if errors:
@@ -209,6 +217,32 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
         except Exception as exc:  # noqa: BLE001 - reported with the other faults
             faults.append(f"cannot end the MLflow runs left RUNNING: {exc}")
     return faults
+
+
+def carried(row: dict[str, Any] | None) -> dict[str, Any]:
+    """What a trial's row keeps across its attempts and launches: its restart count, its last node."""
+    return {"restarts": (row or {}).get("restarts") or 0, "node": (row or {}).get("node")}
+
+
+def record_restart(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids: dict[str, str], cause: str) -> None:
+    """Ray Train restarts the worker of ``cfgs`` from their last checkpoints: each member still "running"
+    counts one more restart in its row (``error`` holds the cause until the trial ends) and in its
+    run's tags, so the record says the trial moved. A member closed already is left alone."""
+    for cfg in cfgs:
+        row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
+        if row is None or row["status"] != "running":
+            continue
+        restarts = (row.get("restarts") or 0) + 1
+        why = cause[: tracking.ERROR_TEXT_LIMIT]
+        tables.write_trial(settings.results, settings.study, row, {**row, "restarts": restarts, "error": why})
+        tracking.set_tags(settings.mlflow_uri, run_ids[cfg.trial_id],
+                          {tracking.RESTARTS_TAG: str(restarts), tracking.LAST_RESTART_TAG: why})
+
+
+def record_node(settings: LaunchSettings, rows: Sequence[dict[str, Any]], node: str) -> None:
+    """The rows (still "running") name the node that trains them now."""
+    for row in rows:
+        tables.write_trial(settings.results, settings.study, row, {**row, "node": node})
 
 
 def prior_wall_time(row: dict[str, Any] | None) -> float:

@@ -28,7 +28,9 @@ logged to MLflow twice.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -43,13 +45,14 @@ from trainables.config import RunConfig
 from trainables.data_roots import DataRootError
 from trainables.datasets import prepare_root
 from trainables.epoch_records import EpochRecords
-from trainables.lifecycle import LaunchSettings
+from trainables.lifecycle import RESTART_KEYS, LaunchSettings
 from trainables.oom import train_pack_fitting
 
 # Reported (instead of raised) by a worker whose data set is missing, or by a lone trial whose loss
 # turned non-finite: a retry cannot fix that, and Train V2 / Tune retry every raised error, so the
 # trial ends failed without retries (the launcher counts it as a failure).
 UNRETRIABLE = "vitsweep_unretriable_error"
+PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's own setting
 SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc", "epochs_completed", "test_acc", "did_not_learn")
 
 
@@ -102,27 +105,91 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
         return
     tag = None if solo else pack_id  # the rows' `pack` and the runs' vitsweep.pack: packs of several only
     run_ids = lifecycle.open_trials(settings, todo, tag, rows)  # the rows read just above
+    # Ray Train reads its start timeout here (the driver) and hands it to its controller.
+    os.environ[PLACEMENT_TIMEOUT_ENV] = f"{settings.placement_timeout_s:g}"
     use_gpu = settings.gpus_per_trial > 0
     resources = {"CPU": settings.cpus_per_trial, **({"GPU": settings.gpus_per_trial} if use_gpu else {})}
     workers = settings.workers_per_trial if solo else 1
     trainer = trainer_class(workers)(
         train_worker,
         train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": [c.to_flat() for c in todo],
-                           "settings": asdict(settings), "run_ids": run_ids},
+                           "settings": asdict(settings), "run_ids": run_ids,
+                           "restarts": {c.trial_id: (rows[c.trial_id] or {}).get("restarts") or 0 for c in todo}},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=ray.train.RunConfig(name=pack_id, storage_path=layout.train_storage(settings.storage, settings.study),
-                                       failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
-                                       callbacks=[TuneReportCallback()]))
+                                       # A start that timed out (no node can take the workers) is retried
+                                       # once, not forever (Ray's default): then the trial fails.
+                                       failure_config=ray.train.FailureConfig(max_failures=settings.max_failures,
+                                                                              controller_failure_limit=1),
+                                       callbacks=[TuneReportCallback(), restart_recorder(settings, todo, run_ids)]))
     why = f"{'trial' if solo else 'pack'} {pack_id} ended without closing it"
     try:
         result = trainer.fit()
         if isinstance(result.return_value, dict) and result.return_value.get(UNRETRIABLE):
             why = str(result.return_value[UNRETRIABLE])  # e.g. its data missing on this node: not retried
     except BaseException as exc:  # every retry failed, the driver was stopped (ASHA), ...
-        why = f"{why}: {type(exc).__name__}: {exc}"
+        why = f"{why}: {_unplaced(settings, resources) if _STARTUP_TIMEOUT in str(exc) else ''}" \
+              f"{type(exc).__name__}: {exc}"
         raise
     finally:
         lifecycle.close_unclosed(settings, todo, run_ids, why, tag)
+
+
+_STARTUP_TIMEOUT = "worker group startup timed out"  # Ray Train's words for WorkerGroupStartupTimeoutError
+
+
+def _unplaced(settings: LaunchSettings, resources: dict[str, float]) -> str:
+    return (f"its Train worker found no node with {resources} free in two tries of {settings.placement_timeout_s:g} s "
+            "(--placement-timeout; a lost node's resources may still be held, or the cluster is full); ")
+
+
+def restart_recorder(settings: LaunchSettings, cfgs: list[RunConfig], run_ids: dict[str, str]):
+    """A Ray Train callback, run by Train's controller: each time the worker group fails (a lost node,
+    a killed or crashed worker) and Train will restart it from the last checkpoint, the members'
+    records count the restart and say why (``lifecycle.record_restart``); the restarted worker tells
+    the launcher (``PackWorker.restart_note``)."""
+    from ray.train import UserCallback
+
+    class RecordRestarts(UserCallback):
+        def __init__(self):
+            self.failures = 0
+
+        def after_exception(self, run_context, worker_exceptions):
+            # Train's default failure policy restarts a failed worker group max_failures times (-1: always).
+            self.failures += 1
+            if 0 <= settings.max_failures < self.failures:
+                return  # no restart: the driver closes the members failed, with the error
+            rank, error = min(worker_exceptions.items())
+            node = _last_node(settings, cfgs)
+            cause = (f"its Train worker{f' on node {node}' if node else ''} was lost "
+                     f"({type(error).__name__}: {_first_line(error)})")
+            lifecycle.record_restart(settings, cfgs, run_ids, cause)
+
+    return RecordRestarts()
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else "no message")[:300]
+
+
+def _last_node(settings: LaunchSettings, cfgs: list[RunConfig]) -> str | None:
+    """The node the members' rows say they trained on (written by the worker when it started)."""
+    for cfg in cfgs:
+        row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
+        if row and row.get("node"):
+            return row["node"]
+    return None
+
+
+def this_node() -> str:
+    """``"<ip> <node id>"`` of the Ray node this process runs on: the IP for people, the id for
+    ``ray list nodes`` (nodes on one machine share the IP)."""
+    import ray
+
+    if not ray.is_initialized():  # the worker's loop run without Ray
+        return socket.gethostname()
+    return f"{ray.util.get_node_ip_address()} {ray.get_runtime_context().get_node_id()}"
 
 
 def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
@@ -143,6 +210,7 @@ class PackWorker:
         self.settings, self.rank = settings, rank
         self.pack_id, self.tag, self.solo = loop_config["pack_id"], loop_config["tag"], loop_config["solo"]
         self.run_ids: dict[str, str] = loop_config["run_ids"]
+        self.restarts_at_open: dict[str, int] = loop_config.get("restarts") or {}  # none: not started by run_trial
         self.cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
         self.members = lifecycle.still_open(settings, self.cfgs)  # a retried worker skips closed members
         self.rows = {c.trial_id: row for c, row in self.members}  # as they were when this attempt started
@@ -163,6 +231,8 @@ class PackWorker:
         # upload is atomic, so a kill mid-upload leaves the previous checkpoint to resume from.
         self.uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitsweep-upload")
         self.in_flight: list[Future] = []
+        self.node = this_node()
+        self.restart_note: dict[str, Any] = {}  # for the launcher's console, in the first report after a restart
         self.records = EpochRecords(settings.results, settings.study, settings.mlflow_uri, self.run_ids,
                                     self.histories, self.logged)
         self.t0 = time.perf_counter()
@@ -178,6 +248,20 @@ class PackWorker:
                 checkpoints.resume_point(local, name=uri) if found else (0, []))
             if self.rank == 0 and self.histories[trial_id]:  # its rows may have failed to write after its upload
                 self.records.add(trial_id, self.histories[trial_id][-1])
+        if self.rank == 0:
+            self.mark_node()
+
+    def mark_node(self) -> None:
+        """Each member's row names the node training it now; after a restart (``record_restart`` counted
+        it) the first report tells the launcher where the members resumed, and from which epoch."""
+        lifecycle.record_node(self.settings, [row for row in self.rows.values() if row], self.node)
+        # (restarts counted while this driver runs: a resumed launch does not announce its earlier ones)
+        restarted = [(row.get("restarts") or 0, row.get("error")) for trial_id, row in self.rows.items()
+                     if row and (row.get("restarts") or 0) > self.restarts_at_open.get(trial_id, 0)]
+        restarts, cause = max(restarted, default=(0, None), key=lambda r: r[0])
+        if restarts:
+            self.restart_note = {RESTART_KEYS[0]: restarts, RESTART_KEYS[1]: cause or "",
+                                 RESTART_KEYS[2]: min(self.epochs.values(), default=0), RESTART_KEYS[3]: self.node}
 
     def run(self, report_to_train) -> dict[str, str] | None:
         try:
@@ -227,6 +311,8 @@ class PackWorker:
             # are keyed by member.
             keyed.update({k: v for k, v in metrics.items() if k != "epoch"} if self.solo else
                          {f"{trial_id}/{k}": v for k, v in metrics.items() if k != "epoch"})
+        keyed.update(self.restart_note)
+        self.restart_note = {}
         report_to_train(keyed)
 
     def upload(self, trial_id: str, with_checkpoint: bool, epoch: int) -> None:
@@ -266,6 +352,7 @@ class PackWorker:
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
                 checkpoint_path=self.settings.checkpoint_uri(trial_id), started_at=self.rows[trial_id].get("started_at"),
+                **{**lifecycle.carried(self.rows[trial_id]), "node": self.node},
                 wall_time_s=lifecycle.prior_wall_time(self.rows[trial_id]) + time.perf_counter() - self.t0,
                 **{k: final.get(k) for k in SUMMARY})
             inputs = final.get("inputs") or {}
@@ -274,6 +361,7 @@ class PackWorker:
             self.faults += [f for f in lifecycle.close_trial(
                 self.settings.results, self.settings.study, self.settings.mlflow_uri, cfg.to_flat(), result, run_id,
                 {"checkpoint_path": result["checkpoint_path"], "snapshot_dir": result["snapshot_dir"],
+                 tracking.NODE_TAG: self.node,
                  **({tracking.DEVICE_TAG: inputs["device"]} if inputs.get("device") else {})}) if f is not None]
         except Exception as exc:  # noqa: BLE001 - row and run closed per member; the first fault raised at the end
             self.faults.append(exc)
