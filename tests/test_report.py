@@ -496,6 +496,11 @@ def test_the_claims_table_shows_at_most_eight_columns_and_the_rest_in_details(fu
     table = _ClaimsTable()
     table.feed(page.split("<h2 id='claims'>", 1)[1].split("<h2 ", 1)[0])
     assert table.header == ["claim", "setting", "n", "effect [95% CI, two-sided]", "p (adjusted)", "verdict"]
+    # Study L's per-layer table, and each trial's CLS-sink count (one planted sink head per trial).
+    layers = page.split("<h3>MAD and entropy per layer (cifar100)</h3>", 1)[1].split("</table>", 1)[0]
+    assert "<th>MAD [95% t interval]</th>" in layers and "<th>entropy [95% t interval]</th>" in layers
+    assert layers.count("<tr>") == len(PROTOCOLS) * LAYERS  # one body row per protocol and layer
+    assert "<th>CLS sink heads</th>" in page
     assert "v-supported" in table.classes and "<summary>details</summary>" in page
     assert "<th>p (raw)</th>" in page and "<th>test</th>" in page  # moved to the details row
 
