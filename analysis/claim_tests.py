@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis.labels import model_label
 from analysis.paper_numbers import (PAPER_L_ACC_GAIN, PAPER_L_CUTMIX_MAX, PAPER_L_MIN_MAD, PAPER_L_NO_CUTMIX_MIN,
@@ -59,7 +61,7 @@ def claim_stats(claim: Claim, metric: str, g: pd.DataFrame, in_a: pd.Series, in_
         a, b = g[in_a & mask], g[in_b & mask]
         va, vb = a[metric].to_numpy(float), b[metric].to_numpy(float)
         if claim.b is None:
-            c = one_sample(va, claim.alternative)
+            c = one_sample(va, claim.alternative, "seed" if claim.order else "trial")
         else:
             c = compare(va, a["seed"].to_numpy(), vb, b["seed"].to_numpy(), claim.alternative)
         tested[population] = (va, vb, c, bool(va.size and vb.size and va.max() < vb.min()))
@@ -207,6 +209,14 @@ def paper_numbers(claim: Claim, metric: str, dataset: str, matches_p: bool) -> t
         if metric == "fs_jpeg_pe_scale_rise":  # the paper's FS JPEG at alpha 0.4 is one range, 0.627-0.652
             (_, low, high), (_, at_one, _) = PAPER_P_APE_SCALING[0.4], PAPER_P_APE_SCALING[1.0]
             return f"FS JPEG {low:.3f}-{high:.3f} at 0.4 / {at_one:.3f} at 1.0", low - at_one
+        if metric == "pe_scale_link":  # ranks only: the paper's per-batch dSSDC scale does not enter
+            dssdc, low, high = np.array([PAPER_P_APE_SCALING[a] for a in sorted(PAPER_P_APE_SCALING)]).T
+            rho = float(stats.spearmanr(dssdc, (low + high) / 2).statistic)
+            return f"Spearman {rho:.3f} over the paper's table (its FS at alpha <= 0.4 one range: tied)", rho
+        if claim.order:
+            accs = [PAPER_P_MODELS[model_label(g["pe"], g.get("rpt", False))][metric] for g in claim.order]
+            rho = float(stats.spearmanr(accs, range(len(accs), 0, -1)).statistic)
+            return " > ".join(f"{g['pe']} {a:.3f}" for g, a in zip(claim.order, accs)) + f": Spearman {rho:.0f}", rho
         pairs = [_paper_p(metric, group) for group in (claim.a, claim.b)]
     elif claim.paper == "Study L" and dataset == "cifar100" and metric == claim.metric:
         if claim.separation:

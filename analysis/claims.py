@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis.claim_tests import (MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null, paper_numbers, power_mark,
                                   precondition, reading_aid, verdict)
@@ -43,6 +44,9 @@ class Claim:
     "consistent with no effect" only when the effect's 95% t interval lies inside [-margin, margin].
     separation: the claim is that *every* trial of A lies below every trial of B, and the means differ.
     needs: the key of the claim's precondition in ``PRECONDITIONS`` (None: it has none).
+    order: a ranking claim: groups from the highest ``metric`` to the lowest; per seed, the Spearman
+    correlation of the metric with that order (seeds with every group once), tested > 0 across seeds
+    (``a`` and ``b`` unused).
     Factors named in neither filter are pinned to ``labels.REFERENCE`` where they vary; each dataset is its own row.
     """
 
@@ -55,14 +59,15 @@ class Claim:
     separation: bool = False
     margin: float = math.nan
     needs: str | None = None
+    order: tuple[dict, ...] = ()
 
 
 # No-effect margins per metric: 1 accuracy point; 0.02 of normalised MAD (Study L's CutMix runs sit
 # <= 0.024, the others >= 0.210); 0.05 of dSSDC (the paper's APE scaling steps are >= 0.05); 0.02 of FS
 # (the paper's seed spread, and one binomial SE at 1,000 images); the early layers' mean MAD and entropy
-# take minimum MAD's 0.02 (both in [0, 1]).
+# take minimum MAD's 0.02 (both in [0, 1]); a Spearman correlation 0.2 (a fifth of a perfect ranking).
 MARGINS = {"test_acc": 0.01, "min_mad": 0.02, "dssdc": 0.05, "fs_jpeg": 0.02, "fs_blur": 0.02, "mad_early": 0.02,
-           "entropy_early": 0.02}
+           "entropy_early": 0.02, "spearman": 0.2}
 # "ape + RPT is as fragile as none": a quarter of the paper's none - ape gap in FS JPEG (0.646 - 0.435),
 # three times the paper's own ape + RPT - none gap (0.016).
 RPT_AS_NONE_MARGIN = 0.05
@@ -119,6 +124,13 @@ CLAIMS = (
            APE, None, "greater", margin=MARGINS["fs_jpeg"], needs="APE frame"),
     _claim("Study P", "scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)", "dssdc_pe_scale_drop",
            APE, None, "greater", margin=MARGINS["dssdc"]),
+    # The link itself, across every level rather than at two endpoints: as alpha falls dSSDC falls and
+    # FS rises, so within a trial their rank correlation over alpha is negative.
+    _claim("Study P", "scaling the APE links dSSDC and FS JPEG (per-trial Spearman over alpha 0.1-1.0 < 0)",
+           "pe_scale_link", APE, None, margin=MARGINS["spearman"], needs="APE frame"),
+    _claim("Study P", "clean accuracy ranks rope2d > sincos2d > ape > none (per-seed Spearman > 0)", "test_acc",
+           {}, None, "greater", margin=MARGINS["spearman"],
+           order=tuple({"pe": pe, "rpt": False} for pe in ("rope2d", "sincos2d", "ape", "none"))),
 )
 
 FS_GRID = {"fs_jpeg": "fs_jpeg_grid", "fs_blur": "fs_blur_grid"}  # the per-trial mean over the severity grid
@@ -133,7 +145,8 @@ GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_g
                SINKS_KEPT: "minimum MAD over every head, CLS sinks included",
                "dssdc_per_batch": "dSSDC under RPI, the paper's estimator"}
 SCALING_LABELS = {"fs_jpeg_pe_scale_rise": "FS JPEG q5 at PE scale 0.4 - at 1.0",
-                  "dssdc_pe_scale_drop": "dSSDC under RPI at PE scale 1.0 - at 0.4"}
+                  "dssdc_pe_scale_drop": "dSSDC under RPI at PE scale 1.0 - at 0.4",
+                  "pe_scale_link": "Spearman of dSSDC and FS JPEG q5 over PE scales 0.1-1.0"}
 
 
 def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
@@ -143,9 +156,31 @@ def _matches(df: pd.DataFrame, filters: dict) -> pd.Series:
     return mask
 
 
+def _groups(claim: Claim, g: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.Series, pd.Series]:
+    """(units, in A, in B) of a claim on one data set's pinned trials: its two groups; for a ranking
+    claim one unit per seed that has every group once, its value the Spearman correlation of ``metric``
+    with the claimed order, flagged did_not_learn where one of its trials is."""
+    if not claim.order:
+        in_a = _matches(g, claim.a)
+        return g, in_a, (_matches(g, claim.b) if claim.b is not None else in_a)
+    rank = pd.Series(np.nan, index=g.index)
+    for k, group in enumerate(reversed(claim.order)):
+        rank[_matches(g, group)] = k
+    ranked = g[rank.notna()].assign(_rank=rank)
+    flagged = ranked["did_not_learn"].astype(bool) if "did_not_learn" in ranked else pd.Series(False, ranked.index)
+    units = []
+    for seed, s in ranked.groupby("seed"):
+        if len(s) == len(claim.order) == s["_rank"].nunique() and s[metric].nunique() > 1:
+            units.append({"seed": seed, metric: float(stats.spearmanr(s[metric], s["_rank"]).statistic),
+                          "did_not_learn": bool(flagged[s.index].any())})
+    units = pd.DataFrame(units, columns=["seed", metric, "did_not_learn"])
+    every = pd.Series(True, index=units.index)
+    return units, every, every
+
+
 def _kept(claim: Claim) -> set[str]:
     """The factors a claim shows (the rest are pinned); a switch filter shows the protocol."""
-    keep = set(claim.a) | set(claim.b or {})
+    keep = set(claim.a) | set(claim.b or {}) | {k for group in claim.order for k in group}
     return keep | {"protocol"} if keep & set(SWITCHES) else keep
 
 
@@ -184,8 +219,7 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
                     continue
                 measured = per_trial[(per_trial["dataset"] == dataset) & per_trial[metric].notna()]
                 g, setting = data.pin(measured, keep)
-                in_a = _matches(g, claim.a)
-                in_b = _matches(g, claim.b) if claim.b is not None else in_a
+                g, in_a, in_b = _groups(claim, g, metric)
                 if not (in_a.any() and in_b.any()):
                     continue
                 row = claim_stats(claim, metric, g, in_a, in_b)
@@ -210,8 +244,12 @@ def evaluate_claims(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> pd.D
 
 def _describe(claim: Claim, metric: str) -> dict:
     label = GRID_LABELS.get(metric) or SCALING_LABELS.get(metric) or METRIC_LABELS.get(metric, metric)
+    if claim.order:
+        return {"paper": claim.paper, "claim": claim.text, "metric": f"Spearman of {label} with the order, per seed",
+                "A": " > ".join(group_label(g) for g in claim.order), "B": "— (a ranking, per seed)",
+                "margin": claim.margin}
     return {"paper": claim.paper, "claim": claim.text, "metric": label, "A": group_label(claim.a),
-            "B": "the same trials (within-trial difference)" if claim.b is None else group_label(claim.b),
+            "B": "the same trials (within-trial statistic)" if claim.b is None else group_label(claim.b),
             "margin": claim.margin}
 
 
@@ -283,10 +321,8 @@ def undecided(data: StudyData, claims: tuple[Claim, ...] = CLAIMS) -> list[str]:
         can = []
         for _, trials in per_trial.groupby("dataset"):
             g, _ = data.pin(trials, _kept(claim))
-            in_a = _matches(g, claim.a)
-            in_b = _matches(g, claim.b) if claim.b is not None else in_a
+            noise, in_a, in_b = _groups(claim, g.assign(**{claim.metric: rng.normal(size=len(g))}), claim.metric)
             if in_a.any() and in_b.any():
-                noise = g.assign(**{claim.metric: rng.normal(size=len(g))})
                 can.append(decides(claim, claim_stats(claim, claim.metric, noise, in_a, in_b)["_c"]))
         if can and not any(can):
             out.append(claim.text)

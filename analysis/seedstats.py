@@ -180,11 +180,11 @@ def compare(a: Any, a_seeds: Any, b: Any, b_seeds: Any, alternative: str) -> Com
     return welch(a, b, alternative, "seeds do not pair" if a.size and b.size else "a group is empty")
 
 
-def one_sample(d: Any, alternative: str) -> Comparison:
-    """A within-trial difference d (one per trial, each trial its own pair) tested against 0 across
-    seeds, as a paired comparison."""
+def one_sample(d: Any, alternative: str, unit: str = "trial") -> Comparison:
+    """A within-unit statistic d (one per trial: a within-trial difference or correlation; or one per
+    seed across its trials, ``unit="seed"``) tested against 0 across seeds, as a paired comparison."""
     d = np.asarray(d, dtype=float)
-    return _paired(d, alternative, d.size, d.size, f"paired within each trial, then across seeds ({d.size} trials)")
+    return _paired(d, alternative, d.size, d.size, f"paired within each {unit}, then across seeds ({d.size} {unit}s)")
 
 
 def _sided(alternative: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from pyarrow import fs as pafs
+from scipy import stats
 
 from analysis.conditions import TRIAL_KEYS, normalise_trials
 from analysis.labels import REFERENCE
@@ -34,6 +35,7 @@ from records.layout import filesystem, study_dir, table_path
 from trainables.data_roots import DATASET_SPECS
 
 PE_SCALE_COLLAPSE = 0.4  # Study P: at PE scale <= 0.4 the APE's dSSDC is 0 and FS JPEG at its `none` level
+PE_SCALE_LOWEST = 0.1  # the paper's PE-scaling table covers 0.1-1.0 (alpha 0, measured here, equals `none`)
 # Minimum MAD falls as heads are added (a minimum over L x H heads: 64 in study_l, 96 in study_p), so
 # the mean MAD of these layers stands beside it, comparable across presets (``mad_early``).
 EARLY_LAYERS = (0, 1)
@@ -135,7 +137,8 @@ class StudyData:
         measurements stored without them); NaN where no n is known. fs_jpeg_grid, fs_blur_grid: the mean FS
         over every measured severity of the grid. fs_jpeg_pe_scale_rise = FS JPEG at PE scale
         ``PE_SCALE_COLLAPSE`` - FS JPEG at 1.0, dssdc_pe_scale_drop = dSSDC at 1.0 - dSSDC at
-        ``PE_SCALE_COLLAPSE``: Study P's PE scaling within one trial (``pe_scale`` rows: additive PEs)."""
+        ``PE_SCALE_COLLAPSE``: Study P's PE scaling within one trial (``pe_scale`` rows: additive PEs);
+        pe_scale_link: the Spearman correlation of dSSDC and FS JPEG over the paper's PE scales."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
         out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
@@ -185,6 +188,7 @@ class StudyData:
               for metric in ("fs_jpeg", "dssdc") for alpha in (PE_SCALE_COLLAPSE, 1.0)}
         out["fs_jpeg_pe_scale_rise"] = at["fs_jpeg", PE_SCALE_COLLAPSE] - at["fs_jpeg", 1.0]
         out["dssdc_pe_scale_drop"] = at["dssdc", 1.0] - at["dssdc", PE_SCALE_COLLAPSE]
+        out["pe_scale_link"] = self._pe_scale_link().reindex(out.index)
         clean = self.select("clean", "acc")
         if "n_images" in clean and not clean.empty:
             out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
@@ -205,6 +209,22 @@ class StudyData:
             approx = pd.Series(fragility_se_without_counts(out[name], acc_clean, out["n_images"]), index=out.index)
             out[f"{name}_se"] = from_counts.where(counts[0].notna(), approx)
         return out.reset_index()
+
+    def _pe_scale_link(self) -> pd.Series:
+        """Per trial, the Spearman correlation of dSSDC and FS JPEG over the PE scales of the paper's
+        table (alpha 0.1-1.0; alpha 0 is a sanity point): Study P's link between the two, read across
+        every level rather than at two endpoints. NaN with fewer than three levels or a constant side."""
+        rows = [self.select("pe_scale", m) for m in ("dssdc", "fs_jpeg")]
+        if any(r.empty for r in rows):
+            return pd.Series(dtype=float)
+        both = pd.concat(rows)
+        both = both[both["level"] >= PE_SCALE_LOWEST - 1e-9]
+        wide = both.pivot_table(index=["trial_id", "level"], columns="metric", values="value").dropna()
+        out = {}
+        for trial_id, g in wide.groupby(level="trial_id"):
+            ok = len(g) >= 3 and g["dssdc"].nunique() > 1 and g["fs_jpeg"].nunique() > 1
+            out[trial_id] = float(stats.spearmanr(g["dssdc"], g["fs_jpeg"]).statistic) if ok else np.nan
+        return pd.Series(out, dtype=float)
 
     def local_heads(self, *, final: bool = True) -> pd.DataFrame:
         """(clean, mad) rows per layer and head of the heads that are no CLS sink (``records.vocab.CLS_SINK_MASS``);

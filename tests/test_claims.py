@@ -59,6 +59,11 @@ def _measurements(trial_id: str, values: dict) -> list[dict]:
         elif name == "dssdc_pe_scale_drop":
             add("pe_scale", 1.0, "dssdc", 0.1 + value)
             add("pe_scale", 0.4, "dssdc", 0.1)
+    if "pe_scale_link" in values:  # the levels between: dSSDC rising with alpha, FS JPEG falling (Spearman -1)
+        rise, drop = values["fs_jpeg_pe_scale_rise"], values["dssdc_pe_scale_drop"]
+        for alpha in (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9):
+            add("pe_scale", alpha, "dssdc", 0.1 + abs(drop) * (alpha - 0.4))
+            add("pe_scale", alpha, "fs_jpeg", 0.4 + abs(rise) * (1.0 - alpha) / 0.6)
     return rows
 
 
@@ -312,7 +317,8 @@ RANKS = {
     # Above every minimum MAD, so the early layers' head never is the network's minimum.
     "mad_early": (1.0, 0.01, lambda c: {"cutmix": 0, claims.MODERN: 0}.get(c.protocol.name, 1)),
     "entropy_early": (0.5, 0.01, lambda c: {"cutmix": 0, claims.MODERN: 0}.get(c.protocol.name, 1)),
-    "test_acc": (0.5, 0.01, lambda c: {"baseline": 0, "cutmix": 1, "autoaugment": 2}.get(c.protocol.name, 0)),
+    "test_acc": (0.5, 0.01, lambda c: {"baseline": 0, "cutmix": 1, "autoaugment": 2}.get(c.protocol.name, 0)
+                 + {"rope2d": 0.3, "sincos2d": 0.2, "ape": 0.1}.get(c.pe, 0)),
     "dssdc": (0.1, 0.05, lambda c: {NONE: 0, RPT: 1, APE: 2}.get((c.pe, c.rpt), 0.5)),
     "dssdc_per_batch": (0.1, 0.05, lambda c: {NONE: 0, RPT: 1, APE: 2}.get((c.pe, c.rpt), 0.5)),
     "fs_jpeg": (0.3, 0.01, lambda c: {("rope2d", False): 0, APE: 1, ("sincos2d", False): 2, NONE: 3, RPT: 4}
@@ -320,6 +326,7 @@ RANKS = {
     "fs_blur": (0.1, 0.01, lambda c: {("rope2d", False): 0, APE: 1, RPT: 2}.get((c.pe, c.rpt), 3)),
     "fs_jpeg_pe_scale_rise": (0.0, 0.01, lambda c: 1),
     "dssdc_pe_scale_drop": (0.0, 0.05, lambda c: 1),
+    "pe_scale_link": (0.0, 0.0, lambda c: 0),  # its levels follow the two above (``_measurements``)
 }
 
 

@@ -170,3 +170,60 @@ def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_
     cell = page._claims_html(table).split("<td class='v-supported'>", 1)[1].split("</td>", 1)[0]
     assert cell.startswith("supported<br><small class='aid'>precondition not met: local heads: baseline&#x27;s "
                            "minimum MAD 0.406, needs &lt;= 0.368")
+
+
+# -- the smaller items: the PE-scaling link across alpha, the clean-accuracy ordering -------------------
+def _scaled(sign: float) -> "StudyData":
+    """Five APE trials measured at every PE scale: FS JPEG falls as dSSDC rises when ``sign`` is -1, a
+    seed-dependent swap of two levels keeping the per-trial correlations apart."""
+    import pandas as pd
+
+    from analysis.study_data import StudyData
+
+    trials, measured = [], []
+    for seed in range(PAIRS):
+        tid = f"t{seed}"
+        trials.append({"trial_id": tid, "status": "finished", "dataset": "imagenet100", "img_size": 224,
+                       "pe": "ape", "rpt": False, "protocol": "baseline", "seed": seed, "test_acc": 0.6})
+        alphas = [round(0.1 * k, 1) for k in range(11)]
+        fs = [0.6 + sign * 0.02 * k for k in range(11)]
+        fs[seed + 1], fs[seed + 2] = fs[seed + 2], fs[seed + 1]  # one swapped pair: Spearman -0.988, not -1
+        for alpha, f in zip(alphas, fs):
+            for metric, value in (("dssdc", 0.05 * alpha), ("fs_jpeg", f)):
+                measured.append({"trial_id": tid, "checkpoint_epoch": 4, "intervention": "pe_scale", "level": alpha,
+                                 "layer": None, "head_index": None, "metric": metric, "value": value,
+                                 "n_images": 100})
+        measured.append({"trial_id": tid, "checkpoint_epoch": 4, "intervention": "rpi", "level": None, "layer": None,
+                         "head_index": None, "metric": "dssdc_per_batch", "value": 0.3, "n_images": 100})
+    return StudyData.from_frames("scaled", pd.DataFrame(trials), pd.DataFrame(), pd.DataFrame(measured))
+
+
+def test_the_pe_scaling_link_is_an_association_across_every_alpha():
+    text = "scaling the APE links dSSDC and FS JPEG (per-trial Spearman over alpha 0.1-1.0 < 0)"
+    linked, unlinked = _scaled(-1.0), _scaled(+1.0)
+    # alpha 0 (a sanity point) is left out: 10 levels, one adjacent swap -> 1 - 6 * 2 / (10 * 99) short of 1
+    assert linked.per_trial["pe_scale_link"].tolist() == pytest.approx([-1 + 12 / 990] * PAIRS)
+    (row,) = evaluate(linked, text).to_dict("records")
+    assert row["verdict"] == "supported" and "paired within each trial, then across seeds (5 trials)" in row["test"]
+    assert row["paper effect (A - B)"] == pytest.approx(-1.0) and row["precondition"].endswith(": met")
+    (row,) = evaluate(unlinked, text).to_dict("records")
+    assert row["verdict"] == claim_tests.OPPOSITE
+
+
+def test_the_clean_accuracy_ordering_is_one_claim_of_a_per_seed_spearman():
+    text = "clean accuracy ranks rope2d > sincos2d > ape > none (per-seed Spearman > 0)"
+    order = ("rope2d", "sincos2d", "ape", "none")
+    for flip, said in ((False, "supported"), (True, claim_tests.OPPOSITE)):
+        rows = []
+        for seed in range(PAIRS):
+            accs = [0.69, 0.66, 0.64, 0.57]
+            if seed % 2:  # every other seed has sincos2d and ape the other way round: Spearman 0.8
+                accs[1], accs[2] = accs[2], accs[1]
+            for pe, acc in zip(order, accs[::-1] if flip else accs):
+                rows.append({"pe": pe, "seed": seed, "test_acc": acc})
+        rows += [{"pe": "ape", "rpt": True, "seed": s, "test_acc": 0.9} for s in range(PAIRS)]  # not in the order
+        (row,) = evaluate(study(rows, dataset="imagenet100", img_size=224), text).to_dict("records")
+        assert row["verdict"] == said and row["n A"] == PAIRS
+        assert row["mean A"] == pytest.approx((3 * 1.0 + 2 * 0.8) / 5 * (-1 if flip else 1))
+        assert "paired within each seed, then across seeds (5 seeds)" in row["test"]
+        assert row["paper A / B"] == "rope2d 0.690 > sincos2d 0.657 > ape 0.641 > none 0.568: Spearman 1"
