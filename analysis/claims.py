@@ -142,8 +142,7 @@ PER_IMAGE_MARK, PER_BATCH_MARK = "one permutation per image", "the paper's estim
 SINKS_KEPT = "min_mad_all_heads"
 SINKS_KEPT_MARK = "sensitivity: CLS-sink heads kept (outside the Holm family)"
 GRID_LABELS = {"fs_jpeg_grid": "FS JPEG, mean over the quality grid", "fs_blur_grid": "FS blur, mean over the sigma grid",
-               SINKS_KEPT: "minimum MAD over every head, CLS sinks included",
-               "dssdc_per_batch": "dSSDC under RPI, the paper's estimator"}
+               SINKS_KEPT: "minimum MAD over every head, CLS sinks included"}
 SCALING_LABELS = {"fs_jpeg_pe_scale_rise": "FS JPEG q5 at PE scale 0.4 - at 1.0",
                   "dssdc_pe_scale_drop": "dSSDC under RPI at PE scale 1.0 - at 0.4",
                   "pe_scale_link": "Spearman of dSSDC and FS JPEG q5 over PE scales 0.1-1.0"}

@@ -85,7 +85,9 @@ def layer_tables(data: StudyData) -> list[tuple[str, pd.DataFrame, str]]:
     return out
 
 
-CONDITION_METRICS = ("test_acc", "min_mad", "dssdc", "fs_jpeg", "fs_blur")
+# dSSDC on both scales side by side: per image (the project's) and per 1,000 images (the paper's, the
+# one its 0.473 compares with; ``docs/studies.md``, "One scale per comparison").
+CONDITION_METRICS = ("test_acc", "min_mad", "mad_early", "dssdc", "dssdc_per_batch", "fs_jpeg", "fs_blur")
 SAMPLING_SE = {"test_acc": "test_acc_se", "fs_jpeg": "fs_jpeg_se", "fs_blur": "fs_blur_se"}  # per_trial columns
 
 

@@ -16,7 +16,8 @@ REFERENCE = {"pe": "ape", "rpt": False, "protocol": "baseline"}  # the setting a
 SWITCH_LABELS = {"autoaugment": "AA", "cutmix": "CutMix", "label_smoothing": "LS"}  # table heads, group names
 METRIC_LABELS = {"min_mad": "minimum MAD", "test_acc": "test accuracy", "dssdc": "dSSDC under RPI",
                  "fs_jpeg": "FS JPEG q5", "fs_blur": "FS blur s2.5", "mad_early": "mean MAD of layers 0-1",
-                 "entropy_early": "mean attention entropy of layers 0-1"}
+                 "entropy_early": "mean attention entropy of layers 0-1",
+                 "dssdc_per_batch": "dSSDC under RPI, the paper's estimator"}
 
 
 def protocol_label(name: str) -> str:

@@ -280,7 +280,8 @@ def conditions_html(data: StudyData) -> str:
         return '<p class="omitted">Conditions table: omitted (no finished trials).</p>'
     return ("<h3>Conditions table</h3><p class='caption'>Every condition at its final checkpoint: mean ± std over "
             "seeds, n = seeds. FS at JPEG q5 / blur sigma 2.5 (PE-scaling alpha 1 where the severity grid lacks "
-            "them). Every seed is measured on the same images, so the seed spread holds no test-set sampling "
+            "them). dSSDC under RPI on two scales: one permutation per image (this project's estimand) and the "
+            "paper's estimator (one per 1,000 images), the only one its 0.473 compares with. Every seed is measured on the same images, so the seed spread holds no test-set sampling "
             "error: the SE columns give it (one trial's value: binomial for accuracy; for FS the delta method "
             "over the paired counts of images right clean and shifted, right clean only, right shifted only). "
             f"{_se_note(data.per_trial)} <i>did not learn</i>: trials within 2 points of chance accuracy, of the "

@@ -517,7 +517,8 @@ def test_the_report_writes_its_tables_as_numeric_csv_and_latex(full_report):
     _, index = full_report
     conditions = pd.read_csv(index.parent / "conditions.csv")
     assert {"test_acc mean", "test_acc std", "test_acc CI low", "min_mad mean", "n"} <= set(conditions.columns)
-    for column in ("test_acc mean", "test_acc CI high", "min_mad mean", "dssdc mean", "n", "did not learn"):
+    for column in ("test_acc mean", "test_acc CI high", "min_mad mean", "dssdc mean", "dssdc_per_batch mean",
+                   "mad_early mean", "n", "did not learn"):
         assert pd.api.types.is_numeric_dtype(conditions[column]), column
     assert conditions["n"].max() == 6 and conditions["test_acc mean"].between(0, 1).all()
     ablation = pd.read_csv(index.parent / "ablation.csv")
