@@ -1,5 +1,6 @@
 """The statistics of one claim: its test on the trials that learned and on all trials, its verdict
-from a Holm-adjusted p, its power mark, its precondition and the paper's numbers beside it.
+(from a Holm-adjusted p, or for a claim of no effect its interval against the margin), its power mark,
+its precondition as a reading aid beside the verdict, and the paper's numbers beside it.
 
 ``analysis.claims`` defines the claims and assembles the table; the tests are ``analysis.seedstats``'s.
 """
@@ -13,10 +14,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis import seedstats
 from analysis.labels import model_label
 from analysis.paper_numbers import (PAPER_L_ACC_GAIN, PAPER_L_CUTMIX_MAX, PAPER_L_MIN_MAD, PAPER_L_NO_CUTMIX_MIN,
                                     PAPER_P_APE_SCALING, PAPER_P_MODELS)
-from analysis import seedstats
 from analysis.seedstats import ALPHA, Comparison, compare, one_sample
 from analysis.uniform_attention import uniform_mad
 from records.vocab import canonical_protocol
@@ -33,7 +34,7 @@ DIFFERS = "differs (CI wholly outside the margin: contradicts the claim)"
 INCONCLUSIVE = "inconclusive (CI crosses the margin)"
 # A directional claim whose estimate runs against it: not "no effect", a reversal.
 OPPOSITE = "not supported (opposite direction)"
-STEP_ALPHA = "alpha of the verdict (Holm step: 0.05 / (m - k + 1); 0.05 for a claim of no effect)"
+STEP_ALPHA = f"alpha of the verdict (Holm step: {ALPHA} / (m - k + 1); {ALPHA} for a claim of no effect)"
 MDE = "MDE (80% power, at the alpha of the verdict)"
 TWO_SIDED = "95% CI of effect (two-sided)"
 
