@@ -9,9 +9,16 @@ subset) and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all
 studies share each transformed image batch, so a checkpoint is the unit of work) and writes that
 checkpoint's measurement rows to Parquet and, on the trial's MLflow run, its scalars, per-layer curves
 and figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
-rewritten from everything measured so far. A corrupt or missing checkpoint is reported and skipped. A
-storage fault (a full or read-only results folder, an MLflow store that does not answer) is no
-checkpoint's fault: it ends the analysis, in one line. A checkpoint counts as measured when its Parquet
+rewritten from everything measured so far. A corrupt checkpoint is reported and skipped (its progress line
+gives the error's first line; the whole text goes to ``<results>/<study>/logs/analysis-*.log``). A planned
+checkpoint whose file is gone (a finished trial's checkpoint or snapshot folder deleted) is *missing*: named
+once before measuring, in the analysis plan (``records.manifest.write_analysis_plan``, which ``vitsweep
+status`` and the report read) and in the exit status. A storage fault (a full or read-only results folder,
+MLflow's SQLite store full or read-only, an MLflow store that does not answer or stays locked for the whole
+retry budget: ``records.client.storage_fault``) is no checkpoint's fault, and every later checkpoint would
+hit it too: the actor that meets it raises, Ray Data stops the pool, and the job ends at once, its
+heartbeat stamped with the fault, in one line (``StorageError`` or ``TrackingError``, one line each, for the
+caller to print). A checkpoint counts as measured when its Parquet
 file exists, written last, after its MLflow record: a fault between the two leaves it unmeasured, and
 the rerun logs only the MLflow points still missing. Re-running skips checkpoints already measured
 unless ``force``; an ``eval_size`` that gives another number of images than the rows already measured
@@ -30,46 +37,29 @@ import math
 import os
 import tempfile
 import time
+import traceback
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow.dataset as pads
 
+from analysis.plan import CHECKPOINT_CHOICES, missing_line, plan_checkpoints
 from analysis.study_data import write_summary_table
 from analysis.trial_record import log_checkpoint
 from records import files, manifest, stores, tables, tracking
-from records.layout import filesystem, is_uri, results_location, table_path
+from records.client import StorageError, storage_fault
+from records.layout import filesystem, is_uri, logs_dir, results_location, table_path
 from trainables.data_roots import DATASET_SPECS
 from trainables.ray_start import init_ray
 
 log = logging.getLogger("vitsweep.analyze")
-CHECKPOINT_CHOICES = ("final", "all")
 
 
 def list_checkpoints(results: str, study: str, which: str = "final") -> list[dict[str, Any]]:
-    """One row per checkpoint to measure: trial_id, epoch, path (a checkpoint or snapshot file)."""
-    from trainables import checkpoints  # here, not at the top: `vitsweep --help` imports no torch
-    if which not in CHECKPOINT_CHOICES:
-        raise ValueError(f"checkpoints must be one of {list(CHECKPOINT_CHOICES)}, got {which!r}")
-    trials = tables.read_table(results, study, "trials")
-    if trials is None:
-        raise ValueError(f"no trials table under {table_path(results, study, 'trials')}: train the study "
-                         f"first; studies under {results}: {tables.list_studies(results) or '(none)'}")
-    rows = []
-    for t in trials.to_pylist():
-        if t["status"] != "finished":
-            continue
-        if t.get("checkpoint_path"):
-            rows.append({"trial_id": t["trial_id"], "epoch": int(t["epochs_completed"] or 0),
-                         "path": checkpoints.checkpoint_file(t["checkpoint_path"]), "dataset": t["dataset"],
-                         "data_root": t["data_root"]})
-        if which == "all" and t.get("snapshot_dir"):
-            for path in files.list_files(t["snapshot_dir"]):
-                epoch = checkpoints.snapshot_epoch(path)
-                if epoch is not None and epoch != int(t["epochs_completed"] or -1):
-                    rows.append({"trial_id": t["trial_id"], "epoch": epoch, "path": path,
-                                 "dataset": t["dataset"], "data_root": t["data_root"]})
-    return rows
+    """One row per checkpoint to measure: trial_id, epoch, path (a checkpoint or snapshot file); those whose
+    file is gone are left out (``plan_checkpoints`` names them)."""
+    return plan_checkpoints(results, study, which)[0]
 
 
 class Measurer:
@@ -98,7 +88,7 @@ class Measurer:
         return self._subsets[key]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {k: [] for k in ("trial_id", "epoch", "path", "status", "rows", "seconds", "images", "note")}
+        out = {k: [] for k in ("trial_id", "epoch", "path", "status", "rows", "seconds", "images", "note", "detail")}
         for trial_id, epoch, path, dataset, data_root in zip(
             batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
         ):
@@ -107,20 +97,34 @@ class Measurer:
             except Exception:  # noqa: BLE001 - measure() raises it again, and the row says why
                 pass
             t0 = time.perf_counter()
-            note = ""
+            note = detail = ""
             try:
                 n, note = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root))
                 status = "ok"
             except Exception as exc:  # one bad checkpoint must not stop the study's analysis...
-                if _storage_side(exc):  # ...but a fault of the storage stops it: every checkpoint would fail
-                    raise
-                n, status = 0, f"error: {type(exc).__name__}: {exc}"
+                found = storage_fault(exc)
+                if found is not None:  # ...but a fault of the storage stops it: every checkpoint would fail
+                    raise self._storage_error(found, exc, str(trial_id), int(epoch)) from exc
+                # The row's status is one line (MLflow's errors run on with SQL); the whole text is the detail.
+                first = next((line for line in str(exc).splitlines() if line.strip()), "")
+                n, status, detail = 0, f"error: {type(exc).__name__}: {first}", traceback.format_exc()
             row = {"trial_id": str(trial_id), "epoch": int(epoch), "path": str(path), "status": status, "rows": n,
-                   "seconds": time.perf_counter() - t0, "note": note,
+                   "seconds": time.perf_counter() - t0, "note": note, "detail": detail,
                    "images": len(self._subsets[(str(dataset), str(data_root))][1]) if status == "ok" else 0}
             for key, value in row.items():
                 out[key].append(value)
         return {k: np.asarray(v) for k, v in out.items()}
+
+    def _storage_error(self, found: tuple[str, int | None], exc: Exception, trial_id: str, epoch: int) -> Exception:
+        """The storage fault ``found`` (``storage_fault``) as one line naming the checkpoint measured and, for a
+        fault inside MLflow's store, the store: a TrackingError for MLflow's retry budget spent, else a
+        StorageError with the fault's errno. Both pickle with their one line (Ray ships them to the driver)."""
+        line, code = found
+        store = ""
+        if self.mlflow_uri and not isinstance(exc, (OSError, stores.TrackingError)):
+            store = f"MLflow store {stores.redact(self.mlflow_uri)!r}: "
+        where = f"measuring {trial_id} epoch {epoch}: {store}{line}"
+        return stores.TrackingError(where) if code is None else StorageError(code, where)
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> tuple[int, str]:
         """(rows written, a note on MLflow values this measurement changed or "")."""
@@ -148,12 +152,6 @@ class Measurer:
                             f"changed; the new values are in {table_path(self.results, self.study, 'measurements')}")
         tables.write_measurements(self.results, self.study, trial_id, epoch, rows)  # last: it marks it measured
         return len(rows), note
-
-
-def _storage_side(exc: Exception) -> bool:
-    """A fault of where results go (an OSError other than a missing checkpoint, MLflow unreachable),
-    not of the checkpoint measured."""
-    return isinstance(exc, stores.TrackingError) or (isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError))
 
 
 def _fetch(path: str) -> str:
@@ -187,55 +185,121 @@ def pool_size(cpus: float, gpus: float, max_actors: int | None, gpus_per_actor: 
 def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
             checkpoints: str = "final", force: bool = False, eval_size: int | None = None, batch_size: int = 128,
             max_actors: int | None = None, gpus_per_actor: float = 1.0, verbose: bool = False) -> list[dict[str, Any]]:
-    """Measure a study's checkpoints; returns one status row per checkpoint.
+    """Measure a study's checkpoints; returns one status row per checkpoint (a missing one's: "missing").
 
     eval_size: None measures the whole test split (the studies' setting); an int caps it
     at a fixed, seeded subset of that many images (demos, tests)."""
     import ray
 
-    rows = list_checkpoints(results, study, checkpoints)
-    if not force:
-        done = tables.measured(results, study)
-        rows = [r for r in rows if (r["trial_id"], r["epoch"]) not in done]
-        check_n_images(results, study, rows, eval_size)
+    rows, gone, before, total = plan_analysis(results, study, checkpoints, force=force, eval_size=eval_size)
     log.info("analysis of %s: %d checkpoint(s) to measure", study, len(rows))
     if not rows:
         write_summary_table(results, study)
-        return []
+        return gone
 
     init_ray(address, log_to_driver=verbose)
     # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
     ray.data.DataContext.get_current().enable_progress_bars = verbose
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.ERROR)
-    total = ray.cluster_resources()
-    actors, cpu_each, gpu_each = pool_size(total.get("CPU", 1.0), total.get("GPU", 0.0), max_actors, gpus_per_actor)
+    cluster = ray.cluster_resources()
+    actors, cpu_each, gpu_each = pool_size(cluster.get("CPU", 1.0), cluster.get("GPU", 0.0), max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
         Measurer, fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,
                                          "eval_size": eval_size, "batch_size": batch_size,
                                          "threads": int(max(1, cpu_each))},
         batch_size=1, compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=cpu_each,
         num_gpus=gpu_each or None)
-
-    statuses, ended = [], []
-    # `vitsweep status` shows the stage, and what continues it when it is cut short
-    choices = {"checkpoints": checkpoints, "eval_size": eval_size or 0}
-    with manifest.heartbeat(results, study, stage="analyze"):
-        manifest.report_progress(results, study, done=0, total=len(rows), unit="checkpoints measured", **choices)
-        for s in ds.iter_rows():  # as each checkpoint is measured
-            statuses.append(s)
-            ended.append(time.monotonic())
-            eta = eta_s(ended, [x["seconds"] for x in statuses], len(rows), actors)
-            print(_progress_line(s, len(statuses), len(rows), eta), flush=True)
-            if s["note"]:
-                print(f"  {s['note']}", flush=True)
-            manifest.report_progress(results, study, done=len(statuses), total=len(rows),
-                                     unit="checkpoints measured", eta_s=eta, **choices)
+    statuses = measure_checkpoints(results, study, rows, ds.iter_rows(), actors=actors, before=before, total=total,
+                                   choices={"checkpoints": checkpoints, "eval_size": eval_size or 0})
     ok = sum(s["status"] == "ok" for s in statuses)
     corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     log.info("summary table of %s: %d trial(s)", study, write_summary_table(results, study))
+    return gone + statuses
+
+
+def plan_analysis(results: str, study: str, checkpoints: str, *, force: bool = False,
+                  eval_size: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, int]:
+    """(checkpoints to measure, a status row per missing one, how many of the plan are measured already, how
+    many it holds). Refuses another number of images than the rows measured (``check_n_images``), then
+    records the plan (``records.manifest.write_analysis_plan``) and names the missing ones in one line."""
+    rows, missing = plan_checkpoints(results, study, checkpoints)
+    done = tables.measured(results, study)
+    planned = [(r["trial_id"], r["epoch"]) for r in rows + missing]
+    missing = [m for m in missing if (m["trial_id"], m["epoch"]) not in done]  # measured before its file went
+    if not force:
+        rows = [r for r in rows if (r["trial_id"], r["epoch"]) not in done]
+        check_n_images(results, study, rows, eval_size)
+    manifest.write_analysis_plan(results, study, checkpoints=checkpoints, eval_size=eval_size, planned=planned,
+                                 missing=[{k: m[k] for k in ("trial_id", "epoch", "path")} for m in missing])
+    if missing:
+        print(missing_line(study, missing), flush=True)
+    gone = [{"trial_id": m["trial_id"], "epoch": m["epoch"], "path": m["path"], "status": "missing: the file is gone",
+             "rows": 0, "seconds": 0.0, "images": 0, "note": "", "detail": ""} for m in missing]
+    return rows, gone, 0 if force else len(set(planned) & done), len(planned)
+
+
+def measure_checkpoints(results: str, study: str, rows: list[dict[str, Any]], measured: Iterable[dict[str, Any]], *,
+                        actors: int = 1, before: int = 0, total: int | None = None,
+                        choices: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The driver's side of the job: ``measured`` yields each checkpoint's status row as it ends (the actor
+    pool's output); one progress line each, the heartbeat's progress (``before`` of the ``total`` planned
+    checkpoints measured by earlier runs, ``choices``: what `vitsweep status` says continues it), a skipped
+    one's whole error in the analysis log. A storage fault out of ``measured`` ends it at once, the first
+    one: the heartbeat is stamped ended with it (the analysis holds no record open, so nothing else is left
+    to close; Ray's actors end with Ray), and it is raised as one line (``StorageError``/``TrackingError``)."""
+    total = len(rows) + before if total is None else total
+    statuses: list[dict[str, Any]] = []
+    ended: list[float] = []
+    fault: Exception | None = None
+    with manifest.heartbeat(results, study, stage="analyze") as beat:
+        try:
+            # `vitsweep status` shows the stage, and what continues it when it is cut short
+            manifest.report_progress(results, study, done=before, total=total, unit="checkpoints measured",
+                                     **(choices or {}))
+            for s in measured:  # as each checkpoint is measured
+                statuses.append(s)
+                ended.append(time.monotonic())
+                eta = eta_s(ended, [x["seconds"] for x in statuses], len(rows), actors)
+                print(_progress_line(s, len(statuses), len(rows), eta), flush=True)
+                if s["note"]:
+                    print(f"  {s['note']}", flush=True)
+                manifest.report_progress(results, study, done=before + sum(x["status"] == "ok" for x in statuses),
+                                         total=total, unit="checkpoints measured", eta_s=eta, **(choices or {}))
+        except Exception as exc:  # noqa: BLE001 - a storage fault ends it in one line; anything else raises
+            found = storage_fault(exc)
+            if found is None:
+                raise
+            line, code = found
+            fault = stores.TrackingError(line) if code is None else StorageError(code, line)
+            fault.__cause__ = exc  # (the traceback behind the one line, for the caller's log)
+            beat.outcome = f"storage fault: {line}"
+        finally:
+            details = _write_details(results, study, statuses)
+    if fault is not None:
+        raise fault
+    if details:
+        log.info("analysis of %s: the errors of skipped checkpoints in full: %s", study, details)
     return statuses
+
+
+def _write_details(results: str, study: str, statuses: list[dict[str, Any]]) -> str | None:
+    """The whole text of each skipped checkpoint's error (its progress line has the first line only) in
+    ``<results>/<study>/logs/analysis-<time>-<pid>.log``; None when none was skipped, or where the folder
+    cannot take it (remote results; a failing storage is reported on its own)."""
+    texts = [f"{s['trial_id']} epoch {s['epoch']} ({s['path']}): skipped\n{s['detail']}" for s in statuses if s.get("detail")]
+    folder = logs_dir(results, study)
+    if not texts or folder is None:
+        return None
+    path = os.path.join(folder, f"analysis-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(texts) + "\n")
+    except OSError:
+        return None
+    return path
 
 
 def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_size: int | None) -> None:

@@ -28,7 +28,7 @@ from analysis import page
 from analysis.claims import evaluate_claims
 from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
-from records import tracking
+from records import manifest, tables, tracking
 from records.layout import report_dir, tracking_db
 from records.stores import default_tracking_uri
 
@@ -75,6 +75,8 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     body["T"].insert(0, page.conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)
     body["T"].insert(1, page.trials_html(data, _run_links(mlflow_uri, experiment_id)))
+    if note := missing_checkpoints_note(results, study):
+        body["T"].insert(2, page.omitted(note))
 
     claims = evaluate_claims(data)
     tables = write_tables(out, {"claims": claims, "conditions": conditions_numbers(data),
@@ -84,6 +86,20 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     if experiment_id is not None:
         _log_report(mlflow_uri, experiment_id, study, index, tables)
     return index
+
+
+def missing_checkpoints_note(results: str, study: str) -> str | None:
+    """A note under the trials table naming the checkpoints the latest analysis planned whose files are gone
+    (``records.manifest.read_analysis_plan``, less those measured since): their rows and summaries lack them."""
+    plan = manifest.read_analysis_plan(results, study) or {}
+    measured = tables.measured(results, study) if plan.get("missing") else set()
+    missing = [m for m in plan.get("missing") or [] if (m["trial_id"], int(m["epoch"])) not in measured]
+    if not missing:
+        return None
+    named = ", ".join(f"{m['trial_id']} epoch {m['epoch']}" for m in missing[:20]) + (" ..." if len(missing) > 20 else "")
+    return (f"Missing checkpoints: {len(missing)} planned checkpoint(s) were not measured, their files gone "
+            f"(a deleted checkpoint or snapshot folder): {named}. Their trials' measurements and summary rows "
+            "lack them.")
 
 
 TABLES = ("claims", "conditions", "ablation")  # <name>.csv and <name>.tex beside index.html

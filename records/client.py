@@ -13,6 +13,7 @@ this module before any MLflow call), and the loop here starts no attempt that co
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -97,6 +98,61 @@ _TRANSIENT_TEXT = ("database is locked", "database table is locked", "deadlock",
                    "temporarily unavailable")
 _STORAGE_TEXT = ("database or disk is full", "attempt to write a readonly database", "no space left on device",
                  "read-only file system")
+
+
+class StorageError(OSError):
+    """A storage fault of MLflow's store in one line (``storage_fault``): a write the disk under its SQLite
+    file refused (full, read-only), which no retry helps. An OSError with the errno of the disk's fault, so
+    every caller that classes storage faults by errno and words (``sweeps.faults.classify``) classes it.
+    Its text is its one line, without OSError's ``[Errno N]`` (the line often quotes the OS's own error)."""
+
+    def __str__(self) -> str:
+        return self.strerror if self.strerror is not None else super().__str__()
+
+
+# SQLite's and the OS's words for a storage fault, and the errno each stands for.
+_STORAGE_ERRNO = {"database or disk is full": errno.ENOSPC, "no space left on device": errno.ENOSPC,
+                  "attempt to write a readonly database": errno.EROFS, "read-only file system": errno.EROFS}
+
+
+def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
+    """(one line, errno) naming the storage fault ``exc`` is, or None when it is no storage fault: an MLflow
+    call that failed for its whole retry budget (``TrackingError``: the server did not answer, or SQLite's
+    database stayed locked), MLflow's store full or read-only (SQLite's words, found anywhere in the cause
+    chain: MLflow's own message opens with SQLAlchemy's autoflush remark and goes on with the SQL and every
+    bound parameter, so only the line that names the fault is kept), or an OSError of the storage (any but a
+    missing file, which is the file's fault, not the storage's). A Ray error of a remote one is read through
+    its ``cause``, else its text (the remote traceback), from the last line up."""
+    seen, chain, todo = set(), [], [exc]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, BaseException) and id(e) not in seen:
+            seen.add(id(e))
+            chain.append(e)
+            todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    for e in chain:
+        if isinstance(getattr(e, "cause", None), BaseException):
+            continue  # Ray's wrapper (an instance of the remote error's class too): its text is a whole traceback
+        if isinstance(e, TrackingError):
+            return str(e).splitlines()[0] if str(e) else "MLflow did not answer", None
+        if isinstance(e, StorageError):  # already one line
+            return e.strerror or str(e), e.errno
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else e.errno}", e.errno
+    for e in chain:
+        for line in reversed(str(e).splitlines()):
+            for name in ("TrackingError: ", "StorageError: "):  # ours, raised remotely: its one line as it was
+                if name in line:
+                    text = line.split(name, 1)[1].strip()[:400]
+                    return text, None if name == "TrackingError: " else _errno_of(text) or errno.EIO
+            if (code := _errno_of(line)) is not None:
+                return line.strip()[:400], code
+    return None
+
+
+def _errno_of(text: str) -> int | None:
+    low = text.lower()
+    return next((code for words, code in _STORAGE_ERRNO.items() if words in low), None)
 
 
 def _is_transient(exc: BaseException) -> bool:

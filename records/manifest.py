@@ -1,7 +1,9 @@
 """The sweep manifest and heartbeat, beside a study's tables: what was planned, and whether a launcher is alive.
 
 ``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial ids and their packs, the
-launch command, code version, start time, host and pid). ``<results>/<study>/heartbeat.json``: rewritten
+launch command, code version, start time, host and pid). ``<results>/<study>/analysis.json``: the plan of
+the latest analysis (every checkpoint it set out to measure, and those whose file is gone).
+``<results>/<study>/heartbeat.json``: rewritten
 every ``HEARTBEAT_INTERVAL_S`` while a launcher runs, naming its stage (``train``, ``analyze``,
 ``report``) and that stage's progress (``report_progress``), and stamped ``ended`` only when the process
 closed its records (with ``outcome``: why it ended early, e.g. interrupted); a process that died with
@@ -27,6 +29,7 @@ from records.layout import study_file
 
 MANIFEST_FILE = "sweep.json"
 HEARTBEAT_FILE = "heartbeat.json"
+ANALYSIS_PLAN_FILE = "analysis.json"
 HEARTBEAT_INTERVAL_S = 30.0
 # A launcher whose heartbeat is older than this is taken for dead (several missed beats:
 # a busy driver or a slow object store may delay one).
@@ -49,6 +52,22 @@ def write_manifest(results: str, study: str, *, planned: Sequence[Mapping[str, A
 
 def read_manifest(results: str, study: str) -> dict | None:
     return files.read_json(study_file(results, study, MANIFEST_FILE))
+
+
+def write_analysis_plan(results: str, study: str, *, checkpoints: str, eval_size: int | None,
+                        planned: Sequence[tuple[str, int]], missing: Sequence[Mapping[str, Any]]) -> dict:
+    """Record what the latest analysis set out to measure: every planned checkpoint (trial id, epoch),
+    those of them whose file is gone (``missing``: trial_id, epoch, path), and the choices it measured
+    with. ``vitsweep status`` and the report read it beside the measurements on disk."""
+    plan = {"study": study, "checkpoints": checkpoints, "eval_size": eval_size or 0,
+            "planned": [[str(t), int(e)] for t, e in planned], "missing": [dict(m) for m in missing],
+            "written_at": _now().isoformat(timespec="seconds")}
+    files.write_json(study_file(results, study, ANALYSIS_PLAN_FILE), plan)
+    return plan
+
+
+def read_analysis_plan(results: str, study: str) -> dict | None:
+    return files.read_json(study_file(results, study, ANALYSIS_PLAN_FILE))
 
 
 def read_heartbeat(results: str, study: str) -> dict | None:

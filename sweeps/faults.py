@@ -61,7 +61,8 @@ def classify(exc: BaseException) -> str | None:
         if isinstance(e, StorageFault):
             return e.lines[0]
         if isinstance(e, TrackingError):
-            return f"MLflow unreachable: {str(e).splitlines()[0]}"
+            text = str(e).splitlines()[0] if str(e) else ""  # SQLite locked past the retry budget is no outage
+            return f"MLflow {'database stayed locked' if 'database is locked' in text.lower() else 'unreachable'}: {text}"
         if isinstance(e, (pickle.UnpicklingError, EOFError)):
             return f"a Tune state file is truncated ({type(e).__name__}: {str(e) or 'end of file'})"
         if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or _storage_words(str(e))):

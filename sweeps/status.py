@@ -5,6 +5,9 @@ the results: the ``trials`` table says what each started trial reached, the
 sweep manifest (``records.manifest``) what was planned, and the heartbeat
 whether the launcher is alive. ``running`` rows of a launcher that is not
 alive are *stale*: the launcher died, and ``--resume`` picks them up.
+The analysis plan (``records.manifest.read_analysis_plan``) says which checkpoints the latest analysis set out
+to measure and which of them are missing (their files gone); the measurement files on disk say how many
+of them are measured, whatever the heartbeat last said.
 """
 
 from __future__ import annotations
@@ -46,7 +49,22 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     return {"study": study, "results": results, "counts": {s: counts.get(s, 0) for s in STATES},
             "ids": {s: sorted(t for t, v in state.items() if v == s) for s in STATES if s != "finished"},
             "planned": len(planned) if plan else None, "unplanned": sorted(set(rows) - set(planned)) if plan else [],
-            "launch": plan, "heartbeat": beat, "alive": alive, "pid_checked": checked}
+            "launch": plan, "heartbeat": beat, "alive": alive, "pid_checked": checked,
+            "analysis": analysis_status(results, study)}
+
+
+def analysis_status(results: str, study: str) -> dict[str, Any] | None:
+    """The latest analysis plan against the measurement files on disk: {planned, measured, missing (those
+    still unmeasured: trial_id, epoch, path), checkpoints, eval_size}. None without a plan (no analysis
+    ran, or one of an earlier version: its heartbeat's progress is all there is)."""
+    plan = manifest.read_analysis_plan(results, study)
+    if plan is None:
+        return None
+    measured = tables.measured(results, study)  # the record of truth: a checkpoint's file is written last
+    planned = {(str(t), int(e)) for t, e in plan["planned"]}
+    return {"planned": len(planned), "measured": len(planned & measured),
+            "missing": [m for m in plan.get("missing") or [] if (m["trial_id"], int(m["epoch"])) not in measured],
+            "checkpoints": plan.get("checkpoints"), "eval_size": plan.get("eval_size")}
 
 
 def format_status(status: dict[str, Any], *, now: datetime.datetime | None = None) -> str:
@@ -74,10 +92,14 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
         else:
             why = manifest.process_alive(beat)[1] or f"last heartbeat {age:.0f} s ago"
             lines.append(f"  launcher: not alive ({why})")
+    analysis = status.get("analysis")
     if beat and status["alive"] and beat.get("stage"):
-        lines.append("  " + stage_line(beat))
+        lines.append("  " + stage_line(beat, analysis=analysis))
     elif beat and (beat.get("outcome") or not beat.get("ended")):  # cut short: what continues it
-        lines.append("  " + continue_line(status["study"], status["results"], beat))
+        lines.append("  " + continue_line(status["study"], status["results"], beat, analysis=analysis,
+                                          counts=counts))
+    elif analysis and analysis["missing"]:  # ran to its end without them
+        lines.append("  " + missing_line(analysis))
     for s in ("stale", "failed", "running"):
         if status["ids"][s]:
             shown = ", ".join(status["ids"][s][:10]) + (" ..." if len(status["ids"][s]) > 10 else "")
@@ -91,11 +113,15 @@ def format_status(status: dict[str, Any], *, now: datetime.datetime | None = Non
 STAGE_WORDS = {"train": "training", "analyze": "measuring checkpoints", "report": "writing the report"}
 
 
-def stage_line(beat: dict[str, Any]) -> str:
-    """``stage analyze (measuring checkpoints): 5 of 12 checkpoints, ETA 2 min``, from a live heartbeat."""
+def stage_line(beat: dict[str, Any], *, analysis: dict[str, Any] | None = None) -> str:
+    """``stage analyze (measuring checkpoints): 5 of 12 checkpoints, ETA 2 min``, from a live heartbeat; with
+    ``analysis`` (``analysis_status``) the analyze stage's checkpoints measured are counted on disk (the
+    heartbeat's count is written at most every few seconds)."""
     stage = beat["stage"]
     line = f"stage {stage} ({STAGE_WORDS.get(stage, stage)})"
     p = beat.get("progress")
+    if p and stage == "analyze" and analysis and analysis.get("planned"):
+        p = {**p, "done": analysis["measured"], "total": analysis["planned"]}
     if p:
         line += f": {p['done']} of {p['total']} {p['unit']}"
         if p.get("eta_s") is not None and p["done"] < p["total"]:
@@ -103,18 +129,42 @@ def stage_line(beat: dict[str, Any]) -> str:
     return line
 
 
-def continue_line(study: str, results: str, beat: dict[str, Any]) -> str:
-    """The command that continues a stage that was cut short (interrupted, or its process died)."""
+def continue_line(study: str, results: str, beat: dict[str, Any], *, analysis: dict[str, Any] | None = None,
+                  counts: dict[str, int] | None = None) -> str:
+    """The command that continues a stage that was cut short (interrupted, or its process died); with
+    ``analysis`` (``analysis_status``) the checkpoints measured are counted on disk, and with the trials'
+    ``counts`` a train stage whose every trial finished is not called unfinished."""
     p = beat.get("progress") or {}
     if beat.get("stage") == "analyze":
         command = ["vitsweep", "analyze", study, "--results", results]
-        if p.get("checkpoints"):  # the choices it measured with (the study's own, unless given)
-            command += ["--checkpoints", str(p["checkpoints"]), "--eval-size", str(p.get("eval_size") or 0)]
-        done = f"{p['done']} of {p['total']} checkpoints measured; " if p.get("total") else ""
-        return f"analysis unfinished: {done}`{shlex.join(command)}` continues it"
+        chosen = (analysis or {}).get("checkpoints") or p.get("checkpoints")
+        if chosen:  # the choices it measured with (the study's own, unless given)
+            eval_size = (analysis or {}).get("eval_size") if analysis else p.get("eval_size")
+            command += ["--checkpoints", str(chosen), "--eval-size", str(eval_size or 0)]
+        done, total = ((analysis["measured"], analysis["planned"]) if analysis and analysis.get("planned")
+                       else (p.get("done"), p.get("total")))
+        done = f"{done} of {total} checkpoints measured; " if total else ""
+        gone = f"{_checkpoints(len(analysis['missing']))} missing; " if analysis and analysis["missing"] else ""
+        return f"analysis unfinished: {gone}{done}`{shlex.join(command)}` continues it"
     if beat.get("stage") == "report":
         return f"report unfinished: `{shlex.join(['vitsweep', 'report', study, '--results', results])}` writes it"
+    ended = (counts or {}).get("finished", 0) + (counts or {}).get("stopped", 0)  # stopped: early, by the scheduler
+    if ended and not any((counts or {}).get(s) for s in ("running", "stale", "failed", "pending")):
+        command = shlex.join(["vitsweep", "analyze", study, "--results", results])
+        return f"training finished (all {ended} trials): `{command}` measures their checkpoints"
     return "training unfinished: the launch command with --resume continues the unfinished trials"
+
+
+def missing_line(analysis: dict[str, Any]) -> str:
+    """``analysis unfinished: 2 checkpoints missing (t epoch 4, ...), their files gone; 10 of 12 measured``."""
+    missing = analysis["missing"]
+    named = ", ".join(f"{m['trial_id']} epoch {m['epoch']}" for m in missing[:4]) + (" ..." if len(missing) > 4 else "")
+    return (f"analysis unfinished: {_checkpoints(len(missing))} missing ({named}), their files gone; "
+            f"{analysis['measured']} of {analysis['planned']} checkpoints measured")
+
+
+def _checkpoints(n: int) -> str:
+    return f"{n} checkpoint{'' if n == 1 else 's'}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -117,3 +117,42 @@ def test_an_interrupted_launch_and_a_cut_short_analysis_say_so_and_what_continue
     with pytest.raises(RuntimeError), manifest.heartbeat(partial, "s"):  # died with trials open: no stamp
         raise RuntimeError
     assert not manifest.read_heartbeat(partial, "s")["ended"]
+
+
+def test_an_analysis_counts_the_measurement_files_on_disk_not_its_last_heartbeat(partial):
+    """The heartbeat's progress lags (written at most every few seconds, and not at all once the disk
+    fills): the measurement files, written last for each checkpoint, are the count, live and cut short."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    manifest.write_analysis_plan(partial, "s", checkpoints="all", eval_size=500,
+                                 planned=[("t0", 0), ("t0", 2), ("t1", 2)], missing=[])
+    progress = {"done": 0, "total": 3, "unit": "checkpoints measured", "checkpoints": "all", "eval_size": 500}
+    with manifest.heartbeat(partial, "s", stage="analyze"):
+        manifest.report_progress(partial, "s", **progress)
+        for trial_id, epoch in (("t0", 0), ("t1", 2), ("t9", 4)):  # t9's is of no plan of this analysis
+            tables.write_measurements(partial, "s", trial_id, epoch, [])
+        assert "stage analyze (measuring checkpoints): 2 of 3 checkpoints measured" in status.format_status(
+            status.study_status(partial, "s"))
+    code = f"from records import manifest; manifest.beat({partial!r}, 's', stage='analyze', progress={progress!r})"
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True,  # an analysis that died, its beat saying 0 of 3
+                   env={**os.environ, "PYTHONPATH": str(root)})
+    text = status.format_status(status.study_status(partial, "s"))
+    assert (f"analysis unfinished: 2 of 3 checkpoints measured; `vitsweep analyze s --results {partial} "
+            "--checkpoints all --eval-size 500` continues it") in text
+
+
+def test_a_launch_cut_short_after_every_trial_finished_is_not_called_training_unfinished(tmp_path):
+    results = str(tmp_path)
+    manifest.write_manifest(results, "s", planned=[{"trial_id": "t0"}, {"trial_id": "t1"}],
+                            command=["vitsweep", "sweep", "s"], code_version="abc123")
+    for tid in ("t0", "t1"):
+        tables.write_trial(results, "s", {}, _row(tid, "finished"))
+    with manifest.heartbeat(results, "s") as beat:
+        beat.outcome = "the launch was interrupted (SIGTERM)"
+    text = status.format_status(status.study_status(results, "s"))
+    assert "training unfinished" not in text
+    assert f"training finished (all 2 trials): `vitsweep analyze s --results {results}` measures their checkpoints" in text
