@@ -57,8 +57,7 @@ log = logging.getLogger("vitsweep.analyze")
 
 
 def list_checkpoints(results: str, study: str, which: str = "final") -> list[dict[str, Any]]:
-    """One row per checkpoint to measure: trial_id, epoch, path (a checkpoint or snapshot file); those whose
-    file is gone are left out (``plan_checkpoints`` names them)."""
+    """One row per checkpoint to measure: trial_id, epoch, path; those whose file is gone left out."""
     return plan_checkpoints(results, study, which)[0]
 
 
@@ -105,8 +104,9 @@ class Measurer:
                 found = storage_fault(exc)
                 if found is not None:  # ...but a fault of the storage stops it: every checkpoint would fail
                     raise self._storage_error(found, exc, str(trial_id), int(epoch)) from exc
-                # The row's status is one line (MLflow's errors run on with SQL); the whole text is the detail.
-                first = next((line for line in str(exc).splitlines() if line.strip()), "")
+                # One line (MLflow's open with an autoflush remark, then SQL): the whole text is the detail.
+                first = next((line for line in str(exc).splitlines() if line.strip()
+                              and not line.startswith("(raised as a result of")), "")
                 n, status, detail = 0, f"error: {type(exc).__name__}: {first}", traceback.format_exc()
             row = {"trial_id": str(trial_id), "epoch": int(epoch), "path": str(path), "status": status, "rows": n,
                    "seconds": time.perf_counter() - t0, "note": note, "detail": detail,
@@ -198,9 +198,10 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
         return gone
 
     init_ray(address, log_to_driver=verbose)
-    # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks.
+    # Quiet by default: one line per measured checkpoint below instead of Ray Data's status blocks; an error
+    # Ray Data logs is also raised here, where it ends the job in its own line (a storage fault) or traceback.
     ray.data.DataContext.get_current().enable_progress_bars = verbose
-    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.ERROR)
+    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.CRITICAL)
     cluster = ray.cluster_resources()
     actors, cpu_each, gpu_each = pool_size(cluster.get("CPU", 1.0), cluster.get("GPU", 0.0), max_actors, gpus_per_actor)
     ds = ray.data.from_items(rows).map_batches(
