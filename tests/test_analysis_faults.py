@@ -35,6 +35,7 @@ def _study(results: Path, trial_ids: list[str], uri: str | None = None) -> None:
     """Finished trials as training leaves them: a checkpoint and the log-spaced snapshots each, a trials
     row, and, given ``uri``, a trial run in MLflow."""
     for seed, trial_id in enumerate(trial_ids):
+        torch.manual_seed(seed)  # the same weights every run
         cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=EPOCHS, warmup_epochs=0, study="demo", seed=seed,
                                     data_root=str(results / "data"))
         checkpoint, snapshots = (results / "storage" / "demo" / kind / trial_id for kind in ("checkpoints", "snapshots"))
