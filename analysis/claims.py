@@ -28,6 +28,7 @@ from scipy import stats
 from analysis.claim_tests import (MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null, paper_numbers, power_mark,
                                   precondition, reading_aid, verdict)
 from analysis.labels import METRIC_LABELS, group_label
+from analysis.paper_numbers import PAPER_P_MODELS
 from analysis.seedstats import ALPHA, holm, holm_step_alpha, mde
 from records.vocab import MODERN, SWITCHES
 
@@ -79,6 +80,10 @@ APE, APE_RPT = {"pe": "ape", "rpt": False}, {"pe": "ape", "rpt": True}
 def _claim(paper: str, text: str, metric: str, a: dict, b: dict | None, alternative: str = "less", **kw) -> Claim:
     return Claim(paper, text, metric, a, b, alternative, margin=kw.pop("margin", MARGINS.get(metric)), **kw)
 
+
+# The PEs without RPT by the paper's clean accuracy, best first: rope2d > sincos2d > ape > none.
+PAPER_CLEAN_ORDER = tuple(sorted((pe for pe in PAPER_P_MODELS if "RPT" not in pe),
+                                 key=lambda pe: -PAPER_P_MODELS[pe]["test_acc"]))
 
 CLAIMS = (
     _claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"},
@@ -132,7 +137,7 @@ CLAIMS = (
            "pe_scale_link", APE, None, margin=MARGINS["spearman"], needs="APE frame"),
     _claim("Study P", "clean accuracy ranks rope2d > sincos2d > ape > none (per-seed Spearman > 0)", "test_acc",
            {}, None, "greater", margin=MARGINS["spearman"],
-           order=tuple({"pe": pe, "rpt": False} for pe in ("rope2d", "sincos2d", "ape", "none"))),
+           order=tuple({"pe": pe, "rpt": False} for pe in PAPER_CLEAN_ORDER)),
 )
 
 FS_GRID = {"fs_jpeg": "fs_jpeg_grid", "fs_blur": "fs_blur_grid"}  # the per-trial mean over the severity grid

@@ -220,6 +220,8 @@ class StudyData:
         both = pd.concat(rows)
         both = both[both["level"] >= PE_SCALE_LOWEST - 1e-9]
         wide = both.pivot_table(index=["trial_id", "level"], columns="metric", values="value").dropna()
+        if not {"dssdc", "fs_jpeg"} <= set(wide.columns):  # one side all NaN (e.g. a tiny evaluation set)
+            return pd.Series(dtype=float)
         out = {}
         for trial_id, g in wide.groupby(level="trial_id"):
             ok = len(g) >= 3 and g["dssdc"].nunique() > 1 and g["fs_jpeg"].nunique() > 1
