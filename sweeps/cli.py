@@ -20,8 +20,9 @@ import shlex
 import sys
 import textwrap
 
-from records import vocab
-from sweeps import STUDIES, options, progress, run as launcher, status as status_module, study
+from records import layout, vocab
+from sweeps import STUDIES, options, progress, run as launcher, status as status_module, study, supervise
+from sweeps.lock import AGAIN
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.validate import OneLineParser, check_ascii_paths
 
@@ -88,7 +89,25 @@ def _analysis(command: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """The command; as the program (no ``argv``), a command that starts Ray runs in a child process
+    kept by this one (``sweeps.supervise``)."""
+    if argv is not None:
+        return _main(list(argv))
+    argv = sys.argv[1:]
+    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
+    if args.command not in ("sweep", "demo", "analyze") or getattr(args, "dry_run", False):
+        return _main(argv)
+
+    def where() -> tuple[str, str, str | None, str]:
+        then = {"sweep": "launch again with --resume", "demo": "run `vitsweep demo` again",
+                "analyze": AGAIN["analysis"]}[args.command]
+        return (layout.results_location(args.results), getattr(args, "study", "demo"),
+                getattr(args, "mlflow_uri", None), then)
+
+    return supervise.run(argv, _main, where)
+
+
+def _main(argv: list[str]) -> int:
     args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     if args.command in ("report", "compare"):
         try:

@@ -35,6 +35,7 @@ class Interrupts:
     def __init__(self) -> None:
         self.received: list[str] = []
         self._watch = None
+        self._close = None
         self._saved: dict[int, object] = {}
         self._tune: str | None = None
 
@@ -59,18 +60,22 @@ class Interrupts:
         return f"the launch was interrupted ({self.received[0]})" if self.received else ""
 
     @contextlib.contextmanager
-    def stopping(self, watch) -> Iterator[None]:
-        """While Tune runs: the first signal sets ``watch.interrupted``, which its stopper reads."""
-        self._watch = watch
+    def stopping(self, watch, close=None) -> Iterator[None]:
+        """While Tune runs: the first signal sets ``watch.interrupted``, which its stopper reads, and
+        runs ``close`` in a thread at once: the records are closed before the launch waits on Ray to
+        stop its trials (Ray may be dying too, and a scheduler's SIGKILL follows in seconds)."""
+        self._watch, self._close = watch, close
         try:
             yield
         finally:
-            self._watch = None
+            self._watch = self._close = None
 
     def _handle(self, signum: int, frame) -> None:
         first = not self.received
         self.received.append(signal.Signals(signum).name)
         if first and self._watch is not None:
             self._watch.interrupted = self.reason
+            if self._close is not None:
+                threading.Thread(target=self._close, name="vitsweep-close-on-signal", daemon=True).start()
             return
         raise KeyboardInterrupt(self.received[-1])

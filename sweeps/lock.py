@@ -264,3 +264,12 @@ class LaunchLock:
 
     def _tmp_uri(self) -> str:
         return f"{self.uri}.{self.token}.tmp"
+
+
+def remove_dead_holders_lock(results: str, study: str) -> None:
+    """Remove the lock of ``study`` when its holder ran on this machine and is gone (a launch's keeper,
+    ``sweeps.supervise``, closing what its dead launch left); a live holder's lock stays."""
+    lock = LaunchLock(results, study)
+    current = lock._read()
+    if current is not None and current.get("host") == socket.gethostname() and process_alive(current)[0] is False:
+        lock._remove(lock.uri)

@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
 
 from records import client, layout, manifest, provenance, stores, tables, tracking
 from records.stores import TrackingError
-from sweeps import faults, options, progress, study
+from sweeps import faults, options, progress, study, supervise
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.lock import LaunchLock
 from sweeps.packs import pack_of, resume_epochs
@@ -343,9 +343,14 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
+    def close_now() -> None:  # at the first signal (sweeps.interrupt); the epilogue below closes the rest
+        with contextlib.suppress(Exception):  # noqa: BLE001 - the epilogue closes again, and reports faults
+            close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
+                             interrupts.reason, tracking_down=watch.tracking_down)
+
     try:
         with manifest.heartbeat(results, args.study) as beat, faults.routed(launch_log, args.verbose), watch, \
-                interrupts.stopping(watch):
+                interrupts.stopping(watch, close_now):
             try:
                 grid = tuner.fit()
                 errors = failed(grid, watch)
@@ -430,7 +435,16 @@ def main(argv: list[str] | None = None) -> int:
                            "Train, then analyse and report.", epilog="example: python sweeps/run.py demo --stage all"
                            "   |   python sweeps/run.py study_l --dry-run")
     options.add_arguments(parser)
-    return run(parser.parse_args(argv))
+    if argv is not None:
+        return run(parser.parse_args(argv))
+    args = parser.parse_args()
+    if args.dry_run:
+        return run(args)
+    # As the program (`ray job submit -- python sweeps/run.py ...`): kept by a parent process, as
+    # `vitsweep sweep` is (see sweeps/supervise.py).
+    return supervise.run(sys.argv[1:], lambda argv: run(parser.parse_args(argv)),
+                         lambda: (layout.results_location(args.results), args.study, args.mlflow_uri,
+                                  "launch again with --resume"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -96,6 +96,14 @@ def _written_after(results: Path, table: str, since: float) -> bool:
     return any(p.stat().st_mtime > since for p in (results / "demo" / table).glob("*.parquet"))
 
 
+def _launcher_of(keeper: subprocess.Popen) -> int:
+    """The pid of the launch process that ``sweeps.supervise`` keeps (the keeper's one child)."""
+    import psutil
+
+    (child,) = psutil.Process(keeper.pid).children()
+    return child.pid
+
+
 def _output(out: Path) -> str:
     return out.with_suffix(".out").read_text() + out.with_suffix(".err").read_text()
 
@@ -126,8 +134,9 @@ def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes
         assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
             status.study_status(str(results), "demo"))
 
-        # 2. Resumed, then SIGKILLed (a real SIGKILL to the launcher's process group) once a trial finished
-        # and a running trial's checkpoint (epoch 2) lags its epochs table (epoch 3).
+        # 2. Resumed, then SIGKILLed once a trial finished and a running trial's checkpoint (epoch 2) lags its
+        # epochs table (epoch 3): every process of the launch at once, keeper, launcher and Ray, as a
+        # scheduler's cgroup kill does (a SIGKILL of the keeper alone is a signal to the launcher).
         deadline = time.time() + 420
         proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "killed")
         while not finished(results) and proc.poll() is None and time.time() < deadline:
@@ -137,16 +146,18 @@ def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes
         second = _launch(results, ray_tmp=temps[2], out=tmp_path / "refused")
         assert second.wait(timeout=120) == 2, _output(tmp_path / "refused")[-3000:]
         out = _output(tmp_path / "refused")
-        assert f"another launch of study 'demo' into {results} is running" in out and f"pid {proc.pid}," in out
+        launcher = _launcher_of(proc)
+        assert f"another launch of study 'demo' into {results} is running" in out and f"pid {launcher}," in out
         assert not Path(temps[2], "ray").exists()  # no Ray was started
         # ...and every socket the launch's Ray listens on is bound to loopback.
         assert_listens_on_loopback_only(proc.pid)
         assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
         while not lagging(results) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
+        for group in (proc.pid, launcher):
+            os.killpg(group, signal.SIGKILL)
         proc.wait()
-        killed = proc.pid
+        killed = launcher
         kill_ray_under(temps[1])
         done_before, lag = finished(results), lagging(results)
         assert 1 <= len(done_before) < 4 and lag, (done_before.keys(), lag)

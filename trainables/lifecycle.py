@@ -194,7 +194,9 @@ def close_unfinished(results: str, study: str, mlflow_uri: str, experiment_id: s
         early = row["trial_id"] in stopped and row["status"] in ("running", "failed")
         if not early and row["status"] != "running":
             continue
-        closed = {**row, "status": "stopped" if early else "failed", "error": None if early else row.get("error") or reason}
+        # (a running row's error is the cause of its last restart, not why it ends: the launch ended it)
+        why = reason if row["status"] == "running" else row.get("error") or reason
+        closed = {**row, "status": "stopped" if early else "failed", "error": None if early else why}
         run_id, run_fault = None, None
         try:
             run_id = None if tracking_down else \
