@@ -96,8 +96,9 @@ def claims_section(data: StudyData) -> str:
     parts += ["", f"Each claim's test as the report runs it (`analysis.claims`): paired by seed, the "
                   f"{INTERVAL} of the effect, p Holm-adjusted within Study L, a directional verdict only where "
                   "the exact sign-flip test can reach p < 0.05 (5 pairs or more), the minimum detectable effect "
-                  "at 80% power, and \"untestable at this scale\" while the baseline's attention is within 0.05 "
-                  "of uniform (the precondition \"local heads\")."]
+                  "at 80% power at the alpha of the row's Holm step, and, while the baseline's attention is within "
+                  "0.05 of uniform (the precondition \"local heads\"), a reading aid beside the verdict, never "
+                  "in its place."]
     return "\n".join(parts)
 
 

@@ -18,6 +18,12 @@ Tune *function* trainable that launches a ``TorchTrainer`` and forwards its repo
     members left "running": failed with why       per member at the end: finished | failed
       (lifecycle.close_unclosed)
 
+A lost node (or a killed worker) fails the worker group: Train restarts it from each member's last
+checkpoint, up to ``max_failures`` times, and ``restart_recorder`` counts it in the members' rows and
+runs first; the restarted worker names its node in them and tells the launcher in its first report
+(``lifecycle.RESTART_KEYS``). A worker group no node can take fails its start after
+``placement_timeout_s``; Train tries once more, then the trial fails.
+
 Every trial's checkpoint lives in ``<storage>/<study>/checkpoints/<trial id>/`` (``trainables.checkpoints``),
 whichever pack trains it, so a member resumes in any pack or alone; a lone trial of an earlier version is
 found in its Train storage (``checkpoints.find_stored``). Only rank 0 writes records. A Tune retry
@@ -159,7 +165,7 @@ def restart_recorder(settings: LaunchSettings, cfgs: list[RunConfig], run_ids: d
             self.failures += 1
             if 0 <= settings.max_failures < self.failures:
                 return  # no restart: the driver closes the members failed, with the error
-            rank, error = min(worker_exceptions.items())
+            _, error = min(worker_exceptions.items())  # rank 0's, or the lowest rank that failed
             node = _last_node(settings, cfgs)
             cause = (f"its Train worker{f' on node {node}' if node else ''} was lost "
                      f"({type(error).__name__}: {_first_line(error)})")
