@@ -59,10 +59,11 @@ def run(argv: list[str], entry: Callable[[list[str]], int], where: Callable[[], 
             Path(note).write_text(str(code))
         return code
     with tempfile.TemporaryDirectory(prefix="vitsweep-keeper-") as folder:
-        return _keep(argv, Path(folder) / "closed", where)
+        return _keep(Path(folder) / "closed", where)
 
 
-def _keep(argv: list[str], note: Path, where) -> int:
+def _keep(note: Path, where) -> int:
+    """Run this process's own command line again as the child (``CHILD_ENV``), and keep it."""
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env={**os.environ, CHILD_ENV: "1",
                                                                         NOTE_ENV: str(note)},
                              process_group=0, preexec_fn=_die_with_parent)
@@ -85,13 +86,13 @@ def _keep(argv: list[str], note: Path, where) -> int:
         _kill_group(child)
         child.wait()
         return _closed(where, f"the launch was interrupted ({received[0][0]})", INTERRUPTED_EXIT,
-                       lambda status, then: f"vitsweep: interrupted ({received[0][0]}); its unfinished trials are "
-                       f"recorded failed; `{status}` shows what was left; {then}")
+                       lambda status, then: f"vitsweep: interrupted ({received[0][0]}); what it left open is "
+                       f"closed; `{status}` shows what was left; {then}")
     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    why = (f"the launch process ended with {how} and no last word (on a local Ray: its raylet or GCS died, and "
-           "Ray ended the process)")
-    return _closed(where, why, 1, lambda status, then: f"error: {why}; its unfinished trials are recorded failed; "
-                   f"`{status}` shows what was left, the launch logs under the results folder say more; {then}")
+    why = (f"the launch process ended with {how} and no last word (Ray ends it so when the local raylet or GCS "
+           "dies; the kernel's out-of-memory killer too)")
+    return _closed(where, why, 1, lambda status, then: f"error: {why}; what it left open is closed; `{status}` "
+                   f"shows what was left, the launch logs under the results folder say more; {then}")
 
 
 def _wait(child: subprocess.Popen, received: list[tuple[str, float]]) -> int | None:
