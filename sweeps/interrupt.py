@@ -21,11 +21,15 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 INTERRUPTED_EXIT = 130  # the shell's code for Ctrl-C (128 + SIGINT), for every signal here
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
+# A signal sent to every process of a job (SLURM's, a cgroup's) reaches the launch twice: directly and
+# as its keeper's copy (sweeps.supervise). The same signal again within this many seconds counts once.
+ECHO_S = 1.0
 
 
 class Interrupts:
@@ -36,6 +40,7 @@ class Interrupts:
         self.received: list[str] = []
         self._watch = None
         self._close = None
+        self._last = 0.0  # time.monotonic() of the last signal counted
         self._saved: dict[int, object] = {}
         self._tune: str | None = None
 
@@ -71,8 +76,12 @@ class Interrupts:
             self._watch = self._close = None
 
     def _handle(self, signum: int, frame) -> None:
+        name, now = signal.Signals(signum).name, time.monotonic()
+        if self.received and self.received[-1] == name and now - self._last < ECHO_S:
+            return  # the same signal twice at once: a scheduler's to every process, and the keeper's copy
+        self._last = now
         first = not self.received
-        self.received.append(signal.Signals(signum).name)
+        self.received.append(name)
         if first and self._watch is not None:
             self._watch.interrupted = self.reason
             if self._close is not None:

@@ -523,12 +523,18 @@ def test_sighup_and_sigterm_stop_tune_as_ctrl_c_does_and_raise_outside_it():
     from sweeps.faults import FaultWatch
     from sweeps.interrupt import Interrupts
 
+    import threading
+
     watch = FaultWatch("sqlite:////nowhere/mlflow.db", 1.0)
     before = signal.getsignal(signal.SIGTERM)
+    closed = threading.Event()
     with Interrupts() as interrupts:
-        with interrupts.stopping(watch):  # while Tune runs: its stopper stops every trial
+        with interrupts.stopping(watch, closed.set):  # while Tune runs: its stopper stops every trial
             os.kill(os.getpid(), signal.SIGHUP)
             assert watch.interrupted == "the launch was interrupted (SIGHUP)" and watch.stopper().stop_all()
+            assert closed.wait(5)  # the records are closed at once, before Tune has stopped anything
+            os.kill(os.getpid(), signal.SIGHUP)  # the same signal again at once (the keeper's copy): counted once
+            assert interrupts.received == ["SIGHUP"]
         with pytest.raises(KeyboardInterrupt):  # anywhere else: as Ctrl-C
             os.kill(os.getpid(), signal.SIGTERM)
     assert interrupts.received == ["SIGHUP", "SIGTERM"] and signal.getsignal(signal.SIGTERM) is before
