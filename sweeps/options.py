@@ -147,8 +147,13 @@ def seeds_notice(seeds: int, configs) -> str | None:
     from analysis.claims import undecided
     from analysis.study_data import StudyData
 
-    trials = pd.DataFrame([{"trial_id": c.trial_id, "status": "finished", "dataset": c.dataset, "pe": c.pe,
-                            "rpt": c.rpt, "protocol": c.protocol.name, "seed": c.seed} for c in configs])
+    factors = ["pe", "rpt", "protocol", "seed"]
+    trials = pd.DataFrame([(c.trial_id, c.dataset, c.pe, c.rpt, c.protocol.name, c.seed) for c in configs],
+                          columns=["trial_id", "dataset", *factors]).assign(status="finished")
+    # A data set's verdicts hang on its conditions and their seeds only, not on its name: data sets that
+    # plan the same ones (the factorial's three: 3 x 3,360 trials at 60 seeds) are read once.
+    plans = trials.groupby("dataset", sort=False)[factors].apply(lambda g: tuple(sorted(g.itertuples(index=False))))
+    trials = trials[trials["dataset"].isin(plans.drop_duplicates().index)]
     names = undecided(StudyData.from_frames("plan", trials, pd.DataFrame(), pd.DataFrame()))
     if not names:
         return None

@@ -368,3 +368,11 @@ def test_no_grid_row_where_only_the_headline_severity_was_measured():
             for seed in range(PAIRS) for pe in ("rope2d", "ape")]
     table = evaluate(study(rows), "rope2d is less fragile to JPEG than ape")
     assert table["setting"].tolist() == ["cifar100, " + claims.HEADLINE_MARK]
+
+
+def test_the_seeds_notice_reads_each_data_set_whose_plan_differs():
+    four = _planned("study_p", "--datasets", "cifar10,cifar100", "--seeds", "4")
+    alone = options.seeds_notice(4, [c for c in four if c.dataset == "cifar10"])
+    assert alone and options.seeds_notice(4, four) == alone  # the same plan twice: the same claims
+    five = _planned("study_p", "--datasets", "cifar100", "--seeds", "5")
+    assert options.seeds_notice(4, [c for c in four if c.dataset == "cifar10"] + five) is None  # cifar100 decides

@@ -1,5 +1,8 @@
 """RunConfig: flat round trip, overrides, trial ids."""
 
+import dataclasses
+import pickle
+
 import pytest
 
 from trainables.config import RunConfig
@@ -128,3 +131,12 @@ def test_a_swept_field_enters_the_readable_id_and_nothing_else_changes():
     assert RunConfig.from_flat(swept.to_flat()).trial_id == swept.trial_id  # survives the trip to a worker
     assert "swept" not in RunConfig().to_flat() and swept.to_flat()["swept"] == "lr,protocol"
     assert "-optimizer_adam-" in RunConfig().with_overrides({"swept": "optimizer", "optimizer": "adam"}).trial_id
+
+
+def test_a_trial_id_follows_every_changed_field():
+    a = cfg(pe="ape", seed=3)
+    assert a.trial_id == a.trial_id  # asked twice: the same id
+    for b in (dataclasses.replace(a, seed=4), dataclasses.replace(a, lr=2e-3), a.with_overrides({"pe": "none"}),
+              dataclasses.replace(a, model=dataclasses.replace(a.model, depth=a.model.depth + 1))):
+        assert b.trial_id != a.trial_id and b.trial_id == RunConfig.from_flat(b.to_flat()).trial_id
+    assert pickle.loads(pickle.dumps(a)).trial_id == a.trial_id == RunConfig.from_flat(a.to_flat()).trial_id

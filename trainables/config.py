@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from records import vocab
@@ -124,7 +125,10 @@ class RunConfig:
     def pe(self) -> str:
         return self.model.pe
 
-    @property
+    # Cached: a launch and its dry run ask for it several times per trial (10,080 trials: 60,480 asks,
+    # each a to_flat() and a hash). Frozen, model included, so it cannot go stale: a changed field is a
+    # new config (dataclasses.replace, with_overrides), with no cached id.
+    @cached_property
     def trial_id(self) -> str:
         """Stable, readable id: the headline factors plus a hash of every field that changes what is
         computed, e.g. ``cifar100-ape-rpt-cutmix-s3-1a2b3c4d``."""
