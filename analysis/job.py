@@ -217,6 +217,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     log.info("summary table of %s: %d trial(s)", study, write_summary_table(results, study))
+    tables.try_compact(results, study)  # its measurement and summary files in a few: every later read is one scan
     return gone + statuses
 
 

@@ -30,7 +30,7 @@ from analysis.conditions import TRIAL_KEYS, normalise_trials
 from analysis.labels import REFERENCE
 from records import tables, vocab
 from analysis.seedstats import binomial_se, fragility_se, fragility_se_without_counts
-from records.schema import MEASUREMENTS, PAIRED_COUNTS, SUMMARY_FIELDS, TRIAL_FIELDS
+from records.schema import EPOCHS, MEASUREMENTS, PAIRED_COUNTS, SUMMARY_FIELDS, TRIAL_FIELDS
 from records.layout import filesystem, study_dir, table_path
 from trainables.data_roots import DATASET_SPECS
 
@@ -39,6 +39,10 @@ PE_SCALE_LOWEST = 0.1  # the paper's PE-scaling table covers 0.1-1.0 (alpha 0, m
 # Minimum MAD falls as heads are added (a minimum over L x H heads: 64 in study_l, 96 in study_p), so
 # the mean MAD of these layers stands beside it, comparable across presets (``mad_early``).
 EARLY_LAYERS = (0, 1)
+# The columns each table is read with (None: all; a trial's config columns are the study's own): every
+# row of epochs and measurements is of this study, so its `study` column is not read.
+LOADED = {"trials": None, "epochs": [c for c in EPOCHS.names if c != "study"],
+          "measurements": [c for c in MEASUREMENTS.names if c != "study"]}
 
 
 @dataclass
@@ -65,8 +69,8 @@ class StudyData:
         if fs.get_file_info(root).type != pafs.FileType.Directory:
             raise ValueError(f"no study {study!r} under {results!r}; studies there: {tables.list_studies(results)}")
         frames, notes = {}, []
-        for name in ("trials", "epochs", "measurements"):
-            table = tables.read_table(results, study, name)
+        for name, columns in LOADED.items():
+            table = tables.read_table(results, study, name, columns)
             if table is None or table.num_rows == 0:
                 notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
                 frames[name] = pd.DataFrame()
@@ -287,7 +291,7 @@ def write_summary_table(results: str, study: str) -> int:
                 headline[name] = int(headline[name])
         headline["did_not_learn"] = bool(headline.get("did_not_learn"))
         tables.write_summary(results, study, config, headline)
-    _drop_stale_summaries(results, study, set(pt.index))
+    tables.retain(results, study, "summary", set(pt.index))
     return len(pt)
 
 
@@ -296,10 +300,3 @@ def _plain(v: Any) -> Any:
     if v is None or (not isinstance(v, str) and pd.isna(v)):
         return None
     return v.item() if isinstance(v, np.generic) else v
-
-
-def _drop_stale_summaries(results: str, study: str, keep: set[str]) -> None:
-    fs, root = filesystem(table_path(results, study, "summary"))
-    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        if info.base_name.endswith(".parquet") and info.base_name.removesuffix(".parquet") not in keep:
-            fs.delete_file(info.path)

@@ -14,34 +14,74 @@ A copy of the results folder is self-contained: the ``trials`` columns that name
 (``PATH_COLUMNS``) are stored relative to the results root when they lie under it, and every read gives
 them back rooted in the results folder being read (``records.layout.relative_path``, ``rooted_path``),
 so ``vitsweep analyze`` on a moved copy reads the copy's checkpoints, never the original's.
+
+Compaction: thousands of small files cost a file open each on every read, so writer units whose trial
+settled are folded into a few ``compacted-<lo>-<hi>.parquet`` files per table (``compact``: at the end of
+a launch's training and every ``COMPACT_EVERY`` settled trials or ``COMPACT_INTERVAL_S`` during it,
+``compacting``; at an analysis' end). Rows are copied as stored (paths stay relative). Nothing is renamed
+on an object store, so the order of writes alone keeps every read exact, wherever a compaction is killed:
+
+- a compacted file is written whole (a local temporary name renamed, an object store's single PUT)
+  before any file it replaces is deleted;
+- a writer unit's own file wins over every compacted row of its unit (trial; trial x checkpoint for
+  measurements): a trial retried after compaction, or a file a killed compaction did not delete yet;
+- ``<lo>-<hi>`` are the compaction generations a compacted file holds: one whose range lies inside
+  another's was merged into it (by a compaction killed before deleting it) and is not read;
+- live compacted files never share a unit: a compaction whose units are compacted already merges.
+
+Compactions run one at a time: under the launch lock (the launch, ``vitsweep analyze``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import math
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from records.layout import TABLES, filesystem, relative_path, rooted_path, table_path
 from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TRIAL_FIELDS
 
+log = logging.getLogger("vitsweep")
 
-def _write(table: pa.Table, results: str, study: str, name: str, file: str) -> str:
+COMPACTED = "compacted"  # a compacted file: compacted-<lo>-<hi>.parquet (a trial id starts with its data set)
+COMPACT_EVERY = 500  # during a launch: compact once this many settled trials' files wait...
+COMPACT_INTERVAL_S = 600.0  # ...or this long has passed with any waiting
+MAX_COMPACTED = 8  # live compacted files of a table before a compaction merges them into one
+TRIALS_PER_ROW_GROUP = 1024  # compacted trials and summary, sorted by trial id: read_trial reads one row group
+FIXED = {"trials": TRIAL_FIELDS, "epochs": EPOCHS, "measurements": MEASUREMENTS, "summary": SUMMARY_FIELDS}
+UNITS_KEY = b"vitsweep.units"  # a compacted measurements file's footer: its [trial_id, checkpoint_epoch] pairs
+SETTLED = ("finished", "stopped")  # no launch writes such a trial's files again: compacted while others train
+
+
+def unit_file(trial_id: str, checkpoint_epoch: int | None = None) -> str:
+    """The file name (no suffix) of one writer unit: a trial, or a trial's checkpoint (measurements)."""
+    return trial_id if checkpoint_epoch is None else f"{trial_id}-e{checkpoint_epoch}"
+
+
+def _write(table: pa.Table, results: str, study: str, name: str, file: str, **options: Any) -> str:
     fs, root = filesystem(table_path(results, study, name))
     fs.create_dir(root, recursive=True)
     final = f"{root}/{file}.parquet"
     if isinstance(fs, pafs.LocalFileSystem):
         # Hidden temp name (leading dot, no .parquet suffix): readers skip it.
         tmp = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp"
-        pq.write_table(table, tmp, filesystem=fs)
+        pq.write_table(table, tmp, filesystem=fs, **options)
         fs.move(tmp, final)
     else:
-        pq.write_table(table, final, filesystem=fs)
+        pq.write_table(table, final, filesystem=fs, **options)
     return final
 
 
@@ -82,7 +122,7 @@ def write_trial(results: str, study: str, config: Mapping[str, Any], outcome: Ma
     to it (``PATH_COLUMNS``)."""
     outcome = {**outcome, **{k: relative_path(results, outcome[k]) for k in PATH_COLUMNS if k in outcome}}
     config = {**config, **{k: relative_path(results, config[k]) for k in PATH_COLUMNS if k in config}}
-    return _write(_wide_row(TRIAL_FIELDS, config, outcome), results, study, "trials", outcome["trial_id"])
+    return _write(_wide_row(TRIAL_FIELDS, config, outcome), results, study, "trials", unit_file(outcome["trial_id"]))
 
 
 def write_summary(results: str, study: str, config: Mapping[str, Any], headline: Mapping[str, Any]) -> str:
@@ -91,13 +131,13 @@ def write_summary(results: str, study: str, config: Mapping[str, Any], headline:
     flat run config beside them."""
     clean = {k: None if _isnan(v) else v for k, v in headline.items()}
     config = {k: v for k, v in config.items() if v is not None and not _isnan(v)}
-    return _write(_wide_row(SUMMARY_FIELDS, config, clean), results, study, "summary", clean["trial_id"])
+    return _write(_wide_row(SUMMARY_FIELDS, config, clean), results, study, "summary", unit_file(clean["trial_id"]))
 
 
 def write_epochs(results: str, study: str, trial_id: str, rows: Iterable[Mapping[str, Any]]) -> str:
     """Write a trial's whole epoch history (one row per finished epoch)."""
     rows = [{**r, "trial_id": trial_id, "study": study} for r in rows]
-    return _write(pa.Table.from_pylist(rows, schema=EPOCHS), results, study, "epochs", trial_id)
+    return _write(pa.Table.from_pylist(rows, schema=EPOCHS), results, study, "epochs", unit_file(trial_id))
 
 
 def write_measurements(results: str, study: str, trial_id: str, checkpoint_epoch: int,
@@ -106,24 +146,146 @@ def write_measurements(results: str, study: str, trial_id: str, checkpoint_epoch
     rows = [{**r, "level": None if r.get("level") is None or _isnan(r["level"]) else float(r["level"]),
              "trial_id": trial_id, "study": study, "checkpoint_epoch": checkpoint_epoch} for r in rows]
     return _write(pa.Table.from_pylist(rows, schema=MEASUREMENTS), results, study, "measurements",
-                  f"{trial_id}-e{checkpoint_epoch}")
+                  unit_file(trial_id, checkpoint_epoch))
+
+
+@dataclass(frozen=True)
+class _Unit:
+    path: str
+    trial_id: str
+    checkpoint_epoch: int | None  # measurements only
+
+
+@dataclass(frozen=True)
+class _Compacted:
+    path: str
+    lo: int  # the compaction generations it holds
+    hi: int
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """One table's files as one listing saw them: writer units and the live compacted files (the stale
+    ones were merged into a live one by a compaction killed before it deleted them)."""
+
+    fs: pafs.FileSystem
+    table: str
+    units: tuple[_Unit, ...]
+    live: tuple[_Compacted, ...]
+    stale: tuple[_Compacted, ...]
+
+    @property
+    def paths(self) -> list[str]:
+        return [c.path for c in self.live] + [u.path for u in self.units]
+
+
+def _folder(results: str, study: str, table: str) -> _Folder | None:
+    """The files of a table (one listing); None when it has no folder."""
+    fs, root = filesystem(table_path(results, study, table))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    units, compacted = [], []
+    for info in infos:
+        stem = info.base_name.removesuffix(".parquet")
+        if info.type != pafs.FileType.File or stem == info.base_name or stem.startswith("."):
+            continue
+        lo, _, hi = stem.removeprefix(f"{COMPACTED}-").partition("-")
+        if stem.startswith(f"{COMPACTED}-") and lo.isdigit() and hi.isdigit():
+            compacted.append(_Compacted(info.path, int(lo), int(hi)))
+        elif table != "measurements":
+            units.append(_Unit(info.path, stem, None))
+        elif (parts := stem.rpartition("-e"))[2].isdigit():
+            units.append(_Unit(info.path, parts[0], int(parts[2])))
+    inside = {c for c in compacted for o in compacted
+              if o != c and o.lo <= c.lo and c.hi <= o.hi and (o.lo, o.hi) != (c.lo, c.hi)}
+    live = sorted(set(compacted) - inside, key=lambda c: (c.lo, c.path))
+    return _Folder(fs, table, tuple(sorted(units, key=lambda u: u.path)), tuple(live), tuple(inside))
+
+
+def _keys(table: str) -> list[str]:
+    return ["trial_id", "checkpoint_epoch"] if table == "measurements" else ["trial_id"]
+
+
+def _of_units(units: Iterable[_Unit], table: str) -> pc.Expression | None:
+    """Rows of these writer units (None: no unit)."""
+    by_epoch: dict[int | None, list[str]] = {}
+    for u in units:
+        by_epoch.setdefault(u.checkpoint_epoch, []).append(u.trial_id)
+    if table != "measurements":
+        ids = by_epoch.get(None)
+        return pc.field("trial_id").isin(ids) if ids else None
+    expr = None
+    for epoch, ids in by_epoch.items():
+        one = (pc.field("checkpoint_epoch") == epoch) & pc.field("trial_id").isin(ids)
+        expr = one if expr is None else expr | one
+    return expr
+
+
+def _schema(folder: _Folder, columns: Iterable[str] | None) -> pa.Schema:
+    """The columns of the files as one schema: the fixed one where it covers what is asked (epochs and
+    measurements always; a file lacking a column reads it null), else every file's footer unified
+    (trials and summary carry config columns a study may add)."""
+    fixed = FIXED[folder.table]
+    if folder.table in ("epochs", "measurements") or (columns is not None and set(columns) <= set(fixed.names)):
+        return fixed
+    return pa.unify_schemas([pq.read_schema(p, filesystem=folder.fs) for p in folder.paths],
+                            promote_options="permissive")
+
+
+def _scan(folder: _Folder, columns: Iterable[str] | None = None, *, where: pc.Expression | None = None) -> pa.Table:
+    """One ``pyarrow.dataset`` scan of the folder's files, projected on ``columns`` (those the files have;
+    None: all), rows as stored; a compacted row whose unit has its own file now is left out."""
+    columns = list(columns) if columns is not None else None
+    schema = _schema(folder, columns)
+    names = [c for c in (columns if columns is not None else schema.names) if c in schema.names]
+    replaced = _of_units(folder.units, folder.table) if folder.live else None
+    keys = [k for k in _keys(folder.table) if k not in names]
+    scan = names if replaced is None else [*names, *keys, "__fragment_index"]
+    dataset = pads.dataset(folder.paths, schema=schema, format="parquet", filesystem=folder.fs)
+    table = dataset.to_table(columns=scan, filter=where)
+    if replaced is not None:  # fragments: the live compacted files first, then the units (``_Folder.paths``)
+        table = table.filter((pc.field("__fragment_index") >= len(folder.live)) | ~replaced).select(names)
+    return table
 
 
 def measured(results: str, study: str) -> set[tuple[str, int]]:
-    """(trial_id, checkpoint_epoch) pairs that already have measurement files."""
-    fs, root = filesystem(table_path(results, study, "measurements"))
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    except FileNotFoundError:
+    """(trial_id, checkpoint_epoch) pairs that already have measurements (a file, or compacted rows)."""
+    folder = _folder(results, study, "measurements")
+    if folder is None:
         return set()
-    done = set()
-    for info in infos:
-        stem = info.base_name.removesuffix(".parquet")
-        if info.base_name.endswith(".parquet") and "-e" in stem:
-            trial_id, _, epoch = stem.rpartition("-e")
-            if epoch.isdigit():
-                done.add((trial_id, int(epoch)))
+    done = {(u.trial_id, u.checkpoint_epoch) for u in folder.units}
+    for part in folder.live:
+        done |= {(t, e) for t, e in json.loads(pq.read_schema(part.path, filesystem=folder.fs).metadata[UNITS_KEY])}
     return done
+
+
+def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None:
+    """The ``trials`` row of one trial, or None: one small read, whatever the sweep's size (its own file;
+    else the one row group of the compacted files that holds it)."""
+    fs, root = filesystem(table_path(results, study, "trials"))
+    path = f"{root}/{unit_file(trial_id)}.parquet"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        rows = pq.read_table(path, filesystem=fs).to_pylist()
+    else:
+        folder = _folder(results, study, "trials")
+        rows = _scan(replace(folder, units=()), where=pc.field("trial_id") == trial_id).to_pylist() \
+            if folder is not None and folder.live else []
+    if not rows:
+        return None
+    return {**rows[0], **{k: rooted_path(results, study, rows[0][k]) for k in PATH_COLUMNS if k in rows[0]}}
+
+
+def read_table(results: str, study: str, table: str, columns: Iterable[str] | None = None) -> pa.Table | None:
+    """A whole table in one scan, or None when nothing has been written yet: ``columns`` only (those it
+    has; None: all), each unit's rows once (its own file over compacted rows), the trials' paths rooted
+    in ``results``."""
+    folder = _folder(results, study, table)
+    if folder is None or not folder.paths:
+        return None
+    whole = _scan(folder, columns)
+    return _rooted_rows(results, study, whole) if table == "trials" else whole
 
 
 def list_studies(results: str) -> list[str]:
@@ -143,33 +305,114 @@ def list_studies(results: str) -> list[str]:
     return sorted(studies)
 
 
-def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None:
-    """The ``trials`` row of one trial, or None: one small read, whatever the sweep's size."""
-    fs, root = filesystem(table_path(results, study, "trials"))
-    path = f"{root}/{trial_id}.parquet"
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    rows = pq.read_table(path, filesystem=fs).to_pylist()
-    if not rows:
-        return None
-    return {**rows[0], **{k: rooted_path(results, study, rows[0][k]) for k in PATH_COLUMNS if k in rows[0]}}
+def compact(results: str, study: str, *, settled_only: bool = False) -> int:
+    """Fold every table's writer-unit files into compacted files (see the module's docstring); with
+    ``settled_only`` (a launch still training) only those of trials whose row is ``SETTLED``. Returns how
+    many trials' files were left as they are."""
+    left: set[str] = set()
+    if settled_only:
+        trials = _folder(results, study, "trials")
+        if trials is not None and trials.units:
+            rows = _scan(replace(trials, live=()), ["trial_id", "status"]).to_pydict()
+            left = {t for t, s in zip(rows["trial_id"], rows["status"]) if s not in SETTLED}
+    for table in TABLES:
+        folder = _folder(results, study, table)
+        if folder is not None:
+            _compact(results, study, folder, tuple(u for u in folder.units if u.trial_id not in left))
+    return len(left)
 
 
-def read_table(results: str, study: str, table: str) -> pa.Table | None:
-    """A whole table, or None when nothing has been written yet (the trials' paths rooted in
-    ``results``)."""
-    fs, root = filesystem(table_path(results, study, table))
-    info = fs.get_file_info(root)
-    if info.type != pafs.FileType.Directory:
-        return None
-    files = [i.path for i in fs.get_file_info(pafs.FileSelector(root))
-             if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")]
-    if not files:
-        return None
-    # Trials may differ in config columns (a study adds a field): unify by name.
-    tables = [pq.read_table(f, filesystem=fs) for f in sorted(files)]
-    whole = pa.concat_tables(tables, promote_options="default")
-    return _rooted_rows(results, study, whole) if table == "trials" else whole
+def _compact(results: str, study: str, folder: _Folder, units: tuple[_Unit, ...]) -> None:
+    fs, table = folder.fs, folder.table
+    gone = [c.path for c in folder.stale]
+    if units:
+        generation = 1 + max((c.hi for c in (*folder.live, *folder.stale)), default=0)
+        # A unit compacted already (a retried trial), or too many files: merge them all, so live compacted
+        # files never share a unit and stay few.
+        merge = len(folder.live) >= MAX_COMPACTED or (bool(folder.live) and _scan(
+            replace(folder, units=()), _keys(table), where=_of_units(units, table)).num_rows > 0)
+        rows = _scan(replace(folder, units=units, live=folder.live if merge else ()))
+        options = {}
+        if table in ("trials", "summary"):  # sorted, in small row groups: read_trial reads one
+            rows, options = rows.sort_by("trial_id"), {"row_group_size": TRIALS_PER_ROW_GROUP}
+        if rows.num_rows:
+            held = rows.select(_keys(table)).group_by(_keys(table)).aggregate([]).to_pydict()
+            held = set(zip(*held.values())) if table == "measurements" else {(t,) for t in held["trial_id"]}
+            if table == "measurements":  # the checkpoints it holds, in its footer: ``measured`` reads no row
+                rows = rows.replace_schema_metadata({UNITS_KEY: json.dumps(sorted(held))})
+            lo = min((c.lo for c in folder.live), default=generation) if merge else generation
+            _write(rows, results, study, table, f"{COMPACTED}-{lo:06d}-{generation:06d}", **options)
+            # A unit file with no rows stays: its name is the record that it ran (``measured``).
+            gone += [u.path for u in units if (u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] in held]
+            gone += [c.path for c in folder.live] if merge else []
+    for path in gone:  # only now: the compacted file holds their rows
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(path)
+
+
+def retain(results: str, study: str, table: str, trial_ids: set[str]) -> None:
+    """Drop the rows of every trial not in ``trial_ids`` from ``table``: their own files deleted, compacted
+    files written again without them (an object store replaces a file whole, like a local rename)."""
+    folder = _folder(results, study, table)
+    if folder is None:
+        return
+    for unit in folder.units:
+        if unit.trial_id not in trial_ids:
+            with contextlib.suppress(FileNotFoundError):
+                folder.fs.delete_file(unit.path)
+    keep = pc.field("trial_id").isin(sorted(trial_ids))
+    for part in folder.live:
+        rows = pq.read_table(part.path, filesystem=folder.fs)
+        kept = rows.filter(keep)
+        if kept.num_rows == rows.num_rows:
+            continue
+        if kept.num_rows:
+            _write(kept, results, study, table, part.path.rsplit("/", 1)[1].removesuffix(".parquet"),
+                   row_group_size=TRIALS_PER_ROW_GROUP)
+        else:
+            folder.fs.delete_file(part.path)
+
+
+def try_compact(results: str, study: str, *, settled_only: bool = False) -> int:
+    """``compact``, where a storage fault costs only speed: it is logged, and every file stays readable as
+    it is (a later compaction folds it)."""
+    try:
+        return compact(results, study, settled_only=settled_only)
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("compacting the tables of %s failed (%s); their files stay as they are", study, exc)
+        return 0
+
+
+@contextlib.contextmanager
+def compacting(results: str, study: str, *, every: int = COMPACT_EVERY, interval_s: float = COMPACT_INTERVAL_S,
+               poll_s: float = 30.0) -> Iterator[None]:
+    """While the block runs (a launch's training), compact the settled trials' files in a daemon thread
+    once ``every`` of them wait or ``interval_s`` has passed; when it ends (no trial runs then), all of
+    them (``try_compact``)."""
+    stop = threading.Event()
+
+    def waiting() -> int:
+        folder = _folder(results, study, "trials")
+        return len(folder.units) if folder is not None else 0
+
+    def loop() -> None:
+        last, running = time.monotonic(), 0
+        while not stop.wait(poll_s):
+            try:
+                ready = waiting() - running
+            except OSError:
+                continue
+            if ready >= every or (ready > 0 and time.monotonic() - last >= interval_s):
+                running, last = try_compact(results, study, settled_only=True), time.monotonic()
+
+    thread = threading.Thread(target=loop, name="vitsweep-compact", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        try_compact(results, study)
 
 
 def _isnan(x: Any) -> bool:

@@ -535,7 +535,8 @@ def _logged_fault(results: str, study_name: str, why: str):
 def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> int:
     status = 0
     if args.stage in ("train", "all"):
-        status = train_stage(args, configs, results, storage, mlflow_uri, interrupts)
+        with tables.compacting(results, args.study):  # settled trials' files folded as it trains, all at its end
+            status = train_stage(args, configs, results, storage, mlflow_uri, interrupts)
     if status == INTERRUPTED_EXIT:  # no later stage: the closing lines say where the launch stopped
         print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_of(results, args.study)),
               flush=True)

@@ -32,7 +32,7 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     """Counts per state, the trial ids of each non-finished state, and the launch that planned them.
 
     Raises ValueError when the results folder holds no such study (naming the ones it holds)."""
-    table = tables.read_table(results, study, "trials")
+    table = tables.read_table(results, study, "trials", ["trial_id", "status"])
     plan = manifest.read_manifest(results, study)
     if table is None and plan is None:
         found = tables.list_studies(results)
@@ -40,7 +40,7 @@ def study_status(results: str, study: str) -> dict[str, Any]:
     beat = manifest.read_heartbeat(results, study)
     alive = manifest.launcher_alive(beat)  # on this machine: its pid checked, as the launch lock does
     checked = bool(beat) and manifest.process_alive(beat)[0] is not None
-    rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
+    rows = dict(zip(table["trial_id"].to_pylist(), table["status"].to_pylist())) if table is not None else {}
     state = {tid: ("stale" if s == "running" and not alive else s) for tid, s in rows.items()}
     planned = [p["trial_id"] for p in plan["planned"]] if plan else []
     for tid in planned:
