@@ -7,8 +7,8 @@ One Ray Data row per checkpoint (from the ``trials`` table); a pool of stateful 
 each loads a data set's evaluation set once (the whole test split; ``--eval-size`` caps it at a seeded
 subset) and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all interventions of both
 studies share each transformed image batch, so a checkpoint is the unit of work) and writes that
-checkpoint's measurement rows to Parquet and, on the trial's MLflow run, its scalars, per-layer curves
-and figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
+checkpoint's measurement rows to Parquet and, on the trial's MLflow run (found by id), its scalars, per-layer
+curves and, for a final checkpoint or with ``--figures all``, figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
 rewritten from everything measured so far. A corrupt checkpoint is reported and skipped (its progress line
 gives the error's first line; the whole text goes to ``<results>/<study>/logs/analysis-*.log``). A planned
 checkpoint whose file is gone (a finished trial's checkpoint or snapshot folder deleted) is *missing*: named
@@ -46,7 +46,7 @@ import pyarrow.dataset as pads
 
 from analysis.plan import CHECKPOINT_CHOICES, missing_line, plan_checkpoints
 from analysis.study_data import write_summary_table
-from analysis.trial_record import log_checkpoint
+from analysis.trial_record import FIGURE_CHOICES, record_checkpoint
 from records import files, manifest, stores, tables, tracking
 from records.client import StorageError, storage_fault
 from records.layout import filesystem, is_uri, logs_dir, results_location, table_path
@@ -65,11 +65,11 @@ class Measurer:
     """Stateful Ray Data actor: caches evaluation subsets, measures one checkpoint per row."""
 
     def __init__(self, results: str, study: str, mlflow_uri: str | None, eval_size: int | None, batch_size: int,
-                 threads: int):
+                 threads: int, figures: str = "final"):
         import torch
 
         torch.set_num_threads(max(1, threads))
-        self.results, self.study, self.mlflow_uri = results, study, mlflow_uri
+        self.results, self.study, self.mlflow_uri, self.figures = results, study, mlflow_uri, figures
         self.experiment_id = tracking.ensure_experiment(mlflow_uri, study) if mlflow_uri else None
         self.eval_size, self.batch_size = eval_size, batch_size
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,8 +88,8 @@ class Measurer:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {k: [] for k in ("trial_id", "epoch", "path", "status", "rows", "seconds", "images", "note", "detail")}
-        for trial_id, epoch, path, dataset, data_root in zip(
-            batch["trial_id"], batch["epoch"], batch["path"], batch["dataset"], batch["data_root"]
+        for trial_id, epoch, path, dataset, data_root, run_id, final in zip(
+            *(batch[k] for k in ("trial_id", "epoch", "path", "dataset", "data_root", "mlflow_run_id", "final"))
         ):
             try:  # loaded once per data set, before the clock starts: the seconds are one checkpoint's
                 self._subset(str(dataset), str(data_root))
@@ -98,7 +98,8 @@ class Measurer:
             t0 = time.perf_counter()
             note = detail = ""
             try:
-                n, note = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root))
+                n, note = self.measure(str(trial_id), int(epoch), str(path), str(dataset), str(data_root),
+                                       run_id=str(run_id) if run_id else None, final=bool(final))
                 status = "ok"
             except Exception as exc:  # one bad checkpoint must not stop the study's analysis...
                 found = storage_fault(exc)
@@ -126,8 +127,10 @@ class Measurer:
         where = f"measuring {trial_id} epoch {epoch}: {store}{line}"
         return stores.TrackingError(where) if code is None else StorageError(code, where)
 
-    def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str) -> tuple[int, str]:
-        """(rows written, a note on MLflow values this measurement changed or "")."""
+    def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str, *,
+                run_id: str | None = None, final: bool = True) -> tuple[int, str]:
+        """(rows written, a note on MLflow values this measurement changed or ""); ``run_id``: the trials row's
+        MLflow run; ``final``: the trial's last checkpoint, whose figure goes on the run (any with --figures all)."""
         from analysis.evaluate import evaluate_checkpoint
         from trainables.checkpoints import load_model
 
@@ -140,16 +143,9 @@ class Measurer:
         images, labels, mean, std = self._subset(dataset, data_root)
         rows = evaluate_checkpoint(model.to(self.device), images, labels, mean=mean, std=std,
                                    grid=cfg.model.grid, seed=0, batch_size=self.batch_size, device=self.device)
-        note = ""
-        if self.mlflow_uri:
-            run_id = tracking.find_trial_run(self.mlflow_uri, self.experiment_id, trial_id)
-            if run_id is not None:
-                changed = log_checkpoint(self.mlflow_uri, run_id, trial_id, epoch, rows, cfg.model.grid)
-                if changed:
-                    note = (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at "
-                            f"checkpoint epoch {epoch} ({', '.join(sorted({k for k, *_ in changed})[:4])}"
-                            f"{', ...' if len({k for k, *_ in changed}) > 4 else ''}), which this measurement "
-                            f"changed; the new values are in {table_path(self.results, self.study, 'measurements')}")
+        note = "" if not self.mlflow_uri else record_checkpoint(
+            self.mlflow_uri, self.experiment_id, trial_id, run_id, epoch, rows, cfg.model.grid,
+            figure=final or self.figures == "all", table=table_path(self.results, self.study, "measurements"))
         tables.write_measurements(self.results, self.study, trial_id, epoch, rows)  # last: it marks it measured
         return len(rows), note
 
@@ -184,7 +180,8 @@ def pool_size(cpus: float, gpus: float, max_actors: int | None, gpus_per_actor: 
 
 def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | None = None,
             checkpoints: str = "final", force: bool = False, eval_size: int | None = None, batch_size: int = 128,
-            max_actors: int | None = None, gpus_per_actor: float = 1.0, verbose: bool = False) -> list[dict[str, Any]]:
+            max_actors: int | None = None, gpus_per_actor: float = 1.0, verbose: bool = False,
+            figures: str = "final") -> list[dict[str, Any]]:
     """Measure a study's checkpoints; returns one status row per checkpoint (a missing one's: "missing").
 
     eval_size: None measures the whole test split (the studies' setting); an int caps it
@@ -207,7 +204,7 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
     ds = ray.data.from_items(rows).map_batches(
         Measurer, fn_constructor_kwargs={"results": results, "study": study, "mlflow_uri": mlflow_uri,
                                          "eval_size": eval_size, "batch_size": batch_size,
-                                         "threads": int(max(1, cpu_each))},
+                                         "threads": int(max(1, cpu_each)), "figures": figures},
         batch_size=1, compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=cpu_each,
         num_gpus=gpu_each or None)
     statuses = measure_checkpoints(results, study, rows, ds.iter_rows(), actors=actors, before=before, total=total,
@@ -364,6 +361,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoints", choices=CHECKPOINT_CHOICES, default=None,
                         help="final: each trial's last checkpoint; all: also every log-spaced snapshot "
                              "(default: the study's choice)")
+    parser.add_argument("--figures", choices=FIGURE_CHOICES, default="final", help="the checkpoints whose figure "
+                        "goes on the trial's MLflow run: final (default; each trial's last) or all")
     parser.add_argument("--force", action="store_true", help="measure again checkpoints already measured")
     parser.add_argument("--eval-size", type=int, default=None,
                         help="cap on the evaluation images: a fixed, seeded subset; 0: the whole test split "
@@ -396,5 +395,5 @@ def run(args: argparse.Namespace, results: str, mlflow_uri: str) -> int:
     statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
                        checkpoints=args.checkpoints or "final", force=args.force, eval_size=args.eval_size or None,
                        batch_size=args.batch_size, max_actors=args.actors, gpus_per_actor=args.gpus_per_actor,
-                       verbose=args.verbose)
+                       verbose=args.verbose, figures=args.figures)
     return 0 if all(s["status"] == "ok" for s in statuses) else 1

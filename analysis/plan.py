@@ -20,8 +20,9 @@ CHECKPOINT_CHOICES = ("final", "all")
 def plan_checkpoints(results: str, study: str, which: str = "final") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(checkpoints to measure, planned checkpoints whose file is gone) of the finished trials. Planned: each
     trial's final checkpoint, and with ``which="all"`` its snapshots at ``trainables.train.snapshot_epochs``
-    of its epochs (the ones training writes) before the last. A missing one is a dict of trial_id, epoch
-    and path; it used to drop out of the plan unseen, leaving an empty summary row."""
+    of its epochs (the ones training writes) before the last. Each is a dict of trial_id, epoch, path,
+    dataset, data_root, mlflow_run_id and final (the trial's last checkpoint). A missing one used to drop
+    out of the plan unseen, leaving an empty summary row."""
     from trainables import checkpoints, train  # here, not at the top: `vitsweep --help` imports no torch
 
     if which not in CHECKPOINT_CHOICES:
@@ -35,18 +36,19 @@ def plan_checkpoints(results: str, study: str, which: str = "final") -> tuple[li
         if t["status"] != "finished":
             continue
         last = int(t["epochs_completed"] or 0)
-        about = {"dataset": t["dataset"], "data_root": t["data_root"]}
+        # Its MLflow run, found by id (``records.tracking.find_trial_run``); the final checkpoint gets a figure.
+        about = {"dataset": t["dataset"], "data_root": t["data_root"], "mlflow_run_id": t.get("mlflow_run_id")}
         if t.get("checkpoint_path"):
             path = checkpoints.checkpoint_file(t["checkpoint_path"])
             found = rows if files.exists(path) else missing
-            found.append({"trial_id": t["trial_id"], "epoch": last, "path": path, **about})
+            found.append({"trial_id": t["trial_id"], "epoch": last, "path": path, **about, "final": True})
         if which == "all" and t.get("snapshot_dir"):
             stored = {e: p for p in files.list_files(t["snapshot_dir"]) if (e := checkpoints.snapshot_epoch(p)) is not None}
             expected = {e for e in train.snapshot_epochs(int(t.get("epochs") or last)) if e < last}
             for epoch in sorted((set(stored) | expected) - {last}):  # the last epoch: its checkpoint is measured
                 path = stored.get(epoch) or f"{t['snapshot_dir'].rstrip('/')}/{checkpoints.snapshot_name(epoch)}"
                 (rows if epoch in stored else missing).append(
-                    {"trial_id": t["trial_id"], "epoch": epoch, "path": path, **about})
+                    {"trial_id": t["trial_id"], "epoch": epoch, "path": path, **about, "final": False})
     return rows, missing
 
 

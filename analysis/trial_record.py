@@ -12,7 +12,11 @@ Parquet. On the trial's run it logs
   (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI plots SSDC against depth for each
   checkpoint, all in one ``layers`` section of the run's charts after the training curves (``epochs/...``);
 - the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and entropy of
-  every head per layer (``trial_figure``, drawn on ``analysis.canvas``).
+  every head per layer (``trial_figure``, drawn on ``analysis.canvas``), of the trial's final checkpoint; of
+  every checkpoint with ``vitsweep analyze --figures all`` (``FIGURE_CHOICES``): a PNG and an SVG cost about a
+  second of CPU each, hours over 10,000 trials x 10 snapshots.
+
+``record_checkpoint`` finds the run by the id the trials row keeps (``records.tracking.find_trial_run``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ _PROFILES = {
     ("rpi", "ssdc_content"): ("ssdc_rpi_content", None),
 }
 _HEAD_PROFILES = {"mad": (("mad_mean", np.mean), ("mad_min", np.min)), "entropy": (("entropy_mean", np.mean),)}
+FIGURE_CHOICES = ("final", "all")  # the checkpoints whose figure goes on the run: each trial's final one, or all
 
 
 def _set(x: Any) -> bool:
@@ -127,15 +132,34 @@ def trial_figure(rows: list[dict[str, Any]], title: str, grid: int):
     return fig
 
 
-def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int,
-                   rows: list[dict[str, Any]], grid: int) -> list[tuple[str, int, float, float]]:
-    """Scalars, per-layer curves and the figure of one checkpoint (a G x G ``grid``) on the trial's run;
-    a (key, step) the run already has is not logged again. Returns the points whose kept value differs
-    (``records.measurements.log_new_points``)."""
-    from analysis import canvas  # (see trial_figure)
+def record_checkpoint(uri: str, experiment_id: str, trial_id: str, run_id: str | None, epoch: int,
+                      rows: list[dict[str, Any]], grid: int, *, figure: bool, table: str) -> str:
+    """``log_checkpoint`` on the trial's run: ``run_id`` (its trials row's ``mlflow_run_id``), a search only
+    where it is missing or not the trial's. Returns a note naming the points whose earlier value MLflow
+    keeps, which this measurement changed (its new values are in the measurements ``table``), or ""."""
+    run_id = tracking.find_trial_run(uri, experiment_id, trial_id, run_id)
+    if run_id is None:
+        return ""
+    changed = log_checkpoint(uri, run_id, trial_id, epoch, rows, grid, figure=figure)
+    keys = sorted({k for k, *_ in changed})
+    if not changed:
+        return ""
+    return (f"MLflow run {run_id} keeps the earlier value of {len(changed)} metric point(s) at checkpoint epoch "
+            f"{epoch} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}), which this measurement changed; "
+            f"the new values are in {table}")
 
+
+def log_checkpoint(uri: str, run_id: str, trial_id: str, epoch: int, rows: list[dict[str, Any]], grid: int,
+                   *, figure: bool = True) -> list[tuple[str, int, float, float]]:
+    """Scalars, per-layer curves and (``figure``) the figure of one checkpoint (a G x G ``grid``) on the
+    trial's run; a (key, step) the run already has is not logged again. Returns the points whose kept
+    value differs (``records.measurements.log_new_points``)."""
     scalars = {key: {epoch: value} for key, value in summarize(rows).items()}
     changed = measurements.log_new_points(uri, run_id, {**scalars, **layer_profiles(rows, epoch)})
+    if not figure:
+        return changed
+    from analysis import canvas  # (see trial_figure)
+
     fig = trial_figure(rows, f"{trial_id}, checkpoint epoch {epoch}", grid)
     with tempfile.TemporaryDirectory(prefix="vitsweep-fig-") as tmp:
         for ext, render in (("png", canvas.render_png), ("svg", canvas.render_svg)):

@@ -39,8 +39,12 @@ def log_new_points(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]
     Returns (key, step, the value MLflow keeps, the new value) of each point the new value differs at."""
     new: dict[str, dict[int, Any]] = {}
     changed = []
+    # One get_run names the keys the run has: only those have a history to read (a new checkpoint's
+    # per-layer keys, named by its epoch, have none).
+    had = with_retries("get run", uri, lambda c: c.get_run(run_id)).data.metrics
     for key, values in series.items():
-        history = with_retries(f"metric history {key}", uri, lambda c, k=key: c.get_metric_history(run_id, k))
+        history = with_retries(f"metric history {key}", uri,
+                               lambda c, k=key: c.get_metric_history(run_id, k)) if key in had else []
         kept = {int(m.step): m.value for m in history}
         for step, value in values.items():
             if value is None:

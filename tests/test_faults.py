@@ -43,7 +43,7 @@ def test_the_analysis_status_of_a_corrupt_checkpoint_names_its_path(checkpoint, 
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     measurer = Measurer(str(tmp_path / "results"), "demo", None, eval_size=8, batch_size=8, threads=1)
     out = measurer({"trial_id": ["t"], "epoch": [4], "path": [str(checkpoint)], "dataset": ["shapes"],
-                    "data_root": [str(tmp_path)]})
+                    "data_root": [str(tmp_path)], "mlflow_run_id": [None], "final": [True]})
     status = str(out["status"][0])
     assert status.startswith(f"error: CorruptCheckpointError: checkpoint file {checkpoint} is corrupt"), status
     assert str(out["path"][0]) == str(checkpoint) and int(out["rows"][0]) == 0

@@ -80,25 +80,28 @@ def open_trials(settings: LaunchSettings, cfgs: Sequence[RunConfig], pack_id: st
     """Start (or continue) each member's MLflow run and write its row "running"; trial id -> run id.
     ``rows``: the members' trials rows as the caller already read them (read here when not given).
     A storage fault ends every run started here FAILED before it is raised: none stays RUNNING."""
+    # Every member's row before any run starts (a fault here leaves no run to end): a continued trial's row
+    # names its MLflow run, found without a search, and keeps the wall time of its earlier launches.
+    given = rows or {}
+    rows = {c.trial_id: given[c.trial_id] if c.trial_id in given else
+            tables.read_trial(settings.results, settings.study, c.trial_id) for c in cfgs}
     run_ids: dict[str, str] = {}
     for cfg in cfgs:
         flat = cfg.to_flat()
         tags = tracking.trial_tags(flat, code_version=settings.code_version)
         if pack_id is not None:
             tags = {**tags, PACK_TAG: pack_id}
+        row = rows[cfg.trial_id]
         run_id = tracking.start_trial_run(settings.mlflow_uri, settings.experiment_id, cfg.trial_id, params=flat,
-                                          tags=tags)
+                                          tags=tags, run_id=(row or {}).get("mlflow_run_id"))
         run_ids[cfg.trial_id] = run_id
         try:
             # Sets the code_version tag from the launcher's provenance (which carries it).
             tracking.log_provenance(settings.mlflow_uri, run_id, config=flat, info=settings.provenance)
-            # A continued trial keeps the wall time of its earlier launches: the row sums every attempt.
-            row = rows[cfg.trial_id] if rows is not None and cfg.trial_id in rows else \
-                tables.read_trial(settings.results, settings.study, cfg.trial_id)
-            earlier = prior_wall_time(row)
+            # The row sums the wall time of every attempt.
             tables.write_trial(settings.results, settings.study, flat,
                                outcome(settings, cfg, "running", pack_id, mlflow_run_id=run_id, started_at=utc_now(),
-                                       wall_time_s=earlier, **carried(row)))
+                                       wall_time_s=prior_wall_time(row), **carried(row)))
         except BaseException as exc:
             for started in run_ids.values():
                 try:
