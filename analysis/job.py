@@ -3,26 +3,25 @@
     vitsweep analyze demo                      # final checkpoints
     vitsweep analyze study_l --checkpoints all # plus the log-spaced snapshots
 
-One Ray Data row per checkpoint (from the ``trials`` table); a pool of stateful actors (``Measurer``)
-each loads a data set's evaluation set once (the whole test split; ``--eval-size`` caps it at a seeded
-subset) and a model per row, runs ``analysis.evaluate.evaluate_checkpoint`` (all interventions of both
-studies share each transformed image batch, so a checkpoint is the unit of work) and writes that
-checkpoint's measurement rows to Parquet and, on the trial's MLflow run (found by id), its scalars, per-layer
-curves and, for a final checkpoint or with ``--figures all``, figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
-rewritten from everything measured so far. A corrupt checkpoint is reported and skipped (its progress line
-gives the error's first line; the whole text goes to ``<results>/<study>/logs/analysis-*.log``). A planned
-checkpoint whose file is gone (a finished trial's checkpoint or snapshot folder deleted) is *missing*: named
-once before measuring, in the analysis plan (``records.manifest.write_analysis_plan``, which ``vitsweep
-status`` and the report read) and in the exit status. A storage fault (a full or read-only results folder,
-MLflow's SQLite store full or read-only, an MLflow store that does not answer or stays locked for the whole
-retry budget: ``records.client.storage_fault``) is no checkpoint's fault, and every later checkpoint would
-hit it too: the actor that meets it raises, Ray Data stops the pool, and the job ends at once, its
-heartbeat stamped with the fault, in one line (``StorageError`` or ``TrackingError``, one line each, for the
-caller to print). A checkpoint counts as measured when its Parquet
-file exists, written last, after its MLflow record: a fault between the two leaves it unmeasured, and
-the rerun logs only the MLflow points still missing. Re-running skips checkpoints already measured
-unless ``force``; an ``eval_size`` that gives another number of images than the rows already measured
-is refused unless ``force`` measures them all again.
+One Ray Data row per checkpoint (from the ``trials`` table); a pool of stateful actors (``Measurer``) each loads a
+data set's evaluation set once (the whole test split; ``--eval-size`` caps it at a seeded subset) and a model per
+row, runs ``analysis.evaluate.evaluate_checkpoint`` (all interventions of both studies share each transformed
+image batch, so a checkpoint is the unit of work) and writes that checkpoint's measurement rows to Parquet and, on
+the trial's MLflow run (found by id), its scalars, per-layer curves and, for a final checkpoint or with
+``--figures all``, figure (``analysis.trial_record``). Last, the wide ``summary`` table (one row per trial) is
+rewritten from everything measured so far. A corrupt checkpoint is reported and skipped (its progress line gives
+the error's first line; the whole text goes to ``<results>/<study>/logs/analysis-*.log``). A planned checkpoint
+whose file is gone (a finished trial's checkpoint or snapshot folder deleted) is *missing*: named once before
+measuring, in the analysis plan (``records.manifest.write_analysis_plan``, which ``vitsweep status`` and the
+report read) and in the exit status. A storage fault (a full or read-only results folder, MLflow's SQLite store
+full or read-only, an MLflow store that does not answer or stays locked for the whole retry budget:
+``records.client.storage_fault``) is no checkpoint's fault, and every later checkpoint would hit it too: the actor
+that meets it raises, Ray Data stops the pool, and the job ends at once, its heartbeat stamped with the fault, in
+one line (``StorageError`` or ``TrackingError``, one line each, for the caller to print). A checkpoint counts as
+measured when its Parquet file exists, written last, after its MLflow record: a fault between the two leaves it
+unmeasured, and the rerun logs only the MLflow points still missing. Re-running skips checkpoints already measured
+unless ``force``; an ``eval_size`` that gives another number of images than the rows already measured is refused
+unless ``force`` measures them all again.
 
 Pool sizing: seen with Ray 2.60 on 2 cores, an actor pool that holds every CPU starves Ray Data's other
 tasks and hangs forever, so the actors' CPU shares leave one CPU unreserved; on CPUs there is still one
