@@ -313,10 +313,20 @@ class TrialProgress:
         if not count or count <= self._restarts.get(name, 0):
             return
         self._restarts[name] = count
+        self._print(f"[train] {self._which(name)}: {cause or 'its Train worker was lost'}; resumed from epoch "
+                    f"{epoch} on node {node} (restart {count})")
+
+    def retried(self, name: str, error: str | None) -> None:
+        """Tune starts the Tune trial ``name`` again (its driver was lost with its node, or Ray Train gave
+        up on it): one line with the error's last line (a traceback's is the exception)."""
+        last = next((line.strip() for line in reversed((error or "").splitlines()) if line.strip()),
+                    "see the launch log")
+        self._print(f"[train] {self._which(name)}: failed ({last[:300]}); Tune starts it again, each member from "
+                    "its last checkpoint")
+
+    def _which(self, name: str) -> str:
         members = self.members.get(name, [name])
-        which = f"pack {name} ({len(members)} trials)" if len(members) > 1 else name
-        self._print(f"[train] {which}: {cause or 'its Train worker was lost'}; resumed from epoch {epoch} on node "
-                    f"{node} (restart {count})")
+        return f"pack {name} ({len(members)} trials)" if len(members) > 1 else name
 
     def final_counts(self) -> tuple[dict[str, int], bool]:
         """(trials per status, whether from the table): the launch's trials as the trials table has
@@ -373,6 +383,13 @@ class TrialProgress:
             def on_trial_result(self, iteration, trials, trial, result, **info):
                 if RESTART_KEYS[0] in result and not (watch is not None and (watch.found or watch.interrupted)):
                     progress.restarted(str(trial), result)
+
+            def on_trial_recover(self, iteration, trials, trial, **info):
+                if not (watch is not None and (watch.found or watch.interrupted)):
+                    error = None
+                    with contextlib.suppress(Exception):  # the error file may be what a full disk cut
+                        error = trial.get_error()
+                    progress.retried(str(trial), error)
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 ended(trial)

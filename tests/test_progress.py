@@ -35,6 +35,25 @@ def test_a_pack_prints_each_member_once_with_an_eta(tmp_path):
     assert p.summary().startswith("s: 3 of 3 trials ended") and "2 finished" in p.summary()
 
 
+def test_a_restart_and_a_retry_are_each_said_once(tmp_path):
+    from trainables.lifecycle import RESTART_KEYS
+
+    out = io.StringIO()
+    p = progress.TrialProgress(str(tmp_path), "s", total=2, members={"pack-1": ["a", "b"]}, stream=out)
+    report = dict(zip(RESTART_KEYS, (1, "its Train worker on node 10.0.0.7 n1 was lost (ActorDiedError: gone)",
+                                     2, "10.0.0.9 n2")))
+    p.restarted("pack-1", report)
+    p.restarted("pack-1", report)  # Tune may hand the same result on twice: said once
+    p.retried("pack-1", "Traceback (most recent call last):\n  ...\nray.exceptions.ActorDiedError: the actor died\n")
+    assert out.getvalue().splitlines() == [
+        "[train] pack pack-1 (2 trials): its Train worker on node 10.0.0.7 n1 was lost (ActorDiedError: gone); "
+        "resumed from epoch 2 on node 10.0.0.9 n2 (restart 1)",
+        "[train] pack pack-1 (2 trials): failed (ray.exceptions.ActorDiedError: the actor died); Tune starts it "
+        "again, each member from its last checkpoint"]
+    moved = {"status": "finished", "test_acc": 0.5, "wall_time_s": 10.0, "restarts": 1}
+    assert progress.trial_line(1, 2, moved, "a") == "[1/2] a: test 0.500 in 10 s, after 1 restart(s)"
+
+
 def test_the_callback_survives_tunes_pickling_on_a_real_terminal(tmp_path):
     # Tune pickles its callbacks with its state; a progress object holding sys.stdout would not pickle.
     import pickle
