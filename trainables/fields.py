@@ -9,7 +9,10 @@ one message, ``lr must be a finite number > 0, got 'nan'``. Torch-free, standard
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +85,10 @@ def spec(default: Any, help: str = "", **limits: Any) -> Any:
     return dataclasses.field(default=default, metadata={"spec": Spec(type(default), help=help, **limits)})
 
 
-def specs(cls: type) -> dict[str, Spec]:
-    """Field name -> `Spec`, for the fields of ``cls`` that declare one."""
-    return {f.name: f.metadata["spec"] for f in dataclasses.fields(cls) if "spec" in f.metadata}
+@functools.cache  # a class's fields do not change, and every config built checks its fields with them
+def specs(cls: type) -> Mapping[str, Spec]:
+    """Field name -> `Spec`, for the fields of ``cls`` that declare one (read-only: it is shared)."""
+    return types.MappingProxyType({f.name: f.metadata["spec"] for f in dataclasses.fields(cls) if "spec" in f.metadata})
 
 
 def check_fields(obj: Any) -> None:

@@ -117,8 +117,9 @@ class ViTConfig:
         return self.dim // self.heads
 
     def to_flat(self) -> dict[str, Any]:
-        """Field name -> scalar."""
-        return dataclasses.asdict(self)
+        """Field name -> scalar (every field is one: ``dataclasses.asdict``'s deep copies cost a 10,000-trial
+        dry run seconds)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> ViTConfig:
