@@ -68,11 +68,15 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
 
 
 def test_trials_ran_concurrently(demo_results):
-    """Two 1-CPU trials fit a 2-CPU Ray at once: some pair of runs must overlap in time
-    (a driver holding even a sliver of a CPU would serialise them)."""
+    """Two 1-CPU packs fit a 2-CPU Ray at once: runs of different packs must overlap in time (a driver
+    holding even a sliver of a CPU would serialise them)."""
+    import itertools
+
     runs = search_trial_runs(stores.default_tracking_uri(str(demo_results)), "demo")
-    spans = sorted(zip(runs["start_time"], runs["end_time"]))
-    assert any(later_start < end for (_, end), (later_start, _) in zip(spans, spans[1:])), spans
+    pack = pq.read_table(demo_results / "demo" / "trials").to_pandas().set_index("trial_id")["pack"]
+    spans = [(start, end, pack[t]) for start, end, t in zip(runs["start_time"], runs["end_time"], runs["trial_id"])]
+    assert pack.nunique() == 2
+    assert any(p != q and s < f and t < e for (s, e, p), (t, f, q) in itertools.combinations(spans, 2)), spans
 
 
 def test_analysis_rows_cover_the_vocabulary(demo_results):
@@ -192,7 +196,7 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
 
     out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
     err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
-    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] shapes-|MLflow: |demo: \d+ of \d+ trials|"
+    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] (shapes-|pack )|MLflow: |demo: \d+ of \d+ trials|"
                       r"vitsweep demo: results in |  \S|Ray: |\[train\] started \d+ trial)")
     assert [line for line in out if not ours.match(line)] == []
     logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
@@ -203,7 +207,8 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
     assert out[1] == "Ray: starting a local Ray (loopback only)" and out[2].startswith("Ray: up, 1 node(s), ")
     assert sum(line.startswith("demo: 4 of 4 trials ended") for line in out) == 1  # one training summary
     assert any(line.startswith("[train] started ") for line in out)
-    live = [i for i, line in enumerate(out) if re.match(r"^\[train\] shapes-\S+: epoch [12]/2, [\d,]+ images/s, ETA ", line)]
+    live = [i for i, line in enumerate(out)
+            if re.match(r"^\[train\] pack \S+ \(2 trials\): epoch [12]/2, 2 x [\d,]+ images/s, ETA ", line)]
     last_trial = max(i for i, line in enumerate(out) if line.startswith("[4/4] "))
     assert live and live[0] < last_trial, out
     assert all("all 4 trials: ETA" in out[i] for i in live)
