@@ -75,7 +75,7 @@ class StudyData:
                 notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
                 frames[name] = pd.DataFrame()
             else:
-                frames[name] = table.to_pandas()
+                frames[name] = table.to_pandas(self_destruct=True)  # its Arrow buffers freed as converted
         return cls.from_frames(study, frames["trials"], frames["epochs"], frames["measurements"], notes=notes)
 
     @classmethod
