@@ -19,8 +19,9 @@ In order:
   test images per 50,000 training images per member), and GPU memory per member; a failing row
   is recorded as failed, the others are measured and estimated from;
 * probe: 10 real training steps (K = 1 and 8) under torch.cuda.set_sync_debug_mode("warn"):
-  host syncs per step after the first, the logits' dtype, and which attention kernel ran (cuDNN's
-  kernels named as cuDNN, though their names say "flash" too);
+  host syncs per step after the first, the logits' dtype, and which attention kernel ran (from
+  the SDPA op the dispatcher chose: `aten::_scaled_dot_product_{flash,efficient,cudnn}_attention`,
+  else SDPA's math fallback or the pack's explicit softmax);
 * separate: the same step as N one-model processes sharing the GPU (N = 4, 8), started behind
   a barrier and timed over one fixed window; a failed child, or one that stays silent past the
   barrier's or the window's deadline, is killed and reported as a failure;
@@ -30,9 +31,11 @@ In order:
 * step: GPU memory of one Study L trial (data copy, step peak), the eager K = 1 step images/s;
 * deterministic: the eager step under `torch.use_deterministic_algorithms(True)` with
   CUBLAS_WORKSPACE_CONFIG=:4096:8 (a fresh process: it must be set before CUDA starts);
-* compile (last): the K = 1 step `torch.compile`d with CUDA graphs and the K = 8 pack's vmapped
-  forward compiled (`trainables.compiled`, as `compile=True` trains them); skipped, with the
-  reason, when there is no CUDA, no Triton or no C compiler.
+* compile (last): eager against compiled at K = 1 (`torch.compile`d with CUDA graphs) and K = 8 (the
+  pack's vmapped forward compiled; `trainables.compiled`, as `compile=True` trains them), images/s
+  and peak memory per row; in a child process killed at its own bound (`--compile-bound-s`, never
+  past the deadline), the rows it finished kept; skipped, with the reason, when there is no CUDA, no
+  Triton or no C compiler.
 
 Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
 """
@@ -40,10 +43,12 @@ Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +60,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainables.compiled import compile_forward
 from trainables.augment import (
     CHUNK_IMAGES,
     Augmentation,
@@ -247,20 +251,34 @@ def _packing_row(protocol: str, k: int, split, eval_source, base, device, size: 
     return row
 
 
+# The SDPA ops that name the kernel the dispatcher chose, in the profile's op names (CPU rows, which
+# CUDA profiles have too). Only these decide: a kernel's name would mislead (cuDNN's SDPA kernels say
+# "flash" too), and so would "cudnn" anywhere (the patch embedding's Conv2d runs
+# aten::cudnn_convolution on CUDA whatever attention ran). The backward ops share the prefixes.
+SDPA_OPS = (("aten::_scaled_dot_product_cudnn_attention", "fused: cuDNN"),
+            ("aten::_scaled_dot_product_flash_attention", "fused: flash"),  # _for_cpu on the CPU
+            ("aten::_scaled_dot_product_efficient_attention", "fused: memory-efficient"))
+SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
+
+
+def attention_label(op_names) -> str:
+    """Which attention ran, from the profiler's op names: the fused SDPA kernel the dispatcher chose,
+    else SDPA's math fallback, else the pack's explicit softmax path (no SDPA call at all)."""
+    names = set(op_names)
+    for prefix, label in SDPA_OPS:
+        if any(name.startswith(prefix) for name in names):
+            return label
+    if any(name.startswith(SDPA_MATH_OP) for name in names):
+        return "math (SDPA's unfused fallback)"
+    return "explicit softmax" if any("softmax" in name for name in names) else "unknown"
+
+
 def _attention_kernel(loop: Loop, device: torch.device) -> str:
-    """Which attention ran in one step: the profiler's kernel (CUDA) or op (CPU) names."""
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
-                                                          if device.type == "cuda" else [])
-    with torch.profiler.profile(activities=activities) as prof:
+    """Which attention ran in one step, from the profiler's op names (`attention_label`)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loop.step()
         _sync(device)
-    names = " ".join(e.key.lower() for e in prof.key_averages())
-    # cuDNN first: its SDPA kernels' names carry "flash" too (cudnn_generated_..._sdpa_..._flash_fprop)
-    for needle, kernel in (("cudnn", "fused: cuDNN"), ("flash", "fused: flash"), ("efficient", "fused: memory-efficient"),
-                           ("fmha", "fused: memory-efficient")):
-        if needle in names:
-            return kernel
-    return "explicit softmax" if "softmax" in names else "unknown"
+    return attention_label(e.key for e in prof.key_averages())
 
 
 def section_probe(device, size: Size, results: dict) -> dict:
@@ -464,8 +482,10 @@ def section_deterministic(device, size: Size, results: dict, args) -> dict:
     return json.loads(line[-1].split(" ", 1)[1])
 
 
-def section_compile(device, size: Size, results: dict) -> dict:
-    """The K = 1 step under torch.compile(mode="reduce-overhead") (CUDA graphs), as the loop runs it."""
+def section_compile(device, size: Size, results: dict, args) -> dict:
+    """Eager against compiled, K = 1 and K = 8, images/s and peak memory, as the loop trains them. The
+    rows run in a child process bounded in time (`child_rows`): two cold inductor compiles may take
+    minutes, and a compile cannot be interrupted from its own process; the rows it finished are kept."""
     if device.type != "cuda":
         raise Skipped("the loop compiles on CUDA only (compiling measured slower on CPU)")
     from torch.utils._triton import has_triton
@@ -474,19 +494,72 @@ def section_compile(device, size: Size, results: dict) -> dict:
         raise Skipped("Triton is not installed: torch.compile's CUDA backend needs it")
     if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         raise Skipped("no C compiler (cc, gcc, clang) on PATH: Triton needs one")
-    out = {}
-    for k, mode in ((1, "reduce-overhead"), (8, None)):  # as compile=True trains a lone trial and a pack
-        loop = Loop(_configs("autoaugment+cutmix", k, size), _split(size.images, device), device, size, amp=True)
-        lines = []
-        loop.pack.fast_paths.log = lines.append
-        compile_forward(loop.pack, mode=mode)
-        start = time.perf_counter()
-        _timed(loop.step, 3, device, 60)
-        row = {"compile_warmup_s": time.perf_counter() - start, "fell_back": lines}
-        row["images_per_s"] = _rate(loop.step, loop.images_per_step(), device, size.section_s, min_reps=3)
-        out[f"compiled K={k}"] = row
-        del loop
+    bound_s = max(10.0, min(args.compile_bound_s, args.ends_at - time.monotonic()))
+    cmd = [sys.executable, __file__, "--only-compile", "--section-s", str(size.section_s)]
+    out, stopped = child_rows(cmd, "COMPILE_ROW ", bound_s, env={**os.environ, "OUT": ""})
+    out["bound_s"] = bound_s
+    if stopped:
+        out["stopped"] = stopped
+        if not any(name.startswith("compiled") for name in out):
+            raise RuntimeError(f"no compiled row: {stopped}")
     return out
+
+
+def compile_rows(device, size: Size) -> None:
+    """The child of section_compile: per K, the eager row, then the compiled one (`trainables.compiled`,
+    as compile=True trains a lone trial and a pack), each printed as a COMPILE_ROW line when done."""
+    from trainables.compiled import compile_forward
+
+    for k, mode in ((1, "reduce-overhead"), (8, None)):
+        for compiled in (False, True):
+            name = f"{'compiled' if compiled else 'eager'} K={k}"
+            try:
+                row = _compile_row(device, size, k, (lambda pack, mode=mode: compile_forward(pack, mode=mode))
+                                   if compiled else None)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next row runs
+                row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print("COMPILE_ROW " + json.dumps({"name": name, **row}, default=str), flush=True)
+            torch.cuda.empty_cache()
+
+
+def _compile_row(device, size: Size, k: int, compile_pack) -> dict:
+    """One row: the step's images/s after 3 warm-up steps (the compile, when `compile_pack` is given),
+    and the row's peak GPU memory (its data copy, pack, optimiser state and step) above what was allocated
+    before it."""
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    loop = Loop(_configs("autoaugment+cutmix", k, size), _split(size.images, device), device, size, amp=True)
+    lines = []
+    loop.pack.fast_paths.log = lines.append
+    if compile_pack is not None:
+        compile_pack(loop.pack)
+    start = time.perf_counter()
+    _timed(loop.step, 3, device, 600)
+    row = {"warmup_s": time.perf_counter() - start, "fell_back": lines,
+           "images_per_s": _rate(loop.step, loop.images_per_step(), device, size.section_s, min_reps=3),
+           "peak_mib": (torch.cuda.max_memory_allocated(device) - base) / 2**20}
+    return row
+
+
+def child_rows(cmd: list[str], prefix: str, timeout_s: float, env: dict | None = None) -> tuple[dict, str | None]:
+    """Run `cmd` in its own process group for at most `timeout_s`: every stdout line `prefix {json}` is a
+    row named by its "name". Returns (rows, None) or (the rows printed before it stopped, why it stopped):
+    at the bound the whole group is killed (inductor's compile workers too)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        stopped = None if proc.returncode == 0 else f"exit {proc.returncode}: {stderr.decode(errors='replace')[-500:]}"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        stopped = f"killed at its bound of {timeout_s:.0f} s"
+    rows = {}
+    for line in stdout.decode(errors="replace").splitlines():
+        if line.startswith(prefix):
+            row = json.loads(line[len(prefix):])
+            rows[row.pop("name")] = row
+    return rows, stopped
 
 
 # (name, function, estimated seconds on an H200 at full size): packing first, compile last.
@@ -501,7 +574,8 @@ SECTIONS = [
     ("compile", section_compile, 90),
 ]
 DEADLINE_S = 330.0  # the estimates sum below it (304 s)
-NEEDS_ARGS = {"separate", "deterministic"}
+COMPILE_BOUND_S = 150.0  # the compile section's own bound: 4 rows, two cold compiles, the estimate's 90 s kept
+NEEDS_ARGS = {"separate", "deterministic", "compile"}
 
 
 def _write(results: dict, path: Path) -> None:
@@ -539,7 +613,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--window-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--only-deterministic", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only-alone", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-bound-s", type=float, default=COMPILE_BOUND_S,
+                        help=f"the compile section's time bound, its child killed there (default {COMPILE_BOUND_S:.0f}"
+                             "; never past --deadline-s)")
     args = parser.parse_args(argv)
+    args.ends_at = time.monotonic() + args.deadline_s
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     args.tiny = args.tiny or device.type != "cuda"
     size = Size(args.tiny, args.section_s)
@@ -547,6 +626,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("a tiny (CPU) table is no GPU measurement: --keep it elsewhere (--keep PATH) or run on a GPU")
     if args.only_alone:
         return run_alone(device, size, args.window_s or size.window_s)
+    if args.only_compile:
+        return compile_rows(device, size)
     if args.only_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)  # measure, even where an op has no such kernel
         result = section_step(device, size, {}, deterministic=True)

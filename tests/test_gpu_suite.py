@@ -92,3 +92,42 @@ def test_a_silent_child_ends_the_barrier_at_its_deadline():
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_the_attention_label_reads_the_sdpa_op_not_the_convolution():
+    """On CUDA the patch embedding's Conv2d dispatches aten::cudnn_convolution whatever attention ran;
+    only the SDPA op the dispatcher chose names the kernel (synthetic profiles: op names as
+    torch.profiler's key_averages() gives them)."""
+    label = _suite().attention_label
+    step = ["aten::conv2d", "aten::cudnn_convolution", "aten::convolution_backward", "aten::addmm",
+            "aten::layer_norm", "aten::scaled_dot_product_attention", "void cutlass::Kernel<...>"]
+    assert label(step + ["aten::_scaled_dot_product_flash_attention",
+                         "aten::_scaled_dot_product_flash_attention_backward", "aten::_flash_attention_forward",
+                         "flash_fwd_kernel<...>"]) == "fused: flash"
+    assert label(step + ["aten::_scaled_dot_product_efficient_attention",
+                         "aten::_efficient_attention_forward", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) \
+        == "fused: memory-efficient"
+    assert label(step + ["aten::_scaled_dot_product_cudnn_attention",
+                         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"]) == "fused: cuDNN"
+    assert label(step + ["aten::_scaled_dot_product_flash_attention_for_cpu"]) == "fused: flash"
+    assert label(step + ["aten::_scaled_dot_product_attention_math", "aten::_softmax"]) \
+        == "math (SDPA's unfused fallback)"
+    # The pack's explicit path calls no SDPA op at all: the cuDNN convolution names no attention.
+    assert label(step + ["aten::softmax", "aten::_softmax", "aten::bmm"]) == "explicit softmax"
+    assert label(["aten::cudnn_convolution", "aten::addmm"]) == "unknown"
+
+
+def test_a_child_past_its_bound_is_killed_and_its_finished_rows_kept():
+    """The compile section's bound (`child_rows`): a child that reports one row, then hangs as a cold
+    compile may, is killed at its bound with what it reported; a child that exits early says so."""
+    suite = _suite()
+    hang = ("import json, time; print('ROW ' + json.dumps({'name': 'eager K=1', 'images_per_s': 5.0}), flush=True); "
+            "time.sleep(600)")
+    rows, stopped = suite.child_rows([sys.executable, "-c", hang], "ROW ", 3)
+    assert rows == {"eager K=1": {"images_per_s": 5.0}} and stopped == "killed at its bound of 3 s"
+    rows, stopped = suite.child_rows([sys.executable, "-c", "import sys; print('ROW {\"name\": \"a\"}'); "
+                                      "sys.exit('compile failed')"], "ROW ", 60)
+    assert rows == {"a": {}} and stopped.startswith("exit 1: compile failed")
+    rows, stopped = suite.child_rows([sys.executable, "-c", "print('noise'); print('ROW {\"name\": \"b\", \"x\": 1}')"],
+                                     "ROW ", 60)
+    assert rows == {"b": {"x": 1}} and stopped is None

@@ -140,6 +140,35 @@ def test_a_compiled_pack_of_two_trains_as_the_eager_pack():
     assert_same_training(got, expected, atol=1e-4)
 
 
+def _eval_batches():
+    """Two full batches and a partial one (the last batch of an evaluation split)."""
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g),
+             torch.randint(0, 10, (n,), generator=g)) for n in (BATCH, BATCH, 3)]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_evaluating_a_compiled_pack_compiles_no_graph_of_its_own(k):
+    """Training compiles one graph; `evaluate_pack` (no grad, a partial batch) runs the eager forward:
+    no second graph per trial, and the same numbers as the eager pack's evaluation."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    cfgs = members("ape")[:k]
+    eager = PackedViT(cfgs)
+    two_steps(eager, cfgs)
+    expected = train.evaluate_pack(eager, _eval_batches(), (0.5,) * 3, (0.25,) * 3, torch.device("cpu"))
+    counter = CompileCounterWithBackend("aot_eager")
+    pack = PackedViT(cfgs, log=pytest.fail)
+    compile_forward(pack, backend=counter)
+    two_steps(pack, cfgs)
+    assert counter.frame_count == 1 and not pack.fast_paths.unproven
+    got = train.evaluate_pack(pack, _eval_batches(), (0.5,) * 3, (0.25,) * 3, torch.device("cpu"))
+    assert counter.frame_count == 1  # after the evaluation too
+    for (loss, acc), (loss_e, acc_e) in zip(got, expected):
+        assert loss == pytest.approx(loss_e, abs=1e-4) and acc == acc_e
+
+
 def test_a_compile_that_fails_on_the_first_step_falls_back_to_eager_with_one_line(monkeypatch):
     cfgs = members("ape")
     expected = two_steps(PackedViT(cfgs), cfgs)

@@ -14,28 +14,38 @@ CPU it measured slower). Only a compiled run imports this module, so an eager ru
 compiler (`torch.compile` and CUDA graphs' step marks import it on first use).
 A compile that fails on the first step falls back to the eager forward with one logged line
 (`pack.fast_paths`).
+
+Only the training step runs the compiled graph: a forward with gradients off (`evaluate_pack`, under
+``torch.no_grad``) runs the eager forward it wraps. Compiled, the evaluation would add graphs of its
+own per trial (Dynamo guards on grad mode, and the last partial batch makes the batch size dynamic:
+two more compiles, measured with ``aot_eager``), after the first training step has already proven the
+compile, so a failing evaluation compile would end the trial instead of falling back; and the
+evaluation is a small share of the epoch's forward work.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from trainables.packed import PackedViT
 
 
-def compile_forward(pack: PackedViT, *, mode: str | None = None, backend: str = "inductor") -> None:
+def compile_forward(pack: PackedViT, *, mode: str | None = None, backend: str | Callable = "inductor") -> None:
     """Wrap the pack's forward in ``torch.compile(mode, backend)``; a failure on the first step takes
     it down again (the eager forward)."""
     def compiled(forward):
         graph = torch.compile(forward, mode=mode, backend=backend)
-        if mode != "reduce-overhead":
-            return graph
 
-        def marked(*args, **kwargs):  # a new CUDA-graph step: the previous replay's outputs may be reused
-            torch.compiler.cudagraph_mark_step_begin()
+        def training_only(*args, **kwargs):  # evaluation (no grad) runs eager: see the module docstring
+            if not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            if mode == "reduce-overhead":  # a new CUDA-graph step: the previous replay's outputs may be reused
+                torch.compiler.cudagraph_mark_step_begin()
             return graph(*args, **kwargs)
 
-        return marked
+        return training_only
 
     undo = pack.wrap(compiled)
     pack.fast_paths.add(f"torch.compile ({backend})", "the eager forward", undo)
