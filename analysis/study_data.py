@@ -89,7 +89,7 @@ class StudyData:
         if measurements.empty or "trial_id" not in measurements:
             joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *TRIAL_KEYS[1:], *extra])
         else:
-            joined = measurements.merge(keys, on="trial_id")
+            joined = _join(measurements, keys)
             if dropped := len(measurements) - len(joined):
                 notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
         for column in ("level", "layer", "head_index"):  # null (NaN here): not per level / layer / head
@@ -267,6 +267,20 @@ class StudyData:
             return True
         t = self.trials[self.trials["dataset"] == dataset]
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
+
+
+def _join(rows: pd.DataFrame, keys: pd.DataFrame) -> pd.DataFrame:
+    """``rows.merge(keys, on="trial_id")`` for ``keys`` of one row per trial, without copying the columns of
+    ``rows``: the measurements are most of a study's memory (11.75 million rows at 10,000 trials, where a
+    merge's copy of them doubled ``StudyData.load``'s peak)."""
+    if set(rows.columns) & set(keys.columns) != {"trial_id"}:  # a shared column: merge's suffixes
+        return rows.merge(keys, on="trial_id")
+    at = pd.Index(keys["trial_id"]).get_indexer(rows["trial_id"])
+    inside = at >= 0
+    joined = (rows.copy(deep=False) if inside.all() else rows[inside]).reset_index(drop=True)
+    for column in keys.columns.drop("trial_id"):
+        joined[column] = keys[column].array.take(at[inside])
+    return joined
 
 
 def write_summary_table(results: str, study: str) -> int:
