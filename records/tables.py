@@ -71,6 +71,25 @@ def unit_file(trial_id: str, checkpoint_epoch: int | None = None) -> str:
     return trial_id if checkpoint_epoch is None else f"{trial_id}-e{checkpoint_epoch}"
 
 
+def _unit_of(stem: str, table: str) -> tuple[str, int | None] | None:
+    """(trial_id, checkpoint_epoch) of a ``unit_file`` name; None: not one of ``table``'s."""
+    if table != "measurements":
+        return stem, None
+    trial_id, _, epoch = stem.rpartition("-e")
+    return (trial_id, int(epoch)) if epoch.isdigit() else None
+
+
+def _compacted_file(lo: int, hi: int) -> str:
+    """The name (no suffix) of a compacted file holding compaction generations lo..hi."""
+    return f"{COMPACTED}-{lo:06d}-{hi:06d}"
+
+
+def _generations(stem: str) -> tuple[int, int] | None:
+    """(lo, hi) of a ``_compacted_file`` name; None: not one."""
+    lo, _, hi = stem.removeprefix(f"{COMPACTED}-").partition("-")
+    return (int(lo), int(hi)) if stem.startswith(f"{COMPACTED}-") and lo.isdigit() and hi.isdigit() else None
+
+
 def _write(table: pa.Table, results: str, study: str, name: str, file: str, **options: Any) -> str:
     fs, root = filesystem(table_path(results, study, name))
     fs.create_dir(root, recursive=True)
@@ -191,15 +210,12 @@ def _folder(results: str, study: str, table: str) -> _Folder | None:
         stem = info.base_name.removesuffix(".parquet")
         if info.type != pafs.FileType.File or stem == info.base_name or stem.startswith("."):
             continue
-        lo, _, hi = stem.removeprefix(f"{COMPACTED}-").partition("-")
-        if stem.startswith(f"{COMPACTED}-") and lo.isdigit() and hi.isdigit():
-            compacted.append(_Compacted(info.path, int(lo), int(hi)))
-        elif table != "measurements":
-            units.append(_Unit(info.path, stem, None))
-        elif (parts := stem.rpartition("-e"))[2].isdigit():
-            units.append(_Unit(info.path, parts[0], int(parts[2])))
+        if generations := _generations(stem):
+            compacted.append(_Compacted(info.path, *generations))
+        elif unit := _unit_of(stem, table):
+            units.append(_Unit(info.path, *unit))
     inside = {c for c in compacted for o in compacted
-              if o != c and o.lo <= c.lo and c.hi <= o.hi and (o.lo, o.hi) != (c.lo, c.hi)}
+              if (o.lo, o.hi) != (c.lo, c.hi) and o.lo <= c.lo and c.hi <= o.hi}
     live = sorted(set(compacted) - inside, key=lambda c: (c.lo, c.path))
     return _Folder(fs, table, tuple(sorted(units, key=lambda u: u.path)), tuple(live), tuple(inside))
 
@@ -256,7 +272,7 @@ def measured(results: str, study: str) -> set[tuple[str, int]]:
     if folder is None:
         return set()
     done = {(u.trial_id, u.checkpoint_epoch) for u in folder.units}
-    for part in folder.live:
+    for part in folder.live:  # ``compact`` lists them in its footer: no row is read
         done |= {(t, e) for t, e in json.loads(pq.read_schema(part.path, filesystem=folder.fs).metadata[UNITS_KEY])}
     return done
 
@@ -341,7 +357,7 @@ def _compact(results: str, study: str, folder: _Folder, units: tuple[_Unit, ...]
             if table == "measurements":  # the checkpoints it holds, in its footer: ``measured`` reads no row
                 rows = rows.replace_schema_metadata({UNITS_KEY: json.dumps(sorted(held))})
             lo = min((c.lo for c in folder.live), default=generation) if merge else generation
-            _write(rows, results, study, table, f"{COMPACTED}-{lo:06d}-{generation:06d}", **options)
+            _write(rows, results, study, table, _compacted_file(lo, generation), **options)
             # A unit file with no rows stays: its name is the record that it ran (``measured``).
             gone += [u.path for u in units if (u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] in held]
             gone += [c.path for c in folder.live] if merge else []
