@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 bench/host_syncs.py                 # this checkout, beside the recorded baseline
     PYTHONPATH=/path/to/old/checkout python3 bench/host_syncs.py --no-baseline   # measure another checkout
+    PYTHONPATH=. python3 bench/host_syncs.py --cuda          # on a GPU: the real step's syncs, counted by CUDA
 
 Per step of a CIFAR-10 pack (32 px, batch 128 per member, chunks of 1,024 images per member), for
 crop + flip and AutoAugment at K = 1 and K = 8 (every member the same protocol):
@@ -13,6 +14,12 @@ crop + flip and AutoAugment at K = 1 and K = 8 (every member the same protocol):
 * profiler ops: `torch.profiler` op count of the real step on the CPU (augmentation, CutMix,
   normalisation, RPT, forward, loss, backward, AdamW), `tiny` model (the count, not the time,
   is the point: the CPU pays little per op, a GPU a launch).
+
+`--cuda` counts on a real GPU what the fake device predicts: the whole step (`train.pack_step`:
+forward, backward, AdamW) of the same cases, run for real under `torch.cuda.set_sync_debug_mode("warn")`
+(a warning per synchronising call), per steady-state step (after one chunk of warm-up), with the
+logits' dtype; `--tiny` runs it at a tiny size, on the CPU where there is no CUDA (no count: CUDA's
+sync debug mode is the counter). It needs no baseline: the prediction is 0.
 
 BASELINE holds the same script's counts on the code before this work (commit 6637a4a), measured
 with --no-baseline and PYTHONPATH pointing at that checkout; the script runs against either API
@@ -70,10 +77,10 @@ def _step_losses(pack, cfgs, batches, *, num_classes, mean, std, mix_gens, perm_
     return pack.losses(logits, target), (logits.argmax(-1) == target.argmax(-1)).sum(-1)
 
 
-def _steps(sources, cfgs, epoch: int = 1):
+def _steps(sources, cfgs, epoch: int = 1, batch: int = BATCH, chunk: int = CHUNK):
     if hasattr(inputs, "pack_epoch"):
-        return inputs.pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
-    return zip(*[s.epoch(seed=c.seed, epoch=epoch, batch_size=BATCH, chunk_images=CHUNK)
+        return inputs.pack_epoch(sources, [c.seed for c in cfgs], epoch=epoch, batch_size=batch, chunk_images=chunk)
+    return zip(*[s.epoch(seed=c.seed, epoch=epoch, batch_size=batch, chunk_images=chunk)
                  for s, c in zip(sources, cfgs)])
 
 
@@ -83,11 +90,11 @@ def _clear_old_caches() -> None:
         stats.cache_clear()
 
 
-def _setup(protocol: str, k: int, preset: str, device: str):
-    cfgs = member_configs([protocol] * k, batch_size=BATCH, preset=preset, rpt=True)
+def _setup(protocol: str, k: int, preset: str, device: str, batch: int = BATCH, images: int = IMAGES):
+    cfgs = member_configs([protocol] * k, batch_size=batch, preset=preset, rpt=True)
     g = torch.Generator().manual_seed(0)
-    split = TensorImages(torch.randint(0, 256, (IMAGES, 3, 32, 32), dtype=torch.uint8, generator=g),
-                         torch.randint(0, 10, (IMAGES,), generator=g))
+    split = TensorImages(torch.randint(0, 256, (images, 3, 32, 32), dtype=torch.uint8, generator=g),
+                         torch.randint(0, 10, (images,), generator=g))
     base = inputs.TrainSource(split, augmentation(cfgs[0].protocol, "cifar10", 32), device=device)
     sources = [base.with_spec(augmentation(c.protocol, "cifar10", 32)) for c in cfgs]
     mix = [torch.Generator().manual_seed(c.seed * 7 + 2) for c in cfgs]
@@ -140,10 +147,71 @@ def profiler_ops(protocol: str, k: int) -> float:
     return ops / per_chunk
 
 
+def device_counts(protocol: str, k: int, device: torch.device, *, tiny: bool) -> dict:
+    """The real step on `device`, steady state: host syncs per step (CUDA's sync debug mode; None
+    elsewhere) and the logits' dtype."""
+    batch, chunk, images, preset = (16, 32, 128, "tiny") if tiny else (BATCH, CHUNK, IMAGES, "study_l")
+    cuda = device.type == "cuda"
+    cfgs, sources, pack, mix, perm = _setup(protocol, k, preset, str(device), batch, images)
+    optimizer = pack.optimizer(optim.build_optimizer, cfgs[0])
+    forward, dtypes = pack.forward, []
+
+    def recording(*a, **kw):  # the dtype only: keeping the logits would keep their graphs
+        logits = forward(*a, **kw)
+        dtypes.append(logits.dtype)
+        return logits
+
+    pack.forward = recording
+    steps, per_chunk = iter(_steps(sources, cfgs, batch=batch, chunk=chunk)), chunk // batch
+
+    def step():
+        train.pack_step(pack, optimizer, cfgs, next(steps), num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3,
+                        mix_gens=mix, perm_gens=perm, use_amp=cuda)
+
+    for _ in range(per_chunk):  # the first chunk builds the caches (grids, constants, pinned buffers)
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(per_chunk):
+                step()
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    return {"syncs_per_step": len(syncs) / per_chunk if cuda else None, "steps": per_chunk,
+            "sync_sites": sorted({m[:120] for m in syncs})[:5], "logits_dtype": str(dtypes[-1]).replace("torch.", "")}
+
+
+def main_device(tiny: bool) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (no CUDA: syncs not counted)"
+    print(f"host syncs per steady-state step, the real step on {name} (32 px, batch {16 if tiny else BATCH} per "
+          f"member{', tiny' if tiny else ''}); predicted on fake CUDA: 0")
+    print(f"{'case':12s} {'K':>2s}  {'syncs/step':>10s}  {'logits':>8s}  sites")
+    results = {}
+    # tiny: the plain module (K = 1) and a stacked pack, one case each: every code path, in seconds
+    runs = list(zip(CASES, (1, 2))) if tiny else [(case, k) for case in CASES for k in PACKS]
+    for (case, protocol), k in runs:
+        row = device_counts(protocol, k, device, tiny=tiny)
+        results.setdefault(case, {})[k] = row
+        syncs = "-" if row["syncs_per_step"] is None else f"{row['syncs_per_step']:.2f}"
+        print(f"{case:12s} {k:2d}  {syncs:>10s}  {row['logits_dtype']:>8s}  {'; '.join(row['sync_sites'])}",
+              flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-baseline", action="store_true", help="print this checkout's counts only")
+    parser.add_argument("--cuda", action="store_true", help="count the real step's syncs on the GPU instead")
+    parser.add_argument("--tiny", action="store_true", help="with --cuda: tiny sizes (the CPU dry run)")
     args = parser.parse_args(argv)
+    if args.cuda:
+        return main_device(args.tiny)
     warnings.filterwarnings("ignore", category=UserWarning)
     torch.set_num_threads(1)
     results = {}

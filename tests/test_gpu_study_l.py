@@ -25,8 +25,9 @@ def _load_script():
 
 
 def test_tiny_run_writes_the_tables_vitsweep_report_reads(tmp_path):
-    out = tmp_path / "results"
-    probe = ("import sys, runpy; sys.argv = ['gpu_study_l', '--tiny', '--out', " + repr(str(out)) + "]; "
+    out, storage = tmp_path / "results", tmp_path / "storage"
+    probe = ("import sys, runpy; sys.argv = ['gpu_study_l', '--tiny', '--out', " + repr(str(out)) +
+             ", '--storage', " + repr(str(storage)) + "]; "
              "runpy.run_path(" + repr(str(SCRIPT)) + ", run_name='__main__'); "
              "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'mlflow', 'optuna')); "
              "assert not bad, bad")
@@ -34,6 +35,8 @@ def test_tiny_run_writes_the_tables_vitsweep_report_reads(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "vitsweep report study_l_gpu --results" in done.stdout
+    # The tables under --out, the checkpoints and snapshots under --storage (not what a device tool brings back)
+    assert not (out / "storage").exists() and len(list(storage.rglob("*.pt"))) >= 4 * 3
 
     trials = tables.read_table(str(out), "study_l_gpu", "trials").to_pandas()
     assert sorted(trials["protocol"]) == sorted(["baseline", "cutmix", "autoaugment",
@@ -72,3 +75,36 @@ def test_budget_affords_the_epochs_the_docstring_states():
     assert gpu.affordable_epochs(train_s, gpu.STEP_MODEL_IMAGES_PER_S / 3, 50_000, 4) == 37
     assert gpu.affordable_epochs(1.0, 10.0, 50_000, 4) == 1  # never none
     assert "62,161" in gpu.__doc__ and f"{gpu.STEP_MODEL_IMAGES_PER_S:,}" == "62,161"
+
+
+def test_a_run_killed_in_training_has_written_its_trials_and_epochs_under_out(tmp_path):
+    """The tables go under --out as the run goes: killed after its first epoch's table, the run has
+    left every member's trials row ("running") and that epoch's rows, each file whole."""
+    import signal
+    import time as clock
+
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--tiny", "--epochs", "4", "--out", str(out), "--storage",
+                             str(tmp_path / "storage")], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    epochs = out / "study_l_gpu" / "epochs"
+    try:
+        while proc.poll() is None and len(list(epochs.glob("*.parquet"))) < 4:  # every member's first epoch
+            clock.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]  # still training: 4 epochs, then 16 snapshots
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    trials = tables.read_table(str(out), "study_l_gpu", "trials").to_pandas()
+    assert len(trials) == 4 and set(trials["status"]) <= {"running", "finished"}
+    rows = tables.read_table(str(out), "study_l_gpu", "epochs").to_pandas()
+    assert set(rows["trial_id"]) == set(trials["trial_id"]) and (rows["epoch"] >= 1).all()
+
+
+def test_the_budget_sizes_the_training_split_of_a_two_epoch_run():
+    gpu = _load_script()
+    # 300 s, 40,000 img/s measured (20,000 counted), 2 s a snapshot: 4 x 3 snapshots = 24 s, 60 s start
+    assert gpu.images_for_budget(300, 40_000, 2.0, 2, 4) == 50_000  # all of it: 216 s x 20,000 / 8 = 540,000
+    assert gpu.images_for_budget(100, 8_000, 1.0, 2, 4) == 14_000  # 28 s x 4,000 / 8
+    assert gpu.images_for_budget(50, 8_000, 1.0, 2, 4) == 1_280  # nothing left: the minimum, ten steps
