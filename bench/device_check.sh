@@ -107,38 +107,47 @@ else
 fi
 
 # 5. Study L for two epochs, sized from the numbers above to the time left.
-read -r RATE SNAP_S < <("$PY" - "$OUT" <<'EOF'
+# The measured rate and snapshot time as gpu_study_l options; one missing leaves gpu_study_l's default.
+SIZING=$("$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
-rate, snap = 62_161.0, 60 / 32  # gpu_study_l's defaults: the step model's K = 4 rate, MEASURE_S over 32
+out, options = Path(sys.argv[1]), []
 try:  # the eager pack of 8: gpu_study_l trains its 4 members eager
-    rate = float(json.loads((out / "suite" / "gpu_suite.json").read_text())["sections"]["compile"]["eager K=8"]["images_per_s"])
-except Exception:
+    compile_rows = json.loads((out / "suite" / "gpu_suite.json").read_text())["sections"]["compile"]
+    options += ["--images-per-s", str(float(compile_rows["eager K=8"]["images_per_s"]))]
+except (OSError, KeyError, TypeError, ValueError):
     pass
 try:
-    snap = float(json.loads((out / "snapshot" / "snapshot_timing.json").read_text())["snapshot_s"])
-except Exception:
+    timing = json.loads((out / "snapshot" / "snapshot_timing.json").read_text())
+    options += ["--snapshot-s", str(float(timing["snapshot_s"]))]
+except (OSError, KeyError, TypeError, ValueError):
     pass
-print(rate, snap)
+print(" ".join(options))
 EOF
 )
+echo "study_l sizing: ${SIZING:-the defaults of gpu_study_l}" >> "$OUT/steps.log"
 LEFT=$(( BUDGET_S - $(elapsed) - 15 ))
 CODE_VERSION=$(cat .gpu-data/commit 2>/dev/null || echo unknown)
 if [ "$DRY" = 1 ]; then
-    step study_l 120 "$PY" bench/gpu_study_l.py --tiny --epochs 2 --budget-s 120 --images-per-s "$RATE" \
-        --snapshot-s "$SNAP_S" --out "$OUT/study_l/results" --storage "$SCRATCH/storage" --code-version "$CODE_VERSION"
+    # shellcheck disable=SC2086  # SIZING: options split on purpose
+    step study_l 120 "$PY" bench/gpu_study_l.py --tiny --epochs 2 --budget-s 120 $SIZING \
+        --out "$OUT/study_l/results" --storage "$SCRATCH/storage" --code-version "$CODE_VERSION"
 elif [ -z "$DATA_ROOT" ]; then
     skip study_l "no archive at $DATA_TGZ (carry .gpu-data with cifar10-jpeg.tar.gz)"
-elif [ "$LEFT" -lt 90 ]; then
-    skip study_l "only $LEFT s left of the ${BUDGET_S} s budget"
 else
     wait "$UNTAR"
     LEFT=$(( BUDGET_S - $(elapsed) - 15 ))
-    # gpu_study_l sizes its split to budget-s; the timeout, 10 s past it, is the hard stop
-    step study_l "$(( LEFT + 10 ))" "$PY" bench/gpu_study_l.py --data-root "$DATA_ROOT" --epochs 2 \
-        --budget-s "$LEFT" --images-per-s "$RATE" --snapshot-s "$SNAP_S" --out "$OUT/study_l/results" \
-        --storage "$SCRATCH/storage" --code-version "$CODE_VERSION"
+    if ! grep -q '^rc=0$' "$OUT/untar.log"; then
+        skip study_l "the archive did not unpack: $(head -c 200 "$OUT/untar.log")"
+    elif [ "$LEFT" -lt 90 ]; then
+        skip study_l "only $LEFT s left of the ${BUDGET_S} s budget"
+    else
+        # gpu_study_l sizes its split to budget-s; the timeout, 10 s past it, is the hard stop
+        # shellcheck disable=SC2086  # SIZING: options split on purpose
+        step study_l "$(( LEFT + 10 ))" "$PY" bench/gpu_study_l.py --data-root "$DATA_ROOT" --epochs 2 \
+            --budget-s "$LEFT" $SIZING --out "$OUT/study_l/results" --storage "$SCRATCH/storage" \
+            --code-version "$CODE_VERSION"
+    fi
 fi
 
 rm -rf "$SCRATCH"

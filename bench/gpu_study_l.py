@@ -30,11 +30,13 @@ last) is then measured on the whole test split: MAD, entropy and CLS mass per la
 accuracy, SSDC and dSSDC, which come with the same passes); the fragility and PE-scaling passes
 are left out (``evaluate_checkpoint`` with no JPEG, blur or alpha levels).
 
-Sizing, for 8 minutes of an H200 (``BUDGET_S``): ``START_S`` for the interpreter, CUDA and three
-reads of the archive, ``MEASURE_S`` for the snapshots, the rest for training. bench/step_model.py
-estimates the packed study_l APE step at K = 4 (eager, bf16, batch 128 per member) at 62,161
-images/s for the pack (``STEP_MODEL_IMAGES_PER_S``): an epoch of the four members (200,000 images)
-in 3.2 s, so its estimate affords Lee's full 100 epochs in the 360 s of training. The step model
+Sizing, for 8 minutes of a GPU (``BUDGET_S``): ``START_S`` for the interpreter, CUDA and three
+reads of the archive, ``MEASURE_S`` for the snapshots (an allowance never timed on a GPU:
+bench/device_check.sh times one snapshot), the rest for training. bench/step_model.py estimates the
+packed study_l APE step at K = 4 (eager, bf16, batch 128 per member) at 64,847 images/s for the pack
+on an H100, the card a lent device machine gives first (77,773 on an H200;
+``STEP_MODEL_IMAGES_PER_S`` takes the H100's): an epoch of the four members (200,000 images) in
+3.1 s, so its estimate affords Lee's full 100 epochs in the 360 s of training. The step model
 prices the step alone, not the augmentation (AutoAugment runs on the device), the input chunks or
 the Python between kernels, so the script first trains 100 steps of the pack (``CALIBRATION_IMAGES``
 per member) and trains the smaller of 100 and what that measured rate affords
@@ -77,7 +79,7 @@ PROTOCOLS = ("baseline", "cutmix", "autoaugment", MODERN)
 BUDGET_S = 480.0  # 8 minutes of the GPU slot's 15: the rest starts the machine and copies files
 START_S = 60.0
 MEASURE_S = 60.0
-STEP_MODEL_IMAGES_PER_S = 62_161  # bench/step_model.py --k 4 --pe ape: "after (eager)", the whole pack
+STEP_MODEL_IMAGES_PER_S = 64_847  # bench/step_model.py --k 4 --pe ape: "after (eager)", H100, the whole pack
 MAX_EPOCHS = 100  # Lee et al.'s
 CALIBRATION_IMAGES = 12_800  # per member: 100 steps of batch 128
 EPOCH_EVAL_IMAGES = 1_000
