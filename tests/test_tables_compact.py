@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -134,6 +135,23 @@ def test_during_a_launch_only_settled_trials_are_compacted_and_all_at_its_end(tm
         "compacted-000001-000001.parquet", "compacted-000002-000002.parquet"]
     assert {r["trial_id"]: r["status"] for r in _rows(results, "trials")} == {
         "shapes-0": "finished", "shapes-1": "stopped", "shapes-2": "finished", "shapes-3": "failed"}
+
+
+def test_a_launch_compacts_settled_trials_while_it_trains(tmp_path):
+    results = str(tmp_path)
+    with tables.compacting(results, STUDY, every=2, poll_s=0.01):
+        _trial(results, "shapes-0")
+        _trial(results, "shapes-1")  # the second settled trial: the pass folds both
+        _trial(results, "shapes-2", status="running", epochs=())
+        folded = ["compacted-000001-000001.parquet", "shapes-2.parquet"]
+        for _ in range(6000):  # until the thread's pass has deleted what it folded (bounded: a slow machine)
+            if _files(tmp_path, "trials") == folded:
+                break
+            time.sleep(0.01)
+        assert _files(tmp_path, "trials") == folded
+    assert _files(tmp_path, "trials") == ["compacted-000001-000001.parquet", "compacted-000002-000002.parquet"]
+    assert {r["trial_id"]: r["status"] for r in _rows(results, "trials")} == {
+        "shapes-0": "finished", "shapes-1": "finished", "shapes-2": "running"}
 
 
 def test_many_compactions_merge_into_few_files_and_empty_units_stay(tmp_path):
