@@ -30,11 +30,12 @@
 # every step is `PYTHONPATH=. python3 bench/...`, none of which imports them (tests/test_device_check.py
 # runs the dry run with those three made unimportable).
 set -u
+if [ -n "${OUT:-}" ] && [ "${OUT#/}" = "$OUT" ]; then OUT="$PWD/$OUT"; fi  # relative to where it was called
 cd "$(dirname "$0")/.."
 
 DRY=0
 if [ "${DRY_RUN:-0}" != 0 ] || [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
-OUT=${OUT:-bench/out/device_check}
+OUT=${OUT:-$PWD/bench/out/device_check}
 PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-480}  # 8 minutes of the 10-minute call limit: the rest is margin for the tool
 DATA_TGZ=${DATA_TGZ:-.gpu-data/cifar10-jpeg.tar.gz}
@@ -83,6 +84,7 @@ if [ "$DRY" = 1 ]; then
     step cuda 60 "$PY" -c "import importlib.util as u; assert u.find_spec('torch'), 'no torch'; print('dry run: CUDA not checked')"
 elif ! step cuda 60 "$PY" -c "$CUDA_CHECK"; then
     echo "CUDA unusable, stopped: $(tail -n 1 "$SUMMARY")"
+    rm -rf "$SCRATCH"
     exit 1
 fi
 

@@ -34,7 +34,7 @@ In order:
 * compile (last): eager against compiled at K = 1 (`torch.compile`d with CUDA graphs) and K = 8 (the
   pack's vmapped forward compiled; `trainables.compiled`, as `compile=True` trains them), images/s
   and peak memory per row; in a child process killed at its own bound (`--compile-bound-s`, never
-  past the deadline), the rows it finished kept; skipped, with the reason, when there is no CUDA, no
+  past the deadline), each row written into the table as it comes, so a kill loses none it finished; skipped, with the reason, when there is no CUDA, no
   Triton or no C compiler.
 
 Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
@@ -496,12 +496,15 @@ def section_compile(device, size: Size, results: dict, args) -> dict:
         raise Skipped("no C compiler (cc, gcc, clang) on PATH: Triton needs one")
     bound_s = max(10.0, min(args.compile_bound_s, args.ends_at - time.monotonic()))
     cmd = [sys.executable, __file__, "--only-compile", "--section-s", str(size.section_s)]
-    out, stopped = child_rows(cmd, "COMPILE_ROW ", bound_s, env={**os.environ, "OUT": ""})
+
+    def written(rows):  # each row into the table as it comes: a suite killed from outside keeps it
+        results["sections"]["compile"] = {**rows, "running": True}
+        _write(results, args.json_path)
+
+    out, stopped = child_rows(cmd, "COMPILE_ROW ", bound_s, env={**os.environ, "OUT": ""}, on_row=written)
     out["bound_s"] = bound_s
-    if stopped:
+    if stopped:  # recorded with the rows it finished (a missing compiled row says which compile hung)
         out["stopped"] = stopped
-        if not any(name.startswith("compiled") for name in out):
-            raise RuntimeError(f"no compiled row: {stopped}")
     return out
 
 
@@ -541,24 +544,45 @@ def _compile_row(device, size: Size, k: int, compile_pack) -> dict:
     return row
 
 
-def child_rows(cmd: list[str], prefix: str, timeout_s: float, env: dict | None = None) -> tuple[dict, str | None]:
+def child_rows(cmd: list[str], prefix: str, timeout_s: float, env: dict | None = None,
+               on_row=None) -> tuple[dict, str | None]:
     """Run `cmd` in its own process group for at most `timeout_s`: every stdout line `prefix {json}` is a
-    row named by its "name". Returns (rows, None) or (the rows printed before it stopped, why it stopped):
-    at the bound the whole group is killed (inductor's compile workers too)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        stopped = None if proc.returncode == 0 else f"exit {proc.returncode}: {stderr.decode(errors='replace')[-500:]}"
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
+    row named by its "name", handed to `on_row(rows so far)` as it comes. Returns (rows, None) or (the
+    rows printed before it stopped, why it stopped): at the bound the whole group is killed (inductor's
+    compile workers too)."""
+    deadline = time.monotonic() + timeout_s
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty compile cannot block the child
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
+        rows, buffer, stopped = {}, b"", None
+        fd = proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stopped = f"killed at its bound of {timeout_s:.0f} s"
+                break
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                if proc.poll() is not None:  # exited, its output read (a compile worker may hold the pipe)
+                    break
+                continue  # the deadline is checked at the top
+            chunk = os.read(fd, 65536)
+            if not chunk:  # end of file: the child exited
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.startswith(prefix):
+                    row = json.loads(text[len(prefix):])
+                    rows[row.pop("name")] = row
+                    if on_row is not None:
+                        on_row(dict(rows))
+        with contextlib.suppress(ProcessLookupError):  # at the bound, or what the child left behind
             os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
-        stopped = f"killed at its bound of {timeout_s:.0f} s"
-    rows = {}
-    for line in stdout.decode(errors="replace").splitlines():
-        if line.startswith(prefix):
-            row = json.loads(line[len(prefix):])
-            rows[row.pop("name")] = row
+        proc.wait()
+        proc.stdout.close()
+        if not stopped and proc.returncode != 0:
+            stderr.seek(0)
+            stopped = f"exit {proc.returncode}: {stderr.read().decode(errors='replace')[-500:]}"
     return rows, stopped
 
 
@@ -640,7 +664,7 @@ def main(argv: list[str] | None = None) -> dict:
           ", ".join(f"{name} {est} s" for name, _, est in chosen) +
           f"; total {sum(est for _, _, est in chosen)} s (deadline {args.deadline_s:.0f} s)", flush=True)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "bench" / "out"
-    path = out_dir / "gpu_suite.json"
+    path = args.json_path = out_dir / "gpu_suite.json"
     t_start = time.perf_counter()
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

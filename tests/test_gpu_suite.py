@@ -123,8 +123,10 @@ def test_a_child_past_its_bound_is_killed_and_its_finished_rows_kept():
     suite = _suite()
     hang = ("import json, time; print('ROW ' + json.dumps({'name': 'eager K=1', 'images_per_s': 5.0}), flush=True); "
             "time.sleep(600)")
-    rows, stopped = suite.child_rows([sys.executable, "-c", hang], "ROW ", 3)
+    seen = []
+    rows, stopped = suite.child_rows([sys.executable, "-c", hang], "ROW ", 3, on_row=seen.append)
     assert rows == {"eager K=1": {"images_per_s": 5.0}} and stopped == "killed at its bound of 3 s"
+    assert seen == [rows]  # handed on as it came, before the bound
     rows, stopped = suite.child_rows([sys.executable, "-c", "import sys; print('ROW {\"name\": \"a\"}'); "
                                       "sys.exit('compile failed')"], "ROW ", 60)
     assert rows == {"a": {}} and stopped.startswith("exit 1: compile failed")
