@@ -220,10 +220,12 @@ def measure(out: str, cfgs: list[RunConfig], workdirs: list[Path], args: argpars
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_root, seed=0)
     images, labels = evaluation_subset(data.test, seed=0)
-    snapshots = [(cfg, path, i) for cfg, workdir in zip(cfgs, workdirs)
-                 for i, path in enumerate(reversed(checkpoints.local_snapshots(workdir)))]
+    snapshots = []  # (not the member's last, epoch, member, cfg, path): the finals first, then by epoch
+    for member, (cfg, workdir) in enumerate(zip(cfgs, workdirs)):
+        paths = {checkpoints.snapshot_epoch(path.name): path for path in checkpoints.local_snapshots(workdir)}
+        snapshots += [(epoch != max(paths), epoch, member, cfg, path) for epoch, path in paths.items()]
     statuses, t0 = [], time.perf_counter()
-    for cfg, path, _ in sorted(snapshots, key=lambda item: item[2] > 0):  # stable: finals, then the rest
+    for *_, cfg, path in sorted(snapshots, key=lambda item: item[:3]):
         model, _, epoch = checkpoints.load_model(path, map_location=device)
         rows = measure_snapshot(model, images, labels, data, cfg, device)
         tables.write_measurements(out, STUDY, cfg.trial_id, epoch, rows)

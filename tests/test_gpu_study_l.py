@@ -84,14 +84,14 @@ def test_a_run_killed_in_training_has_written_its_trials_and_epochs_under_out(tm
     import time as clock
 
     out = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--tiny", "--epochs", "4", "--out", str(out), "--storage",
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--tiny", "--epochs", "8", "--out", str(out), "--storage",
                              str(tmp_path / "storage")], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     epochs = out / "study_l_gpu" / "epochs"
     try:
         while proc.poll() is None and len(list(epochs.glob("*.parquet"))) < 4:  # every member's first epoch
             clock.sleep(0.2)
-        assert proc.poll() is None, proc.stderr.read()[-2000:]  # still training: 4 epochs, then 16 snapshots
+        assert proc.poll() is None, proc.stderr.read()[-2000:]  # still training: 8 epochs, then 20 snapshots
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
