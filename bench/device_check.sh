@@ -17,8 +17,9 @@
 #              (bench/host_syncs.py --cuda)
 #   suite      bench/gpu_suite.py --only probe,compile: the SDPA kernel that actually ran (from the aten op
 #              the dispatcher chose), syncs and logits dtype again (K = 1 and 8), then eager against
-#              compiled K = 1 and K = 8 images/s with peak memory (the compile in a child killed at its
-#              own bound); suite/gpu_suite.json, rewritten after each section
+#              compiled K = 1 and K = 8 images/s with peak memory, and eager K = 8 without the Linear
+#              fold (the compile in a child killed at its own bound); suite/gpu_suite.json, rewritten
+#              after each section and each compile row
 #   snapshot   one snapshot measurement timed (study_l model, 10,000 images, the attention passes): what
 #              gpu_study_l's allowance for its snapshots should be (snapshot/snapshot_timing.json)
 #   study_l    bench/gpu_study_l.py for two epochs, its training split sized from the numbers above
@@ -103,8 +104,8 @@ if [ "$DRY" = 1 ]; then
     step snapshot 60 "$PY" bench/gpu_study_l.py --tiny --time-snapshot --out "$OUT/snapshot"
 else
     step host_syncs 90 "$PY" bench/host_syncs.py --cuda
-    step suite 200 env OUT="$OUT/suite" "$PY" bench/gpu_suite.py --only probe,compile --deadline-s 190 \
-        --compile-bound-s 150
+    step suite 230 env OUT="$OUT/suite" "$PY" bench/gpu_suite.py --only probe,compile --deadline-s 220 \
+        --compile-bound-s 180
     step snapshot 60 "$PY" bench/gpu_study_l.py --time-snapshot --out "$OUT/snapshot"
 fi
 
