@@ -124,7 +124,17 @@ def process_alive(record: Mapping[str, Any]) -> tuple[bool | None, str]:
         return False, f"pid {pid} is not a process id"
     if record.get("proc_start") and proc_start(pid) not in (None, record["proc_start"]):
         return False, f"pid {pid} now belongs to another process"
+    if _state(pid) == "Z":  # killed, not yet reaped (an orphan waits for init, which in a container may be slow)
+        return False, f"pid {pid} is no longer running"
     return True, ""
+
+
+def _state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (Linux: ``R``, ``S``, ``Z`` for a zombie, ...), None when unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def heartbeat_age(heartbeat: Mapping[str, Any], *, now: datetime.datetime | None = None) -> float:

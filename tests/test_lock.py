@@ -149,3 +149,25 @@ def test_release_removes_a_half_written_renewal_and_the_folder_it_made(tmp_path)
     with LaunchLock(results, "demo"):
         pass
     assert sorted(p.name for p in (tmp_path / "results" / "demo").iterdir()) == ["trials"]  # a study's folder stays
+
+
+def test_a_killed_holder_not_yet_reaped_is_not_running():
+    """A zombie (killed, its parent gone, init not yet reaping it: slow in some containers) still has a
+    pid and a /proc entry; it holds nothing."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from records.manifest import proc_start, process_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    holder = {"host": socket.gethostname(), "pid": child.pid, "proc_start": proc_start(child.pid)}
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # exited, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        assert process_alive(holder) == (False, f"pid {child.pid} is no longer running")
+    finally:
+        child.wait()
