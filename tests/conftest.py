@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -124,3 +125,23 @@ def demo_results(ray_local, tmp_path_factory):
     print((results / "console.txt").read_text(), (results / "console-err.txt").read_text())
     assert status == 0
     return results
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real 4 MiB tmpfs (needs mount rights; skipped without), and what fills it up: a full disk
+    for the storage-fault tests."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+
+    def fill():
+        with contextlib.suppress(OSError), open(mount / "ballast", "wb") as fh:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+
+    yield mount, fill
+    subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -8,12 +8,10 @@ whole error in the analysis log. A finished trial whose checkpoint and snapshot 
 missing in the plan, in ``vitsweep analyze``'s output and exit status, in ``vitsweep status`` and on the
 report."""
 
-import contextlib
 import errno
 import logging
 import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,25 +77,6 @@ def quiet_mlflow():
     logger.setLevel(logging.CRITICAL)
     yield
     logger.setLevel(level)
-
-
-@pytest.fixture()
-def small_disk(tmp_path):
-    """A real 4 MiB tmpfs (needs mount rights; skipped without), and what fills it up."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-
-    def fill():
-        with contextlib.suppress(OSError), open(mount / "ballast", "wb") as fh:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-
-    yield mount, fill
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_mlflow_disk_ends_the_analysis_at_its_first_checkpoint_in_one_line(tmp_path, small_disk, empty_store,

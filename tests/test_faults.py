@@ -392,30 +392,7 @@ def test_with_the_tracking_server_gone_the_epilogue_closes_rows_and_leaves_mlflo
     assert row["status"] == "failed" and row["error"] == "storage fault: gone"
 
 
-@pytest.fixture()
-def full_disk(tmp_path):
-    """A real 2 MiB tmpfs (needs mount rights; skipped without), filled up by the test."""
-    import subprocess
-
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-
-    def fill():
-        with open(mount / "ballast", "wb") as fh, contextlib.suppress(OSError):
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-
-    import contextlib
-
-    yield mount, fill
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(full_disk, monkeypatch, caplog):
+def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(small_disk, monkeypatch, caplog):
     import logging
     import time
 
@@ -425,7 +402,7 @@ def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(full_dis
     from sweeps.lock import LaunchLock
 
     monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)  # the lock renews its lease while the disk is full
-    mount, fill = full_disk
+    mount, fill = small_disk
     results = str(mount / "results")
     tables.write_trial(results, "demo", {}, {"trial_id": "a", "study": "demo", "status": "running"})
     launch_log = faults.LaunchLog(results, "demo")
