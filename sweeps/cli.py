@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
     def where() -> tuple[str, str, str | None, str]:
-        then = {"sweep": "launch again with --resume", "demo": "run `vitsweep demo` again",
-                "analyze": AGAIN["analysis"]}[args.command]
+        then = AGAIN[{"sweep": "launch", "demo": "demo", "analyze": "analysis"}[args.command]]
         return (layout.results_location(args.results), getattr(args, "study", "demo"),
                 getattr(args, "mlflow_uri", None), then)
 

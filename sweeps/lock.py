@@ -53,7 +53,8 @@ STALE_AFTER_S = 600.0
 UNREADABLE_GRACE_S = 10.0
 # What a refused one runs once the holder is gone, by what it is: ``vitsweep analyze`` has no --resume
 # (it continues where it stopped by itself); a launch does not re-run its finished trials with it.
-AGAIN = {"launch": "launch again with --resume", "analysis": "run the same `vitsweep analyze` command again"}
+AGAIN = {"launch": "launch again with --resume", "analysis": "run the same `vitsweep analyze` command again",
+         "demo": "run `vitsweep demo` again"}
 
 
 class LaunchLockError(ValueError):

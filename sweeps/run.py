@@ -40,7 +40,7 @@ from records import client, layout, manifest, provenance, stores, tables, tracki
 from records.stores import TrackingError
 from sweeps import faults, options, progress, study, supervise
 from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-from sweeps.lock import LaunchLock
+from sweeps.lock import AGAIN, LaunchLock
 from sweeps.packs import pack_of, resume_epochs
 from sweeps.validate import OneLineParser
 from trainables.data_roots import check_root
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     # `vitsweep sweep` is (see sweeps/supervise.py).
     return supervise.run(sys.argv[1:], lambda argv: run(parser.parse_args(argv)),
                          lambda: (layout.results_location(args.results), args.study, args.mlflow_uri,
-                                  "launch again with --resume"))
+                                  AGAIN["launch"]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -488,7 +488,7 @@ def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
 
 
 def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what: str = "launch",
-            then: str = "launch again with --resume") -> int:
+            then: str = AGAIN["launch"]) -> int:
     """``work(prepare())`` holding the study's lock (``what`` names the holder to a refused second
     one), the console filtered: a user error (of either) ends in one ``error:`` line, exit 2; a storage
     fault out of ``work`` in one ``error: storage fault`` line, last on stderr, exit 1; anything else

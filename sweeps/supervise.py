@@ -127,7 +127,7 @@ def close(results: str, study: str, mlflow_uri: str | None, reason: str) -> list
         manifest.beat(results, study, ended=True, stage=beat.get("stage"), progress=beat.get("progress"),
                       outcome=reason)
     remove_dead_holders_lock(results, study)
-    table = tables.read_table(results, study, "trials")
+    table = tables.read_table(results, study, "trials", ["status"])
     if table is not None and "running" in table.column("status").to_pylist():
         uri = mlflow_uri or stores.default_tracking_uri(results)
         experiment_id = tracking.experiment_id_of(uri, study)

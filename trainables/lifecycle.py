@@ -245,8 +245,8 @@ def record_restart(settings: LaunchSettings, cfgs: Sequence[RunConfig], run_ids:
 
 
 def record_node(settings: LaunchSettings, rows: Sequence[dict[str, Any]], node: str) -> None:
-    """The rows (still "running") name the node that trains them now."""
-    for row in rows:
+    """The rows (still "running") name the node that trains them now (a row that names it already is left)."""
+    for row in (r for r in rows if r.get("node") != node):
         tables.write_trial(settings.results, settings.study, row, {**row, "node": node})
 
 
