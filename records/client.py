@@ -96,8 +96,6 @@ _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLI
 _TRANSIENT_TEXT = ("database is locked", "database table is locked", "deadlock", "api request to",
                    "connection refused", "connection reset", "timed out", "max retries exceeded",
                    "temporarily unavailable")
-_STORAGE_TEXT = ("database or disk is full", "attempt to write a readonly database", "no space left on device",
-                 "read-only file system")
 
 
 class StorageError(OSError):
@@ -110,9 +108,25 @@ class StorageError(OSError):
         return self.strerror if self.strerror is not None else super().__str__()
 
 
-# SQLite's and the OS's words for a storage fault, and the errno each stands for.
-_STORAGE_ERRNO = {"database or disk is full": errno.ENOSPC, "no space left on device": errno.ENOSPC,
-                  "attempt to write a readonly database": errno.EROFS, "read-only file system": errno.EROFS}
+# The OS's and SQLite's words for a storage fault, and the errno each stands for: pyarrow's and Ray's errors
+# carry the OS's wording, not always an errno, and a remote error arrives as text.
+STORAGE_WORDS = {"no space left on device": errno.ENOSPC, "read-only file system": errno.EROFS,
+                 "disk quota exceeded": errno.EDQUOT, "input/output error": errno.EIO,
+                 "permission denied": errno.EACCES, "operation not permitted": errno.EPERM,
+                 "database or disk is full": errno.ENOSPC, "attempt to write a readonly database": errno.EROFS}
+
+
+def cause_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it, each once, nearest first: ``__cause__``, ``__context__`` and
+    a Ray error's ``cause`` (the remote exception it wraps)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
 
 
 def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
@@ -123,13 +137,7 @@ def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
     bound parameter, so only the line that names the fault is kept), or an OSError of the storage (any but a
     missing file, which is the file's fault, not the storage's). A Ray error of a remote one is read through
     its ``cause``, else its text (the remote traceback), from the last line up."""
-    seen, chain, todo = set(), [], [exc]
-    while todo:
-        e = todo.pop(0)
-        if isinstance(e, BaseException) and id(e) not in seen:
-            seen.add(id(e))
-            chain.append(e)
-            todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    chain = list(cause_chain(exc))
     for e in chain:
         if isinstance(getattr(e, "cause", None), BaseException):
             continue  # Ray's wrapper (an instance of the remote error's class too): its text is a whole traceback
@@ -152,7 +160,7 @@ def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
 
 def _errno_of(text: str) -> int | None:
     low = text.lower()
-    return next((code for words, code in _STORAGE_ERRNO.items() if words in low), None)
+    return next((code for words, code in STORAGE_WORDS.items() if words in low), None)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -161,7 +169,7 @@ def _is_transient(exc: BaseException) -> bool:
     from mlflow.exceptions import MlflowException
 
     text = str(exc).lower()
-    if any(s in text for s in _STORAGE_TEXT):  # another attempt hits the same full or read-only disk
+    if _errno_of(text) is not None:  # another attempt hits the same full or read-only disk
         return False
     if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlite3.OperationalError, ConnectionError,
                         TimeoutError)):

@@ -24,15 +24,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+from records.client import STORAGE_WORDS, cause_chain
 from records.layout import filesystem, logs_dir, train_storage
 from records.stores import TrackingError, redact, scheme
 
 log = logging.getLogger("vitsweep")
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}
-# pyarrow's and Ray's errors carry the OS's wording, not always an errno; remote errors are text.
-STORAGE_TEXT = ("no space left on device", "read-only file system", "disk quota exceeded",
-                "input/output error", "permission denied", "operation not permitted",
-                "database or disk is full", "attempt to write a readonly database")  # (SQLite's words)
+STORAGE_ERRNOS = set(STORAGE_WORDS.values())
 PROBE_INTERVAL_S = 5.0
 
 
@@ -44,20 +41,9 @@ class StorageFault(Exception):
         self.lines, self.log_path = lines, log_path
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # RayTaskError.cause
-
-
 def classify(exc: BaseException) -> str | None:
     """One line saying which storage fault ``exc`` is, or None when it is no storage fault."""
-    for e in _chain(exc):
+    for e in cause_chain(exc):
         if isinstance(e, StorageFault):
             return e.lines[0]
         if isinstance(e, TrackingError):
@@ -67,7 +53,7 @@ def classify(exc: BaseException) -> str | None:
             return f"a Tune state file is truncated ({type(e).__name__}: {str(e) or 'end of file'})"
         if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or _storage_words(str(e))):
             return f"{type(e).__name__}: {e}"
-    for e in _chain(exc):  # Ray's errors carry the remote one's traceback as text
+    for e in cause_chain(exc):  # Ray's errors carry the remote one's traceback as text
         why = classify_text(str(e))
         if why:
             return why
@@ -87,7 +73,7 @@ def classify_text(text: str) -> str | None:
 
 def _storage_words(text: str) -> bool:
     low = text.lower()
-    return any(words in low for words in STORAGE_TEXT)
+    return any(words in low for words in STORAGE_WORDS)
 
 
 # ---------------------------------------------------------------------------------------------- the log
