@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import logging
 import os
 import pickle
