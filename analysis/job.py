@@ -47,7 +47,7 @@ from analysis.plan import CHECKPOINT_CHOICES, missing_line, plan_checkpoints
 from analysis.study_data import write_summary_table
 from analysis.trial_record import FIGURE_CHOICES, record_checkpoint
 from records import files, manifest, stores, tables, tracking
-from records.client import StorageError, storage_fault
+from records.client import storage_exception, storage_fault
 from records.layout import filesystem, is_uri, logs_dir, results_location, table_path
 from trainables.data_roots import DATASET_SPECS
 from trainables.ray_start import init_ray
@@ -123,8 +123,7 @@ class Measurer:
         store = ""
         if self.mlflow_uri and not isinstance(exc, (OSError, stores.TrackingError)):
             store = f"MLflow store {stores.redact(self.mlflow_uri)!r}: "
-        where = f"measuring {trial_id} epoch {epoch}: {store}{line}"
-        return stores.TrackingError(where) if code is None else StorageError(code, where)
+        return storage_exception(f"measuring {trial_id} epoch {epoch}: {store}{line}", code)
 
     def measure(self, trial_id: str, epoch: int, path: str, dataset: str, data_root: str, *,
                 run_id: str | None = None, final: bool = True) -> tuple[int, str]:
@@ -269,10 +268,9 @@ def measure_checkpoints(results: str, study: str, rows: list[dict[str, Any]], me
             found = storage_fault(exc)
             if found is None:
                 raise
-            line, code = found
-            fault = stores.TrackingError(line) if code is None else StorageError(code, line)
+            fault = storage_exception(*found)
             fault.__cause__ = exc  # (the traceback behind the one line, for the caller's log)
-            beat.outcome = f"storage fault: {line}"
+            beat.outcome = f"storage fault: {found[0]}"
         finally:
             details = _write_details(results, study, statuses)
     if fault is not None:

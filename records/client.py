@@ -158,6 +158,12 @@ def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
     return None
 
 
+def storage_exception(line: str, code: int | None) -> Exception:
+    """The storage fault (``storage_fault``'s line and errno) as the exception that ends a stage in that one
+    line: a TrackingError for MLflow's retry budget spent (no errno), else a StorageError with the errno."""
+    return TrackingError(line) if code is None else StorageError(code, line)
+
+
 def _errno_of(text: str) -> int | None:
     low = text.lower()
     return next((code for words, code in STORAGE_WORDS.items() if words in low), None)
