@@ -20,7 +20,8 @@ from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables import shapes
 from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
-from trainables.datasets import DATASETS, capped_subset, holdout_split, load_dataset
+from trainables import datasets
+from trainables.datasets import DATASETS, SHARED_ENV, capped_subset, holdout_split, load_dataset
 from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
 from trainables.images import ImageFiles, TensorImages
 
@@ -245,6 +246,39 @@ def test_cifar_pickles(name, tmp_path):
     assert resized.train.images.shape[1:] == (3, 64, 64) and resized.patch_size == 8
 
 
+def test_a_node_shared_copy_is_decoded_once_mapped_by_every_load_and_rebuilt_when_gone(tmp_path, monkeypatch):
+    """With $VITSWEEP_DATA_SHARED the first load decodes and writes the splits, later loads map them
+    (no decode) and get the same images; a copy that is gone or cut short is decoded again. ~0.1 s."""
+    _write_cifar(tmp_path / "root", "cifar10", n_train=40, n_test=10)
+    own = load_dataset("cifar10", tmp_path / "root", holdout_fraction=0.25)
+    shared = tmp_path / "node"
+    monkeypatch.setenv(SHARED_ENV, str(shared))
+    decodes = []
+    loader = DATASETS["cifar10"]
+    monkeypatch.setitem(DATASETS, "cifar10", lambda *a, **kw: decodes.append(1) or loader(*a, **kw))
+
+    def load():
+        return load_dataset("cifar10", tmp_path / "root", holdout_fraction=0.25)
+
+    def same(a, b):
+        return (all(torch.equal(a.split(s).images, b.split(s).images) and torch.equal(a.split(s).labels,
+                                                                                    b.split(s).labels)
+                    for s in ("train", "holdout", "test"))
+                and (a.classes, a.mean, a.std, a.img_size) == (b.classes, b.mean, b.std, b.img_size)
+                and torch.equal(a.holdout_indices, b.holdout_indices))
+
+    first, second = load(), load()
+    assert len(decodes) == 1 and same(first, own) and same(second, own)
+    (place,) = [p for p in shared.iterdir() if p.is_dir()]
+    assert _mapped_from(second.train.images) == place / "train_images.npy"  # the node's file, not a copy
+    other = load_dataset("cifar10", tmp_path / "root", holdout_fraction=0.5)  # another holdout: another copy
+    assert len(decodes) == 2 and len(other.holdout) == 20
+    shutil.rmtree(place)  # its node lost, or its temporary folder cleaned
+    assert same(load(), own) and len(decodes) == 3
+    (place / "train_images.npy").write_bytes(b"cut short")
+    assert same(load(), own) and len(decodes) == 4
+
+
 @pytest.mark.parametrize("use_parent", [True, False])
 def test_tinyimagenet_layout(tmp_path, use_parent):
     wnids = ("n03", "n01", "n02")  # wnids.txt order is not sorted: classes must be
@@ -350,6 +384,17 @@ def test_real_tinyimagenet_subset(real_data):
 
 
 # -- writers for the official layouts ----------------------------------------------------------------
+
+
+def _mapped_from(tensor: torch.Tensor) -> Path | None:
+    """The file whose memory mapping holds the tensor's data (Linux: /proc/self/maps), or None."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)  # address range, perms, offset, device, inode[, path]
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if start <= address < end:
+            return Path(fields[5]) if len(fields) == 6 else None
+    return None
 
 
 def _random_image(size, seed: int, grey: bool = False) -> torch.Tensor:

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torchvision.io
 from reference import SeededSampler
+from torch.utils.data import DataLoader
 
 from trainables.augment import Augmentation
 from trainables.images import ImageFiles, TensorImages, decode
@@ -70,9 +71,9 @@ def _jpeg_folder(tmp_path, images: torch.Tensor) -> list[tuple[str, int]]:
     return samples
 
 
-def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split):
+def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split, monkeypatch):
     """Decode workers + batched augmentation on the device give what the in-memory path gives
-    for the same decoded images (2 workers, chunks of 2 steps)."""
+    for the same decoded images (2 workers, chunks of 2 steps), alone or packed."""
     samples = _jpeg_folder(tmp_path, split.images[:40])
     files = ImageFiles(samples, 32, evaluation=False)
     memory = TensorImages(torch.stack([decode(p) for p, _ in samples]), files.labels)
@@ -83,12 +84,16 @@ def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split):
     # The GPU-decode path (here with the CPU as its "device") reads bytes in workers, decodes in the loop.
     gpu_path, _ = _epoch(TrainSource(files, spec, num_workers=0, gpu_decode=True), seed=1, epoch=1, batch_size=8)
     assert torch.equal(gpu_path, held)
-    # A pack streams each member's own order and draws, augmented per protocol group.
-    from trainables.inputs import pack_epoch
+    # A pack streams each member's own order and draws, augmented per protocol group, through one set
+    # of the trial's workers (2 here), not one per member.
+    from trainables import inputs
 
-    folder = TrainSource(files, spec, num_workers=0)
+    loaders = []
+    monkeypatch.setattr(inputs, "DataLoader", lambda *a, **kw: loaders.append(kw["num_workers"]) or DataLoader(*a, **kw))
+    folder = TrainSource(files, spec, num_workers=2)
     members = [folder, folder.with_spec(Augmentation(32)), folder]
-    steps = list(pack_epoch(members, [1, 2, 3], epoch=1, batch_size=8, chunk_images=16))
+    steps = list(inputs.pack_epoch(members, [1, 2, 3], epoch=1, batch_size=8, chunk_images=16))
+    assert loaders == [2]
     for k, seed in enumerate([1, 2, 3]):
         alone, _ = _epoch(TrainSource(memory, members[k].spec), seed=seed, epoch=1, batch_size=8)
         assert torch.equal(torch.cat([batches[k][0] for batches in steps]), alone), k
@@ -180,9 +185,9 @@ def test_a_pack_is_augmented_in_one_call_per_protocol_group(split, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_default(tmp_path, split, monkeypatch):
-    """nvjpeg writes from its own stream: decode_on_device waits for the device once after the GPU
-    decode (and before any CPU-fallback copy), on fake CUDA tensors; TrainSource decodes on the CPU
-    unless asked (that wait is a host sync per batch)."""
+    """nvjpeg writes from its own stream: decode_on_device waits for the device before the GPU decode
+    (queued kernels may still read the memory it is given) and after it (before any CPU-fallback
+    copy), on fake CUDA tensors; TrainSource decodes on the CPU unless the run config asks."""
     from fake_cuda import fake_cuda
 
     samples = _jpeg_folder(tmp_path, split.images[:3])
@@ -198,10 +203,19 @@ def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_
     with fake_cuda():
         out = decode_on_device([*encoded, png], "cuda", gpu_decoder=fake_nvjpeg)
         assert all(image.device.type == "cuda" and image.shape == (3, 32, 32) for image in out)
-    assert events == [("decode", 3), ("sync", "cuda")]
+    assert events == [("sync", "cuda"), ("decode", 3), ("sync", "cuda")]
     events.clear()
     decode_on_device(encoded, "cpu", gpu_decoder=fake_nvjpeg)
     assert events == [("decode", 3)]  # no wait off CUDA
-    files = ImageFiles(samples, 32, evaluation=False)
-    assert not TrainSource(files, Augmentation(32), device="cuda").gpu_decode
-    assert TrainSource(files, Augmentation(32), device="cuda", gpu_decode=True).gpu_decode
+    from trainables.config import RunConfig
+    from trainables.train import pack_inputs
+
+    root = tmp_path / "root"  # 128 px: folder-backed (ImageFiles), like ImageNet-100
+    for i, image in enumerate(torch.randint(0, 256, (4, 3, 128, 128), dtype=torch.uint8)):
+        for split_dir in ("train", "test"):
+            (root / split_dir / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            torchvision.io.write_jpeg(image, str(root / split_dir / f"c{i % 2}" / f"{i}.jpg"))
+    cfgs = [RunConfig.for_dataset("folder", preset="study_l", data_root=str(root), holdout_fraction=0.0, **extra)
+            for extra in ({}, {"gpu_decode": True})]
+    sources = [pack_inputs([cfg], torch.device("cpu"))[1][0] for cfg in cfgs]  # the run config reaches the source
+    assert [source.gpu_decode for source in sources] == [False, True]

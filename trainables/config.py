@@ -99,6 +99,10 @@ class RunConfig:
     amp: bool = spec(True, help="bf16 autocast, used on CUDA only (slower on CPU)")
     num_workers: int = spec(-1, ge=-1, help="decode workers for folder-backed sets; -1: the CPUs the trial holds, "
                             "less one")
+    gpu_decode: bool = spec(False, help=(
+        "folder-backed sets on CUDA: the DataLoader workers only read the files and the JPEGs are decoded on the GPU "
+        "(nvjpeg; its pixels may differ from the CPU decoder's by a level): for a run whose CPUs cannot decode "
+        "fast enough, at two host syncs per step"))
     compile: bool = spec(False, help="torch.compile the model (CUDA only; slower on CPU); execution only")
     # The fields a `--set KEY=V1,V2` sweep varies (comma-separated), named in the trial id's readable
     # part; set by the launcher, not by --set (no spec). Left out of the flat form while empty, so an

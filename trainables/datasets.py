@@ -21,19 +21,28 @@ the decoded image at its native size and the protocol's random resized crop make
 Smaller sets are stored at their final size and trained with pad-and-crop. A bad name raises
 `ValueError` listing the names; a missing or malformed root `DataRootError` at once, naming the path,
 what was expected there and how to obtain it.
+
+Under Ray every Train worker is a fresh process, and decoding a set is a pack's largest start-up cost
+(the 12,000 `shapes` images: ~6 s CPU). With `$VITSWEEP_DATA_SHARED` naming a folder (the Ray worker
+sets it to its node's session folder, `trainables.ray_trial`) the first process of a node decodes the
+in-memory splits once into it and every process maps them (`shared_splits`): one copy per node.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -41,8 +50,10 @@ from records import vocab
 from trainables import data_roots, formats
 from trainables.data_roots import dataset_spec, patch_size_for
 from trainables.formats import Loaded
+from trainables.images import TensorImages
 
 SPLIT_NAMES = ("train", "holdout", "test")
+SHARED_ENV = "VITSWEEP_DATA_SHARED"  # a folder on this node for decoded in-memory sets (`shared_splits`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,16 +95,80 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
     """Load `name` from `root` (default `$VITSWEEP_DATA_ROOT` or `./data`). seed: draws the holdout split
     (the `shapes` images themselves are fixed, like any downloaded set). holdout_fraction in [0, 1): share
     of each class of the training set moved to `holdout`. img_size: resize to this size (the native size
-    by default). download: CIFAR only, fetch missing files."""
+    by default). download: CIFAR only, fetch missing files. Through the node's shared copy when
+    `$VITSWEEP_DATA_SHARED` names a folder (`shared_splits`)."""
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must lie in [0, 1), got {holdout_fraction}")
     dataset_spec(name, root, img_size=img_size)  # a bad name, size or root fails here, before loading
-    loaded = DATASETS[name](data_roots.check_root(name, root), img_size=img_size, download=download)
-    train_idx, holdout_idx = holdout_split(loaded.train.labels, holdout_fraction, seed=seed)
-    return DatasetSplits(name, len(loaded.classes), loaded.img_size, patch_size_for(loaded.img_size), loaded.mean,
-                         loaded.std, train=loaded.train.subset(train_idx) if len(holdout_idx) else loaded.train,
-                         holdout=loaded.train.subset(holdout_idx, evaluation=True), test=loaded.test,
-                         classes=loaded.classes, holdout_indices=holdout_idx)
+    path = data_roots.check_root(name, root)
+
+    def load() -> DatasetSplits:
+        loaded = DATASETS[name](path, img_size=img_size, download=download)
+        train_idx, holdout_idx = holdout_split(loaded.train.labels, holdout_fraction, seed=seed)
+        return DatasetSplits(name, len(loaded.classes), loaded.img_size, patch_size_for(loaded.img_size), loaded.mean,
+                             loaded.std, train=loaded.train.subset(train_idx) if len(holdout_idx) else loaded.train,
+                             holdout=loaded.train.subset(holdout_idx, evaluation=True), test=loaded.test,
+                             classes=loaded.classes, holdout_indices=holdout_idx)
+
+    shared = os.environ.get(SHARED_ENV)
+    if not shared:
+        return load()
+    key = json.dumps([name, str(path), img_size, seed, holdout_fraction])
+    return shared_splits(Path(shared), f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}", load)
+
+
+def shared_splits(folder: Path, key: str, load: Callable[[], DatasetSplits]) -> DatasetSplits:
+    """The splits `load()` gives, kept in `folder/key` and memory-mapped: the first process decodes and
+    writes them (uint8 .npy files, written aside and renamed into place: a reader never sees half a set),
+    then it and every later process map them copy-on-write, so a node's processes share one copy in the
+    page cache and pay no decode. A process that comes while they are written waits for the writer (a
+    lock file). A set whose folder is gone (its node lost, a cleaned temporary folder) or unreadable is
+    built again; folder-backed splits (`ImageFiles`, decoded per item) and a folder that cannot be
+    written (a full disk) leave the process its own `load()`."""
+    place = folder / key
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if place.is_dir():
+            try:
+                return _read_splits(place)
+            except (OSError, ValueError, KeyError):  # truncated or half removed: built again
+                shutil.rmtree(place, ignore_errors=True)
+        data = load()
+        if not all(isinstance(data.split(s), TensorImages) for s in SPLIT_NAMES):
+            return data
+        try:
+            _write_splits(data, place)
+        except OSError:
+            return data
+        return _read_splits(place)
+
+
+def _write_splits(data: DatasetSplits, place: Path) -> None:
+    aside = Path(tempfile.mkdtemp(dir=place.parent, prefix=f"{place.name}.writing-"))
+    try:
+        for name in SPLIT_NAMES:
+            np.save(aside / f"{name}_images.npy", data.split(name).images.numpy())
+            np.save(aside / f"{name}_labels.npy", data.split(name).labels.numpy())
+        np.save(aside / "holdout_indices.npy", data.holdout_indices.numpy())
+        meta = {"name": data.name, "num_classes": data.num_classes, "img_size": data.img_size,
+                "patch_size": data.patch_size, "mean": data.mean, "std": data.std, "classes": data.classes}
+        (aside / "meta.json").write_text(json.dumps(meta))
+        aside.rename(place)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _read_splits(place: Path) -> DatasetSplits:
+    def array(file: str) -> torch.Tensor:
+        values = np.load(place / file, mmap_mode="c")  # copy-on-write: a write stays in this process
+        return torch.from_numpy(values if values.size else np.array(values))
+
+    meta = json.loads((place / "meta.json").read_text())
+    splits = {name: TensorImages(array(f"{name}_images.npy"), array(f"{name}_labels.npy")) for name in SPLIT_NAMES}
+    return DatasetSplits(meta["name"], meta["num_classes"], meta["img_size"], meta["patch_size"], tuple(meta["mean"]),
+                         tuple(meta["std"]), **splits, classes=tuple(meta["classes"]),
+                         holdout_indices=array("holdout_indices.npy"))
 
 
 def input_record(data: DatasetSplits, train: Dataset, cfg: Any, device: Any) -> dict[str, Any]:

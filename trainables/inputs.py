@@ -14,9 +14,10 @@ In-memory splits (`TensorImages`: CIFAR, Tiny-ImageNet, shapes, small `folder` s
 as one uint8 (N, 3, S, S) tensor; a chunk is an index into it, so no DataLoader, no worker and no
 host-to-device copy of images per step. Folder-backed splits (`ImageFiles`: ImageNet-100, large
 `folder` roots) are read by DataLoader workers that read and decode (plus the per-image random resized
-crop at native size, from the image's key); with `gpu_decode=True` (CUDA) the workers only read the
-bytes and JPEGs are decoded on the GPU (`decode_on_device`). Either way flip and the strong
-augmentation run batched on the device.
+crop at native size, from the image's key); with `gpu_decode` (the run config's, for CUDA) the
+workers only read the bytes and JPEGs are decoded on the GPU (`decode_on_device`). Either way flip
+and the strong augmentation run batched on the device. A pack's members share one set of workers:
+the trial's CPUs, not K times them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class TrainSource:
     """A training split plus its augmentation, feeding `device`. See the module docstring."""
 
     def __init__(self, split: Dataset, spec: Augmentation, *, device: torch.device | str = "cpu",
-                 num_workers: int = -1, gpu_decode: bool | None = None):
+                 num_workers: int = -1, gpu_decode: bool = False):
         self.spec, self.device = spec, torch.device(device)
         self.split, self.length = split, len(split)
         self.in_memory = isinstance(split, TensorImages)
@@ -59,8 +60,8 @@ class TrainSource:
         elif not isinstance(split, ImageFiles):
             raise TypeError(f"TrainSource takes TensorImages or ImageFiles, got {type(split).__name__}")
         self.num_workers = default_workers(num_workers)
-        # GPU decoding costs a host sync per batch (`decode_on_device`): CPU workers decode by default.
-        self.gpu_decode = bool(gpu_decode)
+        # GPU decoding costs two host syncs per step (`decode_on_device`): CPU workers decode by default.
+        self.gpu_decode = gpu_decode
 
     def __len__(self) -> int:
         return self.length
@@ -98,11 +99,18 @@ class TrainSource:
         return epoch_order(self.length, seed=seed, epoch=epoch, num_replicas=num_replicas, rank=rank,
                            drop_last=True).numpy()
 
-    def loader(self, order: np.ndarray, keys: np.ndarray, batch_size: int) -> DataLoader:
-        """Folder-backed splits: workers that read (and, unless decoding on the GPU, decode and crop)
-        one step's images at a time, in `order`, each with its key: (keys, images, labels) batches."""
+    def loader(self, orders: Sequence[np.ndarray], keys: Sequence[np.ndarray], batch_size: int) -> DataLoader:
+        """Folder-backed splits: ONE set of workers for a whole pack (the trial's CPUs, not K times
+        them), reading (and, unless decoding on the GPU, decoding and cropping) one step of every
+        member at a time: K x batch_size items, member by member, each member's in its `order` with
+        its key. Yields (keys, images, labels) of the K x batch_size items."""
+        steps = len(orders[0]) // batch_size
+
+        def by_step(per_member: Sequence[np.ndarray]) -> list:  # step-major, then member, then position
+            return np.stack([m[:steps * batch_size].reshape(steps, batch_size) for m in per_member], 1).ravel().tolist()
+
         dataset = _WorkerFiles(self.split, None if self.gpu_decode else self.spec)
-        return DataLoader(dataset, batch_size=batch_size, sampler=list(zip(order.tolist(), keys.tolist())),
+        return DataLoader(dataset, batch_size=len(orders) * batch_size, sampler=list(zip(by_step(orders), by_step(keys))),
                           num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.device.type == "cuda")
 
     def _crop(self, decoded: list[torch.Tensor], keys: np.ndarray) -> list[torch.Tensor]:
@@ -153,19 +161,20 @@ def pack_epoch(sources: Sequence[TrainSource], seeds: Sequence[int], *, epoch: i
 
 def _stream_pack(source: TrainSource, groups: dict[Augmentation, list[int]], seeds: Sequence[int], epoch: int,
                  orders: list[np.ndarray], batch_size: int, per_chunk: int):
-    # Folder-backed: each member's workers hand over one step's images at a time (in its own
-    # order); the device augments per_chunk steps of a protocol group in one call.
+    # Folder-backed: the pack's workers hand over one step of every member at a time (each in its
+    # own order); the device augments per_chunk steps of a protocol group in one call.
     keys = [item_keys(seed, epoch, order) for seed, order in zip(seeds, orders)]
-    loaders = [source.loader(order, member_keys, batch_size) for order, member_keys in zip(orders, keys)]
     total = len(orders[0]) // batch_size
     buffer: list[list] = [[] for _ in orders]
-    for batch_number, member_batches in enumerate(zip(*loaders), 1):
-        for k, (batch_keys, images, labels) in enumerate(member_batches):
-            if source.gpu_decode:
-                images = torch.stack(source._crop(decode_on_device(images, source.device), batch_keys))
-            buffer[k].append((batch_keys, images.to(source.device, non_blocking=True),
-                              labels.to(source.device, non_blocking=True)))
-        if len(buffer[0]) == per_chunk or batch_number == total:
+    for step_number, (step_keys, images, labels) in enumerate(source.loader(orders, keys, batch_size), 1):
+        if source.gpu_decode:
+            images = torch.stack(source._crop(decode_on_device(images, source.device), step_keys))
+        images = images.to(source.device, non_blocking=True)
+        labels = labels.to(source.device, non_blocking=True)
+        for k, rows in enumerate(range(0, len(orders) * batch_size, batch_size)):
+            buffer[k].append((step_keys[rows:rows + batch_size], images[rows:rows + batch_size],
+                              labels[rows:rows + batch_size]))
+        if len(buffer[0]) == per_chunk or step_number == total:
             count = len(buffer[0])
             chunk: list = [None] * len(orders)
             for spec, members in groups.items():
@@ -222,16 +231,19 @@ def decode_on_device(encoded: Sequence[torch.Tensor], device: torch.device | str
     rejects (CMYK JPEGs exist in ImageNet; PNGs are no JPEGs) are decoded on the CPU
     and moved to the device. Returns the images in input order.
 
-    On CUDA the device is synchronised after the GPU decode: torchvision's nvjpeg path writes
-    its output from a stream of its own that the caller's stream does not wait for (a known,
-    unmerged upstream report of corrupted images), so without it the augmentation kernels
-    could read half-written pixels. That is a host sync per decoded batch, which is why
-    `TrainSource` decodes on the CPU by default (`gpu_decode=True` opts in; bench/gpu_suite.py
+    On CUDA the device is synchronised before and after the GPU decode: torchvision's nvjpeg path
+    writes from a stream of its own that the caller's stream does not wait for, nor it for the
+    caller's (a known, unmerged upstream report of corrupted images). Before: its output may be
+    memory the caching allocator freed from tensors that kernels queued on the caller's stream still
+    read. After: without it the augmentation kernels could read half-written pixels. Two host syncs
+    per decoded step, which is why the run config's `gpu_decode` is off by default (bench/gpu_suite.py
     compares GPU-decoded pixels with CPU-decoded ones)."""
     device = torch.device(device)
     rgb = torchvision.io.ImageReadMode.RGB
     out: list[torch.Tensor | None] = [None] * len(encoded)
     jpeg = [i for i, data in enumerate(encoded) if len(data) > 2 and int(data[0]) == 0xFF and int(data[1]) == 0xD8]
+    if jpeg and device.type == "cuda":
+        torch.cuda.synchronize(device)  # nothing queued still reads memory the decoder may be given (see above)
     try:
         decoded = gpu_decoder([encoded[i] for i in jpeg], mode=rgb, device=device) if jpeg else []
         for i, image in zip(jpeg, decoded):

@@ -49,7 +49,7 @@ from records import files, layout, tables, tracking
 from trainables import checkpoints, lifecycle
 from trainables.config import RunConfig
 from trainables.data_roots import DataRootError
-from trainables.datasets import prepare_root
+from trainables.datasets import SHARED_ENV, prepare_root
 from trainables.epoch_records import EpochRecords
 from trainables.lifecycle import RESTART_KEYS, LaunchSettings
 from trainables.oom import train_pack_fitting
@@ -198,10 +198,20 @@ def this_node() -> str:
     return f"{ray.util.get_node_ip_address()} {ray.get_runtime_context().get_node_id()}"
 
 
+def node_folder() -> Path:
+    """This node's folder of the running Ray session (``<temp dir>/<session name>``, Ray's own layout):
+    on the node's disk, shared by the node's workers, gone with the session (or the node)."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return Path(context.get_temp_dir()) / context.get_session_name() / "vitsweep"
+
+
 def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     """Runs on each Ray Train worker: restore each member, train, report, close each member."""
     import ray.train
 
+    os.environ[SHARED_ENV] = str(node_folder())  # the data set decoded once per node (`datasets.shared_splits`)
     worker = PackWorker(LaunchSettings(**loop_config["settings"]), loop_config, ray.train.get_context().get_world_rank())
     try:
         return worker.run(ray.train.report)

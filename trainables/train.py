@@ -281,7 +281,7 @@ def pack_inputs(cfgs: Sequence[RunConfig], device: torch.device):
     if 0 < cfg.max_train_images < len(train_split):
         train_split = train_split.subset(capped_subset(train_split.labels, cfg.max_train_images))
     base = TrainSource(train_split, augmentation(cfg.protocol, data.name, data.img_size, cfg.crop_padding),
-                       device=device, num_workers=cfg.num_workers)
+                       device=device, num_workers=cfg.num_workers, gpu_decode=cfg.gpu_decode)
     sources = [base.with_spec(augmentation(c.protocol, data.name, data.img_size, c.crop_padding)) for c in cfgs]
     evals_at = EpochEval(data.test if cfg.eval_split == "test" else data.holdout, cfg.epoch_eval_images, data.img_size,
                          device=device, num_workers=cfg.num_workers)
