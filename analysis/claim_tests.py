@@ -153,8 +153,9 @@ def power_mark(claim: Claim, said: str, mde: float, paper_effect: float) -> str:
 
 
 def reading_aid(met: bool | None, measured: str | None) -> str:
-    """The mark an unmet precondition adds beside the verdict: what it needs and what was measured."""
-    return f"{NOT_MET}: {measured}" if met is False else ""
+    """The mark an unmet precondition adds beside the verdict: which one, what was measured against what
+    it needs, and by how much it misses."""
+    return f"{NOT_MET}: {measured.removesuffix(': not met')}" if met is False and measured else ""
 
 
 # -- preconditions ------------------------------------------------------------------------------
@@ -173,16 +174,18 @@ def precondition(needs: str | None, data: StudyData, dataset: str) -> tuple[bool
         v = float(rows["dssdc_per_batch"].mean())
         met = v >= APE_FRAME_MIN_DSSDC
         return met, (f"APE frame: trained APE's dSSDC under RPI (paper's estimator, per 1,000 images) {v:.3f}, "
-                     f"needs >= {APE_FRAME_MIN_DSSDC:.2f}: {'met' if met else 'not met'}")
+                     f"needs >= {APE_FRAME_MIN_DSSDC:.2f}{'' if met else f', {APE_FRAME_MIN_DSSDC - v:.3f} short'}: "
+                     f"{'met' if met else 'not met'}")
     rows, _ = data.pin(t[(t["protocol"] == "baseline") & t["min_mad"].notna()], set())
     grid = grid_size(data, dataset)
     if rows.empty or grid is None:
         return None, "local heads: the baseline's minimum MAD or the patch grid is not known"
     v, uniform = float(rows["min_mad"].mean()), uniform_mad(grid)
-    met = v <= uniform - MAD_BELOW_UNIFORM
-    return met, (f"local heads: baseline's minimum MAD {v:.3f}, needs <= {uniform - MAD_BELOW_UNIFORM:.3f} "
-                 f"(uniform attention {uniform:.3f} on {grid} x {grid}, less {MAD_BELOW_UNIFORM}): "
-                 f"{'met' if met else 'not met'}")
+    need = uniform - MAD_BELOW_UNIFORM
+    met = v <= need
+    return met, (f"local heads: baseline's minimum MAD {v:.3f}, needs <= {need:.3f}"
+                 f"{'' if met else f', {v - need:.3f} too high'} (uniform attention {uniform:.3f} on {grid} x {grid}, "
+                 f"less {MAD_BELOW_UNIFORM}): {'met' if met else 'not met'}")
 
 
 def grid_size(data: StudyData, dataset: str) -> int | None:

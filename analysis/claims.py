@@ -293,7 +293,7 @@ def _decide(table: pd.DataFrame, claims: tuple[Claim, ...]) -> pd.DataFrame:
         step = float(same[STEP_ALPHA].iloc[0]) if len(same) else ALPHA
         table.at[i, STEP_ALPHA] = step
         for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
-            table.at[i, adjusted] = min(1.0, table.at[i, raw] * ALPHA / step)
+            table.at[i, adjusted] = np.minimum(1.0, table.at[i, raw] * ALPHA / step)  # NaN (no test) stays NaN
     said, said_all, marks, power = [], [], [], []
     for i, row in zip(table.index, table.to_dict("records")):
         claim = by_text[row["claim"]]

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.claim_tests import TWO_SIDED
+from analysis import claims_page
 from analysis.condition_tables import ablation_tables, conditions_table, layer_tables
-from analysis.paper_numbers import paper_reference_table
-from analysis.seedstats import ALPHA
+from analysis.paper_numbers import PAPERS, paper_reference_table
 from records.schema import TRIAL_FIELDS
 
 if TYPE_CHECKING:
@@ -38,11 +37,6 @@ table{border-collapse:collapse;font-size:.85em;margin:.6em 0} th,td{border:1px s
 th{background:#f3f3f3} td{text-align:right} td:first-child,td:nth-child(2){text-align:left}
 figure{margin:1.2em 0} img{max-width:100%} figcaption,.caption{font-size:.85em;color:#444;max-width:1100px}
 .omitted{color:#777;font-style:italic;margin:.3em 0} .meta{color:#555}
-td.v-supported{background:#dff3df} td.v-not-supported,td.v-differs{background:#f7e0e0} td.v-neutral{background:#f1f1f1}
-table.claims{width:100%;table-layout:auto} table.claims td.claim{text-align:left;max-width:28em}
-table.claims tr.details td{border-top:0;padding:0 7px 4px;text-align:left;font-size:.9em}
-table.claims tr.details summary{color:#555;cursor:pointer} table.kv th{text-align:left;font-weight:normal}
-small.aid{color:#7a4d00}
 """
 
 
@@ -60,8 +54,9 @@ def figure_html(title: str, caption: str, name: str, png: bytes, width_px: int) 
             f"(<a href='{name}.svg'>SVG</a>, <a href='{name}.pdf'>PDF</a>)</figcaption></figure>")
 
 
-def trials_html(data: StudyData, links: dict[str, str]) -> str:
-    """Every trial of the table (all statuses): condition, seed, status, accuracies, MLflow run."""
+def trials_html(data: StudyData, links: dict[str, str], ui: str | None = None) -> str:
+    """Every trial of the table (all statuses): condition, seed, status, accuracies, MLflow run (``links``:
+    ``report._run_links``; ``ui``: the command that serves a local store's UI, said in the caption)."""
     raw = data.raw_trials
     if raw.empty or "trial_id" not in raw:
         return '<p class="omitted">Trials table: omitted (no trials table).</p>'
@@ -97,7 +92,10 @@ def trials_html(data: StudyData, links: dict[str, str]) -> str:
                "at the last measured checkpoint: the same number on the same set when n images is the whole test "
                "split (the default), a subset's accuracy when the analysis was capped (--eval-size). A tuning trial "
                "(scored on the holdout, the hparam study) shows neither: its score is its <i>holdout acc</i>, and "
-               "no number from the test split is shown for it, so none can be selected on.</p>")
+               "no number from the test split is shown for it, so none can be selected on."
+               + (" <i>MLflow run</i>: the trial's run in MLflow's UI, its training curves first" if links else "")
+               + (f"; for this local store start the UI first: <code>{_e(ui)}</code>" if links and ui else "")
+               + ("." if links else "") + "</p>")
     return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,
                                    formatters={c: _e for c in table.columns if c != "MLflow run"})
 
@@ -115,63 +113,32 @@ def _fmt(v) -> str:
 
 
 def render(data: StudyData, results: str, claims: pd.DataFrame, body: dict[str, list[str]]) -> str:
+    sections = [("claims", "Claims"), *SECTIONS.items(), ("config", "Configuration"), ("paper", "Paper numbers")]
+    if data.notes:
+        sections.append(("notes", "Notes"))
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>vitsweep report: {_e(data.study)}</title>"
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{_CSS}{claims_page.CSS}</style></head><body>",
         f"<h1>vitsweep report: {_e(data.study)}</h1>",
         f"<p class='meta'>results: {_e(str(results))} · generated "
         f"{datetime.datetime.now().isoformat(timespec='seconds')} · code version: {_e(_code_version(data))} · "
         f"{_counts(data)}</p>",
-        "<nav>" + " · ".join(f"<a href='#{k}'>{_e(v.split(':')[0])}</a>" for k, v in
-                             [("claims", "Claims"), *SECTIONS.items(), ("config", "Configuration"),
-                              ("paper", "Paper numbers"), ("notes", "Notes")]) + "</nav>",
+        "<nav>" + " · ".join(f"<a href='#{k}'>{_e(v.split(':')[0])}</a>" for k, v in sections) + "</nav>",
         "<h2 id='claims'>Claims</h2>",
-        "<p class='caption'>Each claim of the two papers tested on this study's trials, separately per data set "
-        "and with the factors the claim does not name held at one value (shown in <i>setting</i>). Units are "
-        "trials (seeds). Trials of one seed share initialisation, data order, crops, CutMix boxes and RPT "
-        "permutations, so where every seed appears once in each group the comparison is <i>paired by seed</i>: "
-        "a paired t test of the mean per-seed difference A - B over <i>n pairs</i> decides, its p and its 95% "
-        "interval from the same test (one-sided for a one-sided claim), with the exact sign-flip p beside it as a "
-        "distribution-free check; a PE-scaling claim pairs within each trial, then across seeds; where seeds do "
-        "not pair (a group pooling several conditions) Welch's t test (<i>test</i>, <i>CI</i> say which). "
-        "<i>p (Holm)</i>: the raw p values Holm-adjusted across the claims of one paper on one data set; a "
-        f"directional verdict reads the adjusted p at alpha = {ALPHA}: 'supported', else 'not supported', said as "
-        "'opposite direction' where the estimate runs against the claim. The effect is shown with its "
-        "<i>two-sided</i> 95% interval, so an estimate in the wrong direction is seen; the one-sided interval of a "
-        "one-sided test is in the details. <i>MDE</i>: the effect the test used detects with 80% power at the alpha "
-        "of its verdict (Holm's step, alpha / (m - k + 1) for the row ranked k of m by raw p), from the observed "
-        "sd; 'underpowered' marks a row that did not find the effect where the MDE exceeds the paper's effect (for "
-        "a claim of no effect, its margin). 'not enough seeds': a directional claim whose exact sign-flip check "
-        "cannot reach alpha at these sizes (fewer than 5 pairs), or a claim of no effect without an interval. A "
-        "claim of <i>no</i> effect reads its 95% interval against ± <i>margin</i>: 'consistent with no effect' "
-        "when it lies inside (a small effect, said so, when it also excludes 0), 'differs' only when it lies "
-        "wholly outside, else 'inconclusive'. A <i>precondition</i> (this project's choice, not the paper's) is "
-        "a reading aid: an unmet one adds a mark under the verdict, with what was measured against what it needs, "
-        "and never replaces the verdict. A minimum-MAD claim is repeated with CLS-sink heads kept (sensitivity, "
-        "outside the Holm family); dSSDC is tested per image and on the paper's estimator, and only the latter "
-        "stands beside the paper's 0.473. <i>did not learn A / "
-        "B</i>: trials of each group within 2 points of chance accuracy; the verdict is on the trials that "
-        "learned, the <i>(all trials)</i> columns repeat the claim with them kept (their measurements as they "
-        "are), and <i>survivors vs all</i> flags a claim whose two verdicts disagree. <i>paper A / B</i>: the "
-        "paper's numbers for the two groups where this data set's setting matches the paper's (Study P: "
-        "ImageNet-100 or 224 px; Study L: CIFAR-100). Up front: each claim's <i>n</i> (trials in A / B, and "
-        "pairs), its effect A - B with the two-sided 95% CI, the p the verdict uses (Holm-adjusted where given) "
-        "and the verdict (grey where the data cannot decide); <i>details</i> under each claim holds every other "
-        "column of claims.csv.</p>",
-        _claims_html(claims),
+        claims_page.claims_section(claims),
     ]
     for key, title in SECTIONS.items():
         parts += [f"<h2 id='{key}'>{_e(title)}</h2>", *body[key]]
     parts += ["<h2 id='config'>Configuration</h2>", _config_html(data),
               "<h2 id='paper'>Paper numbers (for reference)</h2>",
-              "<p class='caption'>As reported in STUDIES.md. Drawn beside ours as markers only where the setting "
-              "matches (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100); otherwise compare with care: severities "
-              "set for 224 px are far harsher at 32 px, and Study L's MAD normalisation is not published.</p>",
-              _table(paper_reference_table()),
-              "<h2 id='notes'>Notes</h2>",
-              "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>" if data.notes else "<p>None.</p>",
-              "</body></html>"]
-    return "\n".join(parts)
+              f"<p class='caption'>As the papers report them: {_e(PAPERS)}. Drawn beside ours as markers only where "
+              "the setting matches (Study P: ImageNet-100 / 224 px; Study L: CIFAR-100); otherwise compare with care: "
+              "severities set for 224 px are far harsher at 32 px, and Study L's MAD normalisation is not "
+              "published.</p>",
+              _table(paper_reference_table())]
+    if data.notes:  # what the data model set aside or could not read; no section when there is nothing
+        parts += ["<h2 id='notes'>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>"]
+    return "\n".join([*parts, "</body></html>"])
 
 
 def _counts(data: StudyData) -> str:
@@ -182,79 +149,6 @@ def _counts(data: StudyData) -> str:
     per = t.groupby("condition")["seed"].nunique()
     seeds = f"{per.min()}" if per.min() == per.max() else f"{per.min()}-{per.max()}"
     return f"{len(t)} finished trial(s) in {len(per)} condition(s), {seeds} seed(s) each"
-
-
-def _claims_html(claims: pd.DataFrame) -> str:
-    """The claims with data in the main table; those without folded away below it."""
-    if claims.empty:
-        return _table(claims)
-    missing = claims["verdict"] == "no data"
-    main = _verdict_table(claims[~missing]) if (~missing).any() else "<p class='omitted'>No claim has data.</p>"
-    if not missing.any():
-        return main
-    folded = claims.loc[missing, ["paper", "claim", "metric", "A", "B"]]
-    return (main + f"<details><summary>{int(missing.sum())} claim(s) without data in this study</summary>"
-            + _table(folded) + "</details>")
-
-
-# The claims table up front: what a reader scans (<= 8 columns, fits a 1,400-px window); every other
-# column of ``claims.csv`` sits in a details row under its claim.
-CLAIM_COLUMNS = ("claim", "setting", "n", "effect [95% CI, two-sided]", "p (adjusted)", "verdict")
-
-
-def _verdict_table(claims: pd.DataFrame) -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in CLAIM_COLUMNS)
-    rows = []
-    for claim in claims.to_dict("records"):
-        verdict = str(claim.get("verdict", ""))
-        pairs = claim.get("n pairs")
-        n = f"{_int(claim.get('n A'))} / {_int(claim.get('n B'))}" + (
-            f" ({_int(pairs)} pairs)" if _number(pairs) and pairs > 0 else "")
-        effect = claim.get("effect (A - B)")
-        shown = "—" if not _number(effect) else f"{effect:+.3f} {claim.get(TWO_SIDED) or ''}".strip()
-        p = claim.get("p (Holm)")  # the p the verdict uses
-        cells = [f"<td class='claim'>{_e(claim.get('paper', ''))}: {_e(claim['claim'])}</td>",
-                 f"<td class='claim'>{_e(claim.get('setting', ''))}</td>", f"<td>{_e(n)}</td>",
-                 f"<td>{_e(shown)}</td>", f"<td>{'—' if not _number(p) else f'{p:.3g}'}</td>",
-                 f"<td class='{_verdict_class(verdict)}'>{_e(verdict)}</td>"]
-        rest = {k: v for k, v in claim.items() if k not in {"claim", "setting", "verdict", "paper"}}
-        details = "".join(f"<tr><th>{_e(k)}</th><td{_flag(v)}>{_e(_cell(v))}</td></tr>" for k, v in rest.items())
-        if claim.get("reading aid"):  # an unmet precondition: beside the verdict, never in its place
-            cells[-1] = cells[-1].replace("</td>", f"<br><small class='aid'>{_e(claim['reading aid'])}</small></td>")
-        if claim.get("survivors vs all") == "DISAGREE":  # the verdict changes with the non-learners kept
-            cells[-1] = cells[-1].replace("</td>", f"<br><small>all trials: {_e(claim.get('verdict (all trials)'))}"
-                                                   "</small></td>")
-        rows += [f"<tr>{''.join(cells)}</tr>",
-                 f"<tr class='details'><td colspan='{len(CLAIM_COLUMNS)}'><details><summary>details</summary>"
-                 f"<table class='kv'>{details}</table></details></td></tr>"]
-    return f"<table class='claims'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-def _verdict_class(verdict: str) -> str:
-    """The verdict cell's class: green supported, red against the claim, neutral where the data cannot decide."""
-    if verdict == "supported":
-        return "v-supported"
-    if verdict.startswith(("not supported", "differs")):
-        return "v-not-supported"
-    return "v-neutral"  # not enough seeds, inconclusive, consistent with no effect
-
-
-def _flag(v) -> str:
-    return " class='v-differs'" if v == "DISAGREE" else ""
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not pd.isna(v)
-
-
-def _int(v) -> str:
-    return str(int(v)) if _number(v) else "—"
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "—" if pd.isna(v) else f"{v:.4g}"
-    return "—" if v is None else str(v)
 
 
 def ablation_html(data: StudyData) -> list[str]:

@@ -1,12 +1,9 @@
 """The two papers' reported numbers, and where a study's setting matches them.
 
-References (numbers copied from the shared spec STUDIES.md):
-    Study P: "Positional Encodings Anchor Spatial Structure in Vision Transformers" (arXiv 2606.00124).
-    Study L: "Inducing Spatial Locality in Vision Transformers through the Training Protocol" (arXiv 2605.16390).
-
-Figures draw these beside ours as markers, claims and the conditions table print them, and the page
-lists them all (``paper_reference_table``); only where the setting matches (Study P: ImageNet-100 or
-224 px; Study L: CIFAR-100) are they set beside a measured number.
+References: ``PAPERS`` (``docs/studies.md`` gives the account of both). Figures draw these beside
+ours as markers, claims and the conditions table print them, and the page lists them all
+(``paper_reference_table``); only where the setting matches (Study P: ImageNet-100 or 224 px; Study L:
+CIFAR-100) are they set beside a measured number.
 """
 
 from __future__ import annotations
@@ -15,6 +12,10 @@ import pandas as pd
 
 from analysis.labels import protocol_label
 from records.vocab import MODERN
+
+PAPERS = ("Study P, \"Positional Encodings Anchor Spatial Structure in Vision Transformers\" (arXiv 2606.00124); "
+          "Study L, \"Inducing Spatial Locality in Vision Transformers through the Training Protocol\" "
+          "(arXiv 2605.16390)")
 
 # Study P, "Reported results (4 seeds, mean)": ImageNet-100 at 224 px; FS at JPEG q5 and blur k5 s2.5.
 PAPER_P_SETTING = "paper (224 px)"

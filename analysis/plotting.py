@@ -229,6 +229,8 @@ def points(ax, x: float, values, colour, name: str, label: str | None = None, se
         d.ci.add("bars")
     d.count(name, s.n)
     offsets = np.linspace(-0.12, 0.12, v.size) if v.size > 1 else np.zeros(1)
+    # A category owns the unit around its x: the outermost mean never sits on the axis spine.
+    ax.update_datalim([(x - 0.5, s.mean), (x + 0.5, s.mean)], updatey=False)
     ax.plot(x - 0.2 + offsets, v, "o", ms=3, color=colour, alpha=0.45, mew=0)
     ax.errorbar([x], [s.mean], yerr=ci_bar(s), fmt="o", color=colour, ms=6, capsize=4, lw=1.5, label=label)
     if np.isfinite(se):

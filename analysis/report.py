@@ -6,11 +6,12 @@
 Reads only ``<results>/<study>/{trials,epochs,measurements}/`` (``records.schema``) and writes
 ``<results>/<study>/report/``: per figure a PNG (150 dpi), an SVG and a PDF, one self-contained
 ``index.html`` (figures inline as base64 PNGs), and for a paper the claims, the conditions table and the
-protocol ablation table as CSV (numbers, empty where there is none) and LaTeX (``TABLES``). Given a
-tracking URI, it logs the page, ``claims.csv`` and the figures to the study's run ``<study>-report`` in
-its experiment, and where the URI is an http(s) server the per-trial table links each trial's run. Any
-table may be missing or empty: a figure without its data is replaced by a one-line note, never an
-error. This module draws the figures (``analysis.figures``), writes the files (the page:
+protocol ablation table as CSV (numbers, empty where there is none) and LaTeX (``write_tables``: the
+claims as the page shows them in ``claims.tex``, every column in ``claims-full.tex``). Given a tracking
+URI, it logs the page, the tables and the figures to the study's run ``<study>-report`` in its
+experiment, and the per-trial table links each trial's run in MLflow's UI (a local store's through
+``mlflow ui``, the command the page names). Any table may be missing or empty: a figure without its data
+is replaced by a one-line note naming the command that produces it, never an error. This module draws the figures (``analysis.figures``), writes the files (the page:
 ``analysis.page``) and logs them; what a condition and a trial are is ``analysis.study_data``'s docstring.
 """
 
@@ -26,6 +27,7 @@ import pandas as pd
 
 from analysis import page
 from analysis.claims import evaluate_claims
+from analysis.claims_page import NOTE, visible_claims
 from analysis.condition_tables import ablation_numbers, conditions_numbers
 from analysis.study_data import StudyData
 from records import manifest, tables, tracking
@@ -56,7 +58,8 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
         try:
             plots = draw(data)
         except plotting.NoData as missing:
-            body[section].append(page.omitted(f"{title}: omitted ({missing})."))
+            fill = "" if "`vitsweep " in str(missing) else " " + _to_fill(data, results, title, figures.NEEDS)
+            body[section].append(page.omitted(f"{title}: omitted ({missing}).{fill}"))
             continue
         except Exception as err:  # noqa: BLE001 - one broken figure must not cost the whole report
             log.exception("figure %r failed", title)
@@ -74,13 +77,15 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     body["L"].extend(page.ablation_html(data))
     body["T"].insert(0, page.conditions_html(data))
     experiment_id = _experiment(mlflow_uri, study)
-    body["T"].insert(1, page.trials_html(data, _run_links(mlflow_uri, experiment_id)))
+    body["T"].insert(1, page.trials_html(data, _run_links(mlflow_uri, experiment_id),
+                                         tracking.ui_command(mlflow_uri) if experiment_id is not None else None))
     if note := missing_checkpoints_note(results, study):
         body["T"].insert(2, page.omitted(note))
 
     claims = evaluate_claims(data)
     tables = write_tables(out, {"claims": claims, "conditions": conditions_numbers(data),
                                 "ablation": ablation_numbers(data)})
+    tables.append(write_latex(out, "claims", visible_claims(claims)))
     index = out / "index.html"
     index.write_text(page.render(data, results, claims, body), encoding="utf-8")
     if experiment_id is not None:
@@ -102,20 +107,48 @@ def missing_checkpoints_note(results: str, study: str) -> str | None:
             "lack them.")
 
 
-TABLES = ("claims", "conditions", "ablation")  # <name>.csv and <name>.tex beside index.html
-
-
 def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
     """Each table as ``<name>.csv`` (a missing value is an empty field, so a numeric column reads back
-    numeric) and ``<name>.tex`` (``DataFrame.to_latex``, 3 significant digits); returns the files."""
+    numeric) and LaTeX; returns the files. The claims' LaTeX with every column is ``claims-full.tex``:
+    ``claims.tex`` is the table the page shows (``write_latex``)."""
     files = []
     for name, table in tables.items():
         table = table.replace("—", math.nan).infer_objects()  # "—" is the page's, not a value
         table.to_csv(out / f"{name}.csv", index=False)
-        (out / f"{name}.tex").write_text(table.to_latex(index=False, na_rep="", float_format="%.3g"),
-                                         encoding="utf-8")
-        files += [out / f"{name}.csv", out / f"{name}.tex"]
+        files += [out / f"{name}.csv", write_latex(out, "claims-full" if name == "claims" else name, table)]
     return files
+
+
+# The claims as shown: the long text columns wrap at these widths, so the table fits a page.
+_WRAP = {"claim": "p{4.5cm}", "setting": "p{3.2cm}", "verdict": "p{3cm}", NOTE: "p{4cm}"}
+
+
+def write_latex(out: Path, name: str, table: pd.DataFrame) -> Path:
+    """``<name>.tex``: a booktabs tabular (``DataFrame.to_latex``, 3 significant digits, text escaped); the
+    claims as shown (``visible_claims``) wrap their text columns and keep the note column only where a
+    row has one."""
+    if name == "claims":
+        table = table.drop(columns=[NOTE] if not table[NOTE].astype(bool).any() else [])
+        columns = "".join(_WRAP.get(c, "r") for c in table.columns)
+    else:
+        columns = None
+    path = out / f"{name}.tex"
+    path.write_text(table.to_latex(index=False, na_rep="", float_format="%.3g", escape=True, column_format=columns),
+                    encoding="utf-8")
+    return path
+
+
+def _to_fill(data: StudyData, results: str, title: str, needs: dict[str, tuple[str, str]]) -> str:
+    """The command that produces an omitted figure's data: the training where there are no trials (or,
+    for a figure of the epochs table, no epochs), the analysis where nothing is measured, else what the
+    figure needs that this study does not have (``figures.NEEDS``)."""
+    where = f"{data.study} --results {results}"
+    table, need = needs.get(title, ("measurements", ""))
+    if data.raw_trials.empty or getattr(data, table).empty and table == "epochs":
+        return f"`vitsweep sweep {where}` trains the study, then `vitsweep analyze {where}` measures it."
+    if data.measurements.empty or not need:
+        return f"`vitsweep analyze {where}` measures the trials' checkpoints."
+    return need.format(where=where)
 
 
 def _experiment(uri: str | None, study: str) -> str | None:
@@ -131,9 +164,10 @@ def _experiment(uri: str | None, study: str) -> str | None:
 
 
 def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
-    """How a trial's run links to the UI of a tracking server (http/https), {} otherwise: ``base`` +
-    run id + ``suffix`` is ``records.tracking.run_url``, the run's page in the training layout."""
-    if not uri or experiment_id is None or not uri.startswith(("http://", "https://")):
+    """How a trial's run links to MLflow's UI, {} without a store: ``base`` + run id + ``suffix`` is
+    ``records.tracking.run_url``, the run's page in the training layout, at a tracking server's address
+    or, for a local store, at ``mlflow ui``'s (``records.tracking.ui_command`` starts it)."""
+    if not uri or experiment_id is None:
         return {}
 
     base, suffix = tracking.run_url(uri, experiment_id, "RUN").split("RUN", 1)
@@ -160,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default="results", help="results folder or URI (default: ./results)")
     parser.add_argument("--out", default=None, help="report folder (default: <results>/<study>/report)")
     parser.add_argument("--mlflow-uri", default=None,
-                        help="log the report to run <study>-report there; an http(s) server's runs are linked "
+                        help="log the report to run <study>-report there and link each trial's run "
                              "(default: <results>/mlflow.db when it exists, else none)")
 
 

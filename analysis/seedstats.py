@@ -171,16 +171,20 @@ _SIDES = {"less": "A < B", "greater": "A > B", "two-sided": "A = B"}
 def compare(a: Any, a_seeds: Any, b: Any, b_seeds: Any, alternative: str) -> Comparison:
     """Compare per-trial values ``a`` (seeds ``a_seeds``) with ``b``; alternative as scipy's
     ("less": A < B). Paired by seed where each side has every seed at most once and at least two
-    seeds are common (the pairs: those seeds); otherwise Welch's unpaired t test."""
+    seeds are common (the pairs: those seeds), or both sides are the same single seed (one pair, no
+    test); otherwise Welch's unpaired t test, its label saying why."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     a_seeds, b_seeds = np.asarray(a_seeds), np.asarray(b_seeds)
     common = np.intersect1d(a_seeds, b_seeds)
     unique = np.unique(a_seeds).size == a_seeds.size and np.unique(b_seeds).size == b_seeds.size
-    if unique and common.size >= 2:
+    # One seed on each side, the same: one pair (no test at n = 1, but the pairing is what it is).
+    if unique and (common.size >= 2 or common.size == a.size == b.size == 1):
         by_a, by_b = dict(zip(a_seeds.tolist(), a)), dict(zip(b_seeds.tolist(), b))
         d = np.array([by_a[s] - by_b[s] for s in common.tolist()])
-        return _paired(d, alternative, a.size, b.size, f"paired by seed ({d.size} pairs)")
-    return welch(a, b, alternative, "seeds do not pair" if a.size and b.size else "a group is empty")
+        return _paired(d, alternative, a.size, b.size, f"paired by seed ({d.size} pair{'s' * (d.size > 1)})")
+    why = ("a group is empty" if not (a.size and b.size) else "seeds do not pair" if not unique
+           else f"{common.size} seed(s) in common, a paired test needs 2")
+    return welch(a, b, alternative, why)
 
 
 def one_sample(d: Any, alternative: str, unit: str = "trial") -> Comparison:

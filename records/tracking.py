@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -421,6 +422,13 @@ LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri ...` 
 def ui_base(uri: str) -> str:
     """The UI's address: the tracking server itself (password redacted), else a local `mlflow ui`."""
     return redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def ui_command(uri: str) -> str | None:
+    """The command that serves a local store's UI at ``LOCAL_UI``; None for a tracking server (its own UI)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    return shlex.join(["mlflow", "ui", "--backend-store-uri", uri, "--workers", "1"])
 
 
 def experiment_path(experiment_id: str) -> str:

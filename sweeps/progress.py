@@ -431,8 +431,7 @@ def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
     curves under its run's Model metrics. A local store needs ``mlflow ui`` first."""
     where = (tracking.experiment_url(mlflow_uri, experiment_id) if experiment_id is not None
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
-    if mlflow_uri.startswith(("http://", "https://")):
-        return where
-    return f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', mlflow_uri, '--workers', '1'])}, then {where}"
+    command = tracking.ui_command(mlflow_uri)
+    return f"{command}, then {where}" if command else where
 
 

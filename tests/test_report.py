@@ -495,7 +495,7 @@ def test_the_claims_table_shows_at_most_eight_columns_and_the_rest_in_details(fu
     page = index.read_text()
     table = _ClaimsTable()
     table.feed(page.split("<h2 id='claims'>", 1)[1].split("<h2 ", 1)[0])
-    assert table.header == ["claim", "setting", "n", "effect [95% CI, two-sided]", "p (adjusted)", "verdict"]
+    assert table.header == ["claim", "setting", "n", "effect (A - B)", "95% CI (two-sided)", "p (adjusted)", "verdict"]
     # Study L's per-layer table, and each trial's CLS-sink count (one planted sink head per trial).
     layers = page.split("<h3>MAD and entropy per layer (cifar100)</h3>", 1)[1].split("</table>", 1)[0]
     assert "<th>MAD [95% t interval]</th>" in layers and "<th>entropy [95% t interval]</th>" in layers

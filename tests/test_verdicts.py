@@ -163,11 +163,11 @@ def test_an_all_sink_trial_is_counted_and_the_sensitivity_row_keeps_sinks_outsid
 
 
 def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_in_place():
-    from analysis import page
+    from analysis import claims_page
 
     rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.40, diffs(-0.2, 0.01))
     table = evaluate(study(rows), "CutMix alone lowers minimum MAD")
-    cell = page._claims_html(table).split("<td class='v-supported'>", 1)[1].split("</td>", 1)[0]
+    cell = claims_page.claims_section(table).split("<td class='v-supported'>", 1)[1].split("</td>", 1)[0]
     assert cell.startswith("supported<br><small class='aid'>precondition not met: local heads: baseline&#x27;s "
                            "minimum MAD 0.406, needs &lt;= 0.368")
 

@@ -121,7 +121,7 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     expected = {r["layer"]: r["value"] for r in rows if r["intervention"] == "rpi" and r["metric"] == "ssdc"}
     assert {m.step: m.value for m in history} == pytest.approx(expected)  # step = layer
     assert [m.step for m in client.get_metric_history(run_id, "layers/mad_min_epoch_0100")] == list(range(6))
-    assert client.get_run(run_id).data.metrics["n_images"] == 2000
+    assert client.get_run(run_id).data.metrics["progress/n_images"] == 2000
     names = {a.path for a in client.list_artifacts(run_id, "figures")}
     assert names == {"figures/layers_epoch_0100.png", "figures/layers_epoch_0100.svg"}
     # The report is logged on the study's own run, in the study's reports experiment: no trial run.
@@ -138,9 +138,10 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
     assert list(search_trial_runs(uri, "layers")["trial_id"]) == ["t0"]
 
 
-def test_trials_table_links_each_run_on_a_tracking_server():
+def test_trials_table_links_each_run_on_a_tracking_server_and_a_local_store():
     from analysis import report
     from analysis.page import trials_html
+    from sweeps import progress
 
     trials = pd.DataFrame({"trial_id": ["a", "b"], "dataset": "cifar10", "pe": "ape", "rpt": False,
                            "protocol": "baseline", "seed": [0, 1], "status": ["finished", "failed"],
@@ -152,5 +153,10 @@ def test_trials_table_links_each_run_on_a_tracking_server():
     url = "http://mlflow:5000/#/experiments/7/runs/0123456789abcdef?workflowType=machine_learning"
     assert f"<a href='{url}'>01234567</a>" in html
     assert "failed" in html and html.count("<a href") == 1
-    assert report._run_links("sqlite:////tmp/m.db", "7") == {}  # a file store has no page to link
     assert "<a href" not in trials_html(data, {})
+    # A local store: the run at `mlflow ui`'s address, and the caption names the command as the sweep prints it.
+    local = "sqlite:////tmp/m.db"
+    html = trials_html(data, report._run_links(local, "7"), tracking.ui_command(local))
+    assert f"<a href='{url.replace('http://mlflow:5000', tracking.LOCAL_UI)}'>01234567</a>" in html
+    assert "<code>mlflow ui --backend-store-uri sqlite:////tmp/m.db --workers 1</code>" in html
+    assert progress.mlflow_view(local, "7").startswith(tracking.ui_command(local) + ", then ")
