@@ -13,14 +13,17 @@ from torchvision.transforms import v2
 from trainables import augment
 from trainables.augment import (
     Augmentation,
+    StepDraws,
     apply,
     draw,
     item_keys,
     resized_crop,
     resized_crop_params,
+    step_batch,
     uniforms,
 )
-from trainables.protocols import COLOR_JITTER, item_seed
+from trainables.images import normalize
+from trainables.protocols import COLOR_JITTER, cutmix_batch, cutmix_draw, item_seed, soft_targets
 from trainables.shapes import make_shapes
 
 N = 64  # images per equality test: small, but every op of both policies shows up (checked)
@@ -202,3 +205,42 @@ def test_rows_pick_images_from_a_whole_split(images):
     large = torch.randint(0, 256, (6, 3, 128, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     p = draw(spec, item_keys(0, 1, rows[:4]))
     assert torch.equal(apply(spec, large, p, rows=rows[:4] % 6), apply(spec, large[torch.from_numpy(rows[:4] % 6)], p))
+
+
+# -- a pack's step input ---------------------------------------------------------------------------
+
+
+def test_a_packs_step_batch_is_each_members_lone_step_bit_for_bit(images):
+    """step_batch over K members (CutMix or not this step, RPT none / per batch / per image) equals each
+    member's lone step: protocols.cutmix_batch from the same generator state, then normalize."""
+    mean, std, batch, n = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), 8, 16
+    kinds = [(True, None), (False, "batch"), (True, "image"), (False, None)]  # (CutMix this step, RPT)
+    for k in (1, 2, 4):
+        for step in range(4):
+            members = kinds[step % 4:] + kinds[:step % 4]
+            batches, draws, alone = [], [], []
+            for m, (mixed, rpt) in enumerate(members[:k]):
+                rows = torch.randperm(N, generator=torch.Generator().manual_seed(10 * k + m))[:batch]
+                x, labels = images[rows], rows % 10
+                batches.append((x, labels))
+                target = soft_targets(labels, 10)
+                box = partner = perm = None
+                if mixed:
+                    x, target = cutmix_batch(x, target, generator=torch.Generator().manual_seed(step + m))
+                    box, partner = cutmix_draw(batch, 32, 32, torch.Generator().manual_seed(step + m))
+                if rpt:
+                    perm = torch.randperm(n) if rpt == "batch" else torch.rand(batch, n).argsort(1)
+                draws.append(StepDraws(box, partner, perm))
+                alone.append((normalize(x, mean, std), target, perm))
+            x, target, perms = step_batch(batches, draws, num_classes=10, mean=mean, std=std)
+            assert x.shape == (k, batch, 3, 32, 32) and target.shape == (k, batch, 10)
+            for m, (x_m, target_m, perm_m) in enumerate(alone):
+                assert torch.equal(x[m], x_m) and torch.equal(target[m], target_m), (k, step, m)
+                if k == 1:  # the plain module takes the member's own permutation, or none
+                    assert perms[0] is perm_m if perm_m is None else torch.equal(perms[0], perm_m)
+                elif perms is not None:  # the identity for a member without RPT
+                    full = torch.arange(n).expand(batch, n) if perm_m is None else perm_m.expand(batch, n)
+                    assert torch.equal(perms[m], full)
+            assert (perms is None) == (k > 1 and all(d.perm is None for d in draws))
+    with pytest.raises(ValueError, match="2 member batches and 1 draws"):
+        step_batch(batches[:2], draws[:1], num_classes=10, mean=mean, std=std)

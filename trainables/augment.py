@@ -36,7 +36,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
 from trainables.data_roots import LARGE_IMAGE_SIZE
-from trainables.images import device_constant, to_device
+from trainables.images import device_constant, normalize, to_device
 from trainables.protocol_spec import Protocol
 from trainables.protocols import COLOR_JITTER, augmentation_for
 
@@ -431,3 +431,78 @@ def resized_crop(image: torch.Tensor, box, img_size: int) -> torch.Tensor:
     """uint8 (3, h, w) -> uint8 (3, S, S): torchvision's kernel as RandomResizedCrop calls it."""
     top, left, height, width = (int(v) for v in box)
     return TF.resized_crop(image, top, left, height, width, [img_size, img_size], antialias=True)
+
+
+# -- a pack's step: CutMix, normalisation and RPT over every member at once ---------------------
+
+
+@dataclass(frozen=True)
+class StepDraws:
+    """One member's host draws for one step, as its lone trial makes them. box: CutMix's (top, bottom,
+    left, right), half-open, or None (no CutMix this step); partner: int64 (B,), image b receives image
+    partner[b]'s box (`protocols.cutmix_draw`); perm: the RPT permutation, int64 (N,) or (B, N), or None."""
+
+    box: tuple[int, int, int, int] | None = None
+    partner: torch.Tensor | None = None
+    perm: torch.Tensor | None = None
+
+
+def step_batch(batches, draws, *, num_classes: int, mean, std):
+    """A pack's step input from each member's batch and draws: batches, K pairs of uint8 images
+    (B, 3, S, S) and labels (B,) on the device; draws, K `StepDraws` -> normalised images float32
+    (K, B, 3, S, S), soft targets (K, B, C), and the permutations as `PackedViT` takes them: for K = 1
+    the member's own in a list (the plain module's `perm`), else (K, B, N) (the identity for members
+    without RPT), or None when no member permutes.
+
+    Member k's slice is its lone step (`protocols.cutmix_batch`, then `images.normalize`) bit for bit,
+    with device work that does not grow with K: the host's numbers (CutMix partners, box rows and
+    columns, target weights, permutations) travel in one copy, CutMix is one gather and one select over
+    the pack (a member not mixing this step has an empty box and target weights (1, 0): itself),
+    normalisation one call."""
+    k = len(batches)
+    if len(draws) != k:
+        raise ValueError(f"step_batch got {k} member batches and {len(draws)} draws")
+    images = batches[0][0].unsqueeze(0) if k == 1 else torch.stack([b[0] for b in batches])
+    labels = batches[0][1].unsqueeze(0) if k == 1 else torch.stack([b[1] for b in batches])
+    _, batch, _, height, width = images.shape
+    mixing = any(d.box is not None for d in draws)
+    perms = [d.perm for d in draws]
+    permuting = any(p is not None for p in perms)
+    parts: list[torch.Tensor] = []  # int64 host pieces of the one copy
+    if mixing:
+        boxes = [d.box or (0, 0, 0, 0) for d in draws]
+        own = torch.arange(batch)
+        partner = torch.stack([own if d.box is None else d.partner for d in draws])
+        parts.append(partner + torch.arange(k)[:, None] * batch)  # rows of the pack's (K * B) images
+        y, x = torch.arange(height), torch.arange(width)
+        parts.append(torch.stack([(y >= t) & (y < b) for t, b, _, _ in boxes]).long())
+        parts.append(torch.stack([(x >= l) & (x < r) for _, _, l, r in boxes]).long())
+        # (1 - a, a) as the lone step's Python floats (float64), sent as their bits: one copy in all.
+        areas = [(b - t) * (r - l) / (height * width) for t, b, l, r in boxes]
+        parts.append(torch.tensor([(1.0 - a, a) for a in areas], dtype=torch.float64).view(torch.int64))
+    if permuting:
+        n = next(p for p in perms if p is not None).shape[-1]
+        if k == 1:
+            parts.append(perms[0])
+        else:
+            parts.append(torch.stack([torch.arange(n).expand(batch, n) if p is None else p.expand(batch, n)
+                                      for p in perms]))
+    device_parts = []
+    if parts:
+        sent = to_device(torch.cat([p.reshape(-1) for p in parts]), images.device)
+        device_parts = list(sent.split([p.numel() for p in parts]))
+    target = F.one_hot(labels, num_classes).float()  # protocols.soft_targets
+    if mixing:
+        partner, rows, cols, weights = device_parts[:4]
+        inside = torch.logical_and(rows.view(k, 1, 1, height, 1), cols.view(k, 1, 1, 1, width))
+        pasted = images.view(k * batch, *images.shape[2:]).index_select(0, partner).view_as(images)
+        images = torch.where(inside, pasted, images)
+        weights = weights.view(torch.float64).float().view(k, 2, 1, 1)
+        swapped = target.view(k * batch, -1).index_select(0, partner).view_as(target)
+        target = target * weights[:, 0] + swapped * weights[:, 1]
+    if permuting:
+        perm = device_parts[-1]
+        perm = [perm.view(perms[0].shape)] if k == 1 else perm.view(k, batch, -1)
+    else:
+        perm = [None] if k == 1 else None
+    return normalize(images, mean, std), target, perm

@@ -80,6 +80,17 @@ def cutmix_box(height: int, width: int, lam: float,
     return top, bottom, left, right
 
 
+def cutmix_draw(batch: int, height: int, width: int, generator: torch.Generator | None = None, *,
+                beta: float = CUTMIX_BETA) -> tuple[tuple[int, int, int, int], torch.Tensor]:
+    """CutMix's draws for one batch, in this order: lambda ~ Beta(beta, beta), its box (`cutmix_box`),
+    the partner of each image (int64 (B,) on the host: image b receives image partner[b]'s box)."""
+    if beta == 1.0:  # Beta(1, 1) is uniform: no need to leave torch's generator
+        lam = float(torch.rand((), generator=generator))
+    else:
+        lam = float(np.random.default_rng(int(torch.randint(2**62, (), generator=generator))).beta(beta, beta))
+    return cutmix_box(height, width, lam, generator), torch.randperm(batch, generator=generator)
+
+
 def cutmix_batch(images: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None,
                  generator: torch.Generator | None = None, *,
                  beta: float = CUTMIX_BETA) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,19 +99,15 @@ def cutmix_batch(images: torch.Tensor, targets: torch.Tensor, num_classes: int |
     images: (B, 3, S, S), any dtype and device (uint8 before `normalize` is cheapest). targets: labels
     int64 (B,) (then `num_classes` is needed) or soft targets (B, C). Returns new images and soft targets
     (B, C) = (1 - a) t_b + a t_perm[b], with a the pasted area / image area after clipping, so each row
-    still sums to 1. The random draws (lambda ~ Beta(beta, beta), box, permutation) come from
-    `generator` (a CPU generator; the permutation is moved to the images' device)."""
+    still sums to 1. The random draws (`cutmix_draw`) come from `generator` (a CPU generator; the
+    permutation is moved to the images' device); `augment.step_batch` applies them to a whole pack."""
     if targets.dim() == 1:
         if num_classes is None:
             raise ValueError("cutmix_batch got integer labels: pass num_classes (or soft targets (B, C))")
         targets = soft_targets(targets, num_classes)
     batch, _, height, width = images.shape
-    if beta == 1.0:  # Beta(1, 1) is uniform: no need to leave torch's generator
-        lam = float(torch.rand((), generator=generator))
-    else:
-        lam = float(np.random.default_rng(int(torch.randint(2**62, (), generator=generator))).beta(beta, beta))
-    top, bottom, left, right = cutmix_box(height, width, lam, generator)
-    perm = to_device(torch.randperm(batch, generator=generator), images.device)
+    (top, bottom, left, right), perm = cutmix_draw(batch, height, width, generator, beta=beta)
+    perm = to_device(perm, images.device)
     mixed = images.clone()
     mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
     area = (bottom - top) * (right - left) / (height * width)
