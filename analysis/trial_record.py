@@ -3,14 +3,17 @@
 The analysis job (``analysis.job``) calls ``log_checkpoint`` after writing a checkpoint's rows to
 Parquet. On the trial's run it logs
 
-- scalars at step = checkpoint epoch (``summarize``): ``acc_clean`` (top-1 on the analysis set of ``n_images``
-  images: ``test_acc``'s set when it is the whole test split, the default), ``n_images``, ``dssdc_rpi``,
-  ``fs_jpeg_q5``, ``fs_blur_s2.5``, ``mad_min`` (heads that are no CLS sink), ``ape_norm_ratio`` (a learned APE);
+- scalars at step = checkpoint epoch (``summarize``), in the run's first chart section with ``test_acc``:
+  ``Headline/acc_clean`` (top-1 on the analysis set of ``n_images`` images: ``test_acc``'s set when it is the
+  whole test split, the default), ``Headline/dssdc_rpi``, ``Headline/fs_jpeg_q5``, ``Headline/fs_blur_s2.5``,
+  ``Headline/mad_min`` (heads that are no CLS sink), ``Headline/ape_norm_ratio`` (a learned APE), and
+  ``progress/n_images``;
 - per-layer curves with the layer as the step and the checkpoint epoch in the key (``layer_profiles``, keys
   from ``records.tracking.layer_key``): ``layers/ssdc_epoch_0100`` (clean), ``layers/ssdc_rpi_epoch_0100``,
   ``layers/ssdc_rpi_content_epoch_0100``, ``layers/mad_mean_epoch_0100`` and ``layers/mad_min_epoch_0100``
   (over heads), ``layers/entropy_mean_epoch_0100``, so the MLflow UI plots SSDC against depth for each
-  checkpoint, all in one ``layers`` section of the run's charts after the training curves (``epochs/...``);
+  checkpoint, all in one ``layers`` section of the run's charts after the headline numbers and the training
+  curves (``epochs/...``);
 - the figure ``figures/layers_epoch_0100.{png,svg}``: SSDC per layer clean and under RPI, MAD and entropy of
   every head per layer (``trial_figure``, drawn on ``analysis.canvas``), of the trial's final checkpoint; of
   every checkpoint with ``vitsweep analyze --figures all`` (``FIGURE_CHOICES``): its PNG and SVG take about 0.4 s
@@ -47,9 +50,10 @@ def _set(x: Any) -> bool:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Scalar MLflow metrics of one checkpoint's rows: acc_clean, n_images, dssdc_rpi, fs_jpeg_q5,
-    fs_blur_s2.5, mad_min (over heads that are no CLS sink, ``records.vocab.CLS_SINK_MASS``),
-    ape_norm_ratio (a learned APE only); NaNs left out."""
+    """Scalar MLflow metrics of one checkpoint's rows, by their ``records.tracking.headline_key``:
+    acc_clean, dssdc_rpi, fs_jpeg_q5, fs_blur_s2.5, mad_min (over heads that are no CLS sink,
+    ``records.vocab.CLS_SINK_MASS``), ape_norm_ratio (a learned APE only) under ``Headline/``, n_images
+    under ``progress/``; NaNs left out."""
     out: dict[str, float] = {}
     mads, cls_mass = {}, {}
     for r in rows:
@@ -71,7 +75,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     local = [v for head, v in mads.items() if not cls_mass.get(head, 0.0) >= CLS_SINK_MASS]
     if local:
         out["mad_min"] = float(min(local))
-    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
+    return {tracking.headline_key(k): float(v) for k, v in out.items() if v is not None and not math.isnan(v)}
 
 
 def layer_profiles(rows: list[dict[str, Any]], epoch: int) -> dict[str, dict[int, float]]:

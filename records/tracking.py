@@ -10,10 +10,11 @@ Layout in MLflow: one experiment per study, one run per trial. The run's name is
 ``vitsweep.trial_id`` holds the same id, so a Ray retry or ``--resume`` finds and continues the run instead of
 making a second one: by the run id its trials row keeps (``mlflow_run_id``), by the tag where the row has none. Params are the flat run config (every ``RunConfig.to_flat()`` field); tags are study /
 dataset / pe / protocol / rpt / seed / code_version (a tag with no value is not set); metrics are laid out for
-the UI's charts (``epoch_key``, ``layer_key``): per-epoch training curves under ``epochs/`` (step = epoch),
-per-layer curves under ``layers/`` (step = layer, the checkpoint epoch in the name:
-``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and the headline scalars unprefixed
-(``test_acc``; the analysis scalars at step = checkpoint epoch); the run's input is its data set
+the UI's charts (``headline_key``, ``epoch_key``, ``layer_key``): the headline numbers first, under
+``Headline/`` (``Headline/test_acc``; the analysis scalars at step = checkpoint epoch), per-epoch training
+curves under ``epochs/`` (step = epoch), per-layer curves under ``layers/`` (step = layer, the checkpoint
+epoch in the name: ``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and counts and times
+last, under ``progress/`` (``progress/wall_time_s``); the run's input is its data set
 (``log_dataset_input``: name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
 artifacts are ``config.json``, ``provenance/environment.json``, ``provenance/requirements.txt`` (+
 ``provenance/git_diff.patch`` when the tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``).
@@ -54,11 +55,16 @@ ERROR_TEXT_LIMIT = 5000  # characters of that why kept, in the tag and in the tr
 STOPPED_EARLY_TAG = "vitsweep.stopped_early"  # a scheduler (ASHA) stopped the trial; cleared when continued
 TRIAL_TAG_FIELDS = ("study", "dataset", "pe", "protocol", "rpt", "seed")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
-# MLflow's chart layout: a metric's section is its key up to the last '/', named sections come in name
-# order, then the unprefixed keys ("Model metrics"). So the training curves get the prefix that sorts
-# first, the per-layer curves one section after them, and the headline scalars none.
+# MLflow's chart layout (3.17, RunsChartsUtils.getBaseChartAndSectionConfigs): a metric's section is its
+# key up to the last '/'; named sections come sorted by code point (capitals before lower case), then
+# the unprefixed keys ("Model metrics"); a section's charts sorted by key. So the headline numbers get
+# the capitalised prefix, which sorts first, then the training curves, then one section for every
+# per-layer curve (30 charts for the demo, more per snapshot), then the bookkeeping.
+HEADLINE_SECTION = "Headline"  # test_acc and the analysis scalars: what a reader opens a run for
 EPOCH_SECTION = "epochs"  # per-epoch training curves, as the Parquet table of the same name
 LAYER_SECTION = "layers"  # per-layer curves of each measured checkpoint, one section for all
+PROGRESS_SECTION = "progress"  # counts and times of an epoch or a measurement, no result
+PROGRESS = frozenset({"eval_images", "images_per_s", "wall_time_s", "n_images"})
 # MLflow's per-request batch limits (mlflow.utils.validation); larger inputs are chunked.
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -112,7 +118,10 @@ def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
     """The experiment's description in the MLflow UI (its ``mlflow.note.content`` tag, Markdown),
     and its kind: MLflow 3 opens an experiment without one on its GenAI overview; a
     ``custom_model_development`` one opens on the runs, the training view. A link to the study's
-    report (``study_run``) is kept."""
+    report (``study_run``) is kept. The experiments list shows the tag as it is, cut to its first
+    line: ``text``'s first line must be plain text (ValueError naming it otherwise)."""
+    _check_plain(text)
+
     def describe(c):
         link = c.get_experiment(experiment_id).tags.get(REPORT_RUN_TAG)
         c.set_experiment_tag(experiment_id, "mlflow.note.content", _with_report(text, uri, link))
@@ -120,6 +129,16 @@ def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
     with_retries("describe experiment", uri, lambda c: (
         describe(c),
         c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")))
+
+
+MARKDOWN_MARKS = ("*", "`", "[", "#", "<")  # what the experiments list would show raw
+
+
+def _check_plain(description: str) -> None:
+    first = description.split("\n", 1)[0]
+    if not first.strip() or any(mark in first for mark in MARKDOWN_MARKS):
+        raise ValueError(f"an experiment description's first line is what MLflow's experiments list shows, "
+                         f"unrendered: it must be plain text, without {' '.join(MARKDOWN_MARKS)}: {first!r}")
 
 
 def _check_trial_id(trial_id: str) -> None:
@@ -259,8 +278,15 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
 
 
 def epoch_key(name: str) -> str:
-    """The MLflow key of a per-epoch training metric: ``epochs/train_loss``."""
-    return f"{EPOCH_SECTION}/{name}"
+    """The MLflow key of a per-epoch training metric: ``epochs/train_loss``; ``progress/wall_time_s`` for
+    a count or a time (``PROGRESS``)."""
+    return f"{PROGRESS_SECTION if name in PROGRESS else EPOCH_SECTION}/{name}"
+
+
+def headline_key(name: str) -> str:
+    """The MLflow key of a headline number (``test_acc``, an analysis scalar): ``Headline/test_acc``;
+    ``progress/n_images`` for a count (``PROGRESS``)."""
+    return f"{PROGRESS_SECTION if name in PROGRESS else HEADLINE_SECTION}/{name}"
 
 
 def layer_key(name: str, epoch: int) -> str:
@@ -396,8 +422,9 @@ def study_run(uri: str, experiment_id: str, name: str) -> str:
         c.set_experiment_tag(experiment_id, REPORT_RUN_TAG, link),
         c.set_experiment_tag(reports_id, "mlflow.experimentKind", "custom_model_development"),
         c.set_experiment_tag(reports_id, "mlflow.note.content",
-                             f"The reports of study `{study.name}`: [its report]({run_path(reports_id, run_id, 'index.html')}"
-                             f"); its trial runs: [experiment `{study.name}`]({experiment_path(experiment_id)})."),
+                             f"The reports of study {study.name}, whose trial runs are in experiment {study.name}.\n\n"
+                             f"[The report]({run_path(reports_id, run_id, 'index.html')}) (`index.html` of run "
+                             f"`{run_id}`); [the trial runs]({experiment_path(experiment_id)})."),
         c.set_experiment_tag(experiment_id, "mlflow.note.content",
                              _with_report(study.tags.get("mlflow.note.content", ""), uri, link))))
     return run_id

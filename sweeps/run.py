@@ -419,8 +419,8 @@ def _resume_line(results: str, study_name: str, planned: int, todo: int) -> str:
 
 
 def _describe(plan: dict) -> str:
-    """The MLflow experiment's description (Markdown, shown above its runs)."""
-    return (f"**vitsweep study `{plan['study']}`**: {plan['n_trials']} trials, one run each (runs are named by "
+    """The MLflow experiment's description (Markdown above its runs; the experiments list shows its first line raw)."""
+    return (f"vitsweep study {plan['study']}: {plan['n_trials']} trials, one run each (runs are named by "
             f"trial id).\n\nLatest launch {plan['started_at']} on {plan['host']}, code `{plan['code_version']}`:\n\n"
             f"    {plan['command']}\n\nParquet tables: `<results>/{plan['study']}/{{trials,epochs,measurements}}/`; "
             f"`vitsweep status {plan['study']}` shows progress.")

@@ -476,7 +476,7 @@ def test_analysis_and_report_stages_ran_on_the_cluster(job):
     assert len(trial_runs) == len(runs) == TRIALS  # the study's own run (the report) is in <study>-reports
     for run in trial_runs:
         keys = {m["key"] for m in run["data"].get("metrics", [])}
-        assert {"acc_clean", "mad_min", "dssdc_rpi"} <= keys, sorted(keys)
+        assert {"Headline/acc_clean", "Headline/mad_min", "Headline/dssdc_rpi"} <= keys, sorted(keys)
     assert (cluster.results / STUDY / "report" / "index.html").stat().st_size > 0
 
 

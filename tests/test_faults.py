@@ -295,7 +295,7 @@ def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tm
     for key in client.get_run(run_id).data.metrics:
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), (key, steps)
-    (kept,) = client.get_metric_history(run_id, "acc_clean")
+    (kept,) = client.get_metric_history(run_id, "Headline/acc_clean")
     new = tables.read_table(str(results), "demo", "measurements").to_pandas().query(
         "intervention == 'clean' and metric == 'acc'")["value"]
     assert list(new) == [pytest.approx(kept.value + 0.125)]

@@ -238,7 +238,7 @@ def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes
     client = mlflow.MlflowClient(tracking_uri=uri)
     for run_id in runs["run_id"]:  # each step once, across the four launches (concurrent trials on SQLite)
         assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2, 3, 4]
-        assert [m.step for m in client.get_metric_history(run_id, "test_acc")] == [4]
+        assert [m.step for m in client.get_metric_history(run_id, "Headline/test_acc")] == [4]
     assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 
 

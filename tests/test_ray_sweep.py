@@ -47,7 +47,7 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     run = client.get_run(runs["run_id"].iloc[0])
     assert run.data.params["pe"] in ("none", "ape") and "lr" in run.data.params
     assert [m.step for m in client.get_metric_history(run.info.run_id, "epochs/eval_acc")] == [1, 2]
-    assert "mad_min" in run.data.metrics and "dssdc_rpi" in run.data.metrics  # from the analysis stage
+    assert "Headline/mad_min" in run.data.metrics and "Headline/dssdc_rpi" in run.data.metrics  # the analysis'
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
@@ -155,7 +155,7 @@ def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metr
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     header, *rows = [line.split() for line in out.stdout.strip().splitlines()]
-    assert header[:3] == ["tags.mlflow.runName", "params.dataset", "params.pe"] and "metrics.mad_min" in header
+    assert header[:3] == ["tags.mlflow.runName", "params.dataset", "params.pe"] and "metrics.Headline/mad_min" in header
     assert len(rows) == 4 and all(r[0].startswith("shapes-") and r[1] == "shapes" for r in rows)  # trials only
 
 

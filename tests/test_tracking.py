@@ -589,7 +589,7 @@ def test_a_full_or_read_only_store_is_not_retried_but_a_lock_is():
 
 def test_the_report_run_has_its_own_experiment_linked_from_the_studys(uri):
     study = tracking.ensure_experiment(uri, "linked")
-    tracking.describe_experiment(uri, study, "**vitsweep study `linked`**")
+    tracking.describe_experiment(uri, study, "vitsweep study linked")
     trial = tracking.start_trial_run(uri, study, "t-1", params={"lr": 1e-3})
     report = tracking.study_run(uri, study, "linked-report")
     assert tracking.study_run(uri, study, "linked-report") == report  # found again, not a second run
@@ -599,7 +599,7 @@ def test_the_report_run_has_its_own_experiment_linked_from_the_studys(uri):
     assert [r.info.run_id for r in c.search_runs([study])] == [trial]  # trial charts: trials only
     assert c.get_experiment(study).tags[tracking.REPORT_RUN_TAG] == f"{reports.experiment_id}/{report}"
     # A later launch rewrites the description and keeps the link to the report.
-    tracking.describe_experiment(uri, study, "**vitsweep study `linked`**, launched again")
+    tracking.describe_experiment(uri, study, "vitsweep study linked, launched again")
     note = c.get_experiment(study).tags["mlflow.note.content"]
     assert "launched again" in note and note.count("**Report**") == 1
     # Links inside the UI are relative (whatever port serves it) and open the report's index.html.
@@ -628,30 +628,56 @@ def test_a_trials_data_set_is_its_runs_input(uri):
     assert {t.key: t.value for t in got.tags} == {"mlflow.data.context": "training"}
 
 
-def test_the_run_charts_open_on_the_training_curves_then_one_section_of_per_layer_curves(uri):
-    """MLflow's charts put a key in the section named by what precedes its last '/', named sections in
-    name order, then the unprefixed keys ("Model metrics"): the per-epoch training curves must be the
-    first section and every per-layer curve must share one section after it."""
-    from analysis.trial_record import layer_profiles
+def test_the_run_charts_open_on_the_headline_numbers_then_the_training_curves_then_one_per_layer_section(uri):
+    """MLflow 3.17's charts put a key in the section named by what precedes its last '/', named sections
+    sorted by code point, then the unprefixed keys ("Model metrics"), each section's charts by key: the
+    headline numbers must come first, the training curves next with no count or time among them, every
+    per-layer curve in one section after them, and the counts and times last."""
+    from analysis.trial_record import layer_profiles, summarize
 
     run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "charts"), "t-1", params={})
-    tracking.log_epoch_metrics(uri, run_id, {"train_loss": 2.0, "eval_acc": 0.1, "lr": 1e-3}, 1)
+    epoch = {"train_loss": 2.0, "train_acc": 0.2, "eval_loss": 2.1, "eval_acc": 0.1, "eval_images": 500, "lr": 1e-3,
+             "images_per_s": 900.0, "wall_time_s": 4.0}
+    tracking.log_epoch_metrics(uri, run_id, epoch, 1)
     rows = [{"intervention": iv, "metric": m, "layer": layer, "head_index": head, "value": 0.5, "level": None}
             for layer in range(2) for iv, m, head in (("clean", "ssdc", None), ("rpi", "ssdc", None),
                                                       ("clean", "mad", 0), ("clean", "entropy", 0))]
-    measurements.log_metric_series(uri, run_id, layer_profiles(rows, 100))
-    tracking.log_metrics(uri, run_id, {"test_acc": 0.5}, step=1)
+    rows += [{"intervention": "clean", "metric": "acc", "layer": None, "head_index": None, "value": 0.4, "level": None,
+              "n_images": 500}, {"intervention": "rpi", "metric": "dssdc", "layer": None, "head_index": None,
+                                 "value": 0.3, "level": None}]
+    series = {key: {100: value} for key, value in summarize(rows).items()}
+    measurements.log_metric_series(uri, run_id, {**series, **layer_profiles(rows, 100)})
+    tracking.log_metrics(uri, run_id, {tracking.headline_key("test_acc"): 0.5}, step=1)
     keys = set(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
 
     def section(key: str) -> str:  # the UI's extractChartSectionName: the key up to its last '/'
         return key.rsplit("/", 1)[0] if "/" in key else ""
 
-    named = sorted({section(k) for k in keys} - {""})
-    assert named == ["epochs", "layers"]  # two sections, the training curves first; then "Model metrics"
-    assert {k for k in keys if section(k) == "epochs"} == {"epochs/train_loss", "epochs/eval_acc", "epochs/lr"}
+    named = sorted({section(k) for k in keys} - {""})  # JavaScript's default sort: by UTF-16 code unit
+    assert named == ["Headline", "epochs", "layers", "progress"] and "" not in {section(k) for k in keys}
+    assert {k for k in keys if section(k) == "Headline"} == {
+        "Headline/test_acc", "Headline/acc_clean", "Headline/mad_min", "Headline/dssdc_rpi"}
+    first_row = sorted(k for k in keys if section(k) == "epochs")[:6]
+    assert first_row == ["epochs/eval_acc", "epochs/eval_loss", "epochs/lr", "epochs/train_acc", "epochs/train_loss"]
+    assert {k for k in keys if section(k) == "progress"} == {
+        "progress/eval_images", "progress/images_per_s", "progress/wall_time_s", "progress/n_images"}
     assert "layers/ssdc_rpi_epoch_0100" in keys and "layers/mad_min_epoch_0100" in keys
-    assert {k for k in keys if section(k) == ""} == {"test_acc"}
     assert tracking.layer_key("ssdc", 7) == "layers/ssdc_epoch_0007" and tracking.epoch_key("lr") == "epochs/lr"
+
+
+def test_an_experiment_description_starts_with_a_plain_line_for_the_experiments_list(uri):
+    """MLflow's experiments list shows the description tag unrendered, cut to a line: a first line with
+    Markdown marks is refused, before anything is written; the rest is Markdown for the experiment page."""
+    study = tracking.ensure_experiment(uri, "described")
+    with pytest.raises(ValueError, match=r"plain text.*\*\*vitsweep"):
+        tracking.describe_experiment(uri, study, "**vitsweep study `described`**\n\nmore")
+    assert "mlflow.note.content" not in MlflowClient(tracking_uri=uri).get_experiment(study).tags
+    tracking.describe_experiment(uri, study, "vitsweep study described: 2 trials.\n\nLaunched by `vitsweep sweep`.")
+    tracking.study_run(uri, study, "described-report")
+    c = MlflowClient(tracking_uri=uri)
+    for experiment in (c.get_experiment(study), c.get_experiment_by_name("described-reports")):
+        first = experiment.tags["mlflow.note.content"].split("\n", 1)[0]
+        assert first and not any(mark in first for mark in tracking.MARKDOWN_MARKS), first
 
 
 def test_an_empty_tag_is_not_set(uri):

@@ -361,9 +361,10 @@ class PackWorker:
         self.closed.add(trial_id)
         error, run_id = final.get("error"), self.run_ids[trial_id]
         try:
+            key = tracking.headline_key("test_acc")
             if final.get("test_acc") is not None and final["epochs_completed"] not in tracking.logged_steps(
-                    self.settings.mlflow_uri, run_id, "test_acc"):
-                tracking.log_metrics(self.settings.mlflow_uri, run_id, {"test_acc": final["test_acc"]},
+                    self.settings.mlflow_uri, run_id, key):
+                tracking.log_metrics(self.settings.mlflow_uri, run_id, {key: final["test_acc"]},
                                      step=final["epochs_completed"])
             result = lifecycle.outcome(
                 self.settings, cfg, "failed" if error else "finished", self.tag, error=error,
