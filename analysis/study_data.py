@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pandas.api.types import union_categoricals
 from pyarrow import fs as pafs
 from scipy import stats
 
@@ -51,8 +55,11 @@ class StudyData:
 
     trials: finished trials, one row each; dataset, pe, rpt (bool), protocol (canonical name), seed,
         model (``ape + RPT``) and the three protocol switches are always present.
-    epochs: per-epoch rows of those trials.  measurements: long rows of every measured checkpoint.
-    raw_trials: the trials table as stored (all statuses), for the configuration section.
+    epochs: per-epoch rows of those trials.  raw_trials: the trials table as stored (all statuses), for the
+    configuration section.
+    measurements: long rows of every measured checkpoint of those trials, lean (11.75 million rows at 10,000
+    trials): every column but ``value`` categorical (``trial_id``'s categories are ``trials.trial_id``), and no
+    factor columns; ``select`` gives rows as stored, with their trial's factors.
     """
 
     study: str
@@ -62,6 +69,7 @@ class StudyData:
     raw_trials: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
     condition_fields: list[str] = field(default_factory=list)  # config fields that split a factor cell
+    stored: dict[str, Any] = field(default_factory=dict)  # each measurements column's dtype as stored
 
     @classmethod
     def load(cls, results: str, study: str) -> StudyData:
@@ -70,56 +78,67 @@ class StudyData:
             raise ValueError(f"no study {study!r} under {results!r}; studies there: {tables.list_studies(results)}")
         frames, notes = {}, []
         for name, columns in LOADED.items():
-            table = tables.read_table(results, study, name, columns)
-            if table is None or table.num_rows == 0:
-                notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
-                frames[name] = pd.DataFrame()
+            if name == "measurements":  # categorical batch by batch: its stored form is most of a study's memory
+                frames[name] = _categorical(tables.read_batches(results, study, name, columns), columns)
             else:
-                frames[name] = table.to_pandas(self_destruct=True)  # its Arrow buffers freed as converted
+                table = tables.read_table(results, study, name, columns)
+                frames[name] = pd.DataFrame() if table is None else table.to_pandas(self_destruct=True)
+            if frames[name].empty:
+                notes.append(f"table {name!r} is missing or empty ({table_path(results, study, name)}).")
         return cls.from_frames(study, frames["trials"], frames["epochs"], frames["measurements"], notes=notes)
 
     @classmethod
     def from_frames(cls, study: str, trials: pd.DataFrame, epochs: pd.DataFrame, measurements: pd.DataFrame,
                     *, notes: list[str] | None = None) -> StudyData:
-        """Clean and join raw tables (as ``pandas.read_parquet`` returns them)."""
+        """Clean and join raw tables (as ``pandas.read_parquet`` returns them, or the measurements categorical)."""
         notes = list(notes or [])
         clean, extra = normalise_trials(trials, notes)
         keys = clean[[*TRIAL_KEYS, *extra]]
         joined_epochs = epochs.merge(keys, on="trial_id") if "trial_id" in epochs else pd.DataFrame()
         if measurements.empty or "trial_id" not in measurements:
-            joined = pd.DataFrame(columns=[*MEASUREMENTS.names, *TRIAL_KEYS[1:], *extra])
-        else:
-            joined = _join(measurements, keys)
-            if dropped := len(measurements) - len(joined):
-                notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
-        for column in ("level", "layer", "head_index"):  # null (NaN here): not per level / layer / head
-            joined[column] = joined[column].astype(float)
-        return cls(study, clean, joined_epochs, joined, trials, notes, extra)
+            measurements = pd.DataFrame(columns=MEASUREMENTS.names)
+        lean, stored = _lean(measurements, pd.Index(keys["trial_id"]))
+        if dropped := len(measurements) - len(lean):
+            notes.append(f"{dropped} measurement rows belong to no finished trial and are left out.")
+        return cls(study, clean, joined_epochs, lean, trials, notes, extra, stored)
 
     # -- views ---------------------------------------------------------------------
     @cached_property
     def final(self) -> pd.DataFrame:
-        """Measurement rows of each trial's last measured checkpoint."""
+        """Measurement rows of each trial's last measured checkpoint (lean, as ``measurements``)."""
         m = self.measurements
         if m.empty:
             return m
-        return m[m["checkpoint_epoch"] == m.groupby("trial_id")["checkpoint_epoch"].transform("max")]
+        epoch = pd.Series(m["checkpoint_epoch"].cat.codes.to_numpy())  # categories sorted (``_lean``); null: -1
+        last = epoch.groupby(m["trial_id"].cat.codes.to_numpy()).transform("max")
+        return m[((epoch == last) & (epoch >= 0)).to_numpy()]
 
     def select(self, intervention: str, metric: str, *, level: float | None = None, per_layer: bool = False,
                per_head: bool = False, final: bool = True) -> pd.DataFrame:
         """Measurement rows of one (intervention, metric), optionally at one level; per_layer/per_head
-        keep only rows with a layer / head_index (not null). ``final=False`` keeps every checkpoint."""
+        keep only rows with a layer / head_index (not null). ``final=False`` keeps every checkpoint. Rows as
+        stored (level, layer and head_index as floats: NaN where not per level / layer / head), each with
+        its trial's factor columns (``TRIAL_KEYS`` and ``condition_fields``)."""
         m = self.final if final else self.measurements
-        if m.empty:
-            return m
-        mask = (m["intervention"] == intervention) & (m["metric"] == metric)
-        if level is not None:
-            mask &= np.isclose(m["level"].to_numpy(float), level)
-        if per_layer:
-            mask &= m["layer"].notna()
-        if per_head:
-            mask &= m["head_index"].notna()
-        return m[mask]
+        if not m.empty:
+            mask = (m["intervention"] == intervention) & (m["metric"] == metric)
+            if level is not None:
+                mask &= _category_mask(m["level"], lambda cats: np.isclose(cats.to_numpy(float), level))
+            if per_layer:
+                mask &= m["layer"].notna()
+            if per_head:
+                mask &= m["head_index"].notna()
+            m = m[mask]
+        return self._as_stored(m)
+
+    def _as_stored(self, lean: pd.DataFrame) -> pd.DataFrame:
+        """Lean measurement rows in their stored dtypes, joined to their trial's factor columns."""
+        out = pd.DataFrame({c: lean[c].astype(self.stored[c]) for c in lean.columns}, index=lean.index)
+        keys = self.trials[[*TRIAL_KEYS, *self.condition_fields]]
+        at = lean["trial_id"].cat.codes.to_numpy()  # its categories are the trials' ids, in their order
+        for column in keys.columns.drop("trial_id"):
+            out[column] = keys[column].array.take(at)
+        return out
 
     @cached_property
     def per_trial(self) -> pd.DataFrame:
@@ -199,8 +218,10 @@ class StudyData:
         else:
             out["n_images"] = np.nan
         out["acc_clean"] = measured.where(~tuning)  # on the analysis set (the test split): none for tuning runs
-        last = self.final.groupby("trial_id")["checkpoint_epoch"].max() if not self.final.empty else None
-        out["checkpoint_epoch"] = last.reindex(out.index) if last is not None else np.nan
+        final = self.final[["trial_id", "checkpoint_epoch"]].drop_duplicates("trial_id")
+        last = pd.Series(final["checkpoint_epoch"].astype(self.stored.get("checkpoint_epoch", float)).to_numpy(),
+                         index=final["trial_id"].astype(str).to_numpy())
+        out["checkpoint_epoch"] = last.reindex(out.index) if not final.empty else np.nan
         acc_clean = measured.combine_first(out["test_acc"])
         # test_acc is over the whole test split (not the analysis set, which may be a capped subset); where
         # it stands in from the clean measurement, or the split's size is unknown, the analysis set's n.
@@ -269,18 +290,65 @@ class StudyData:
         return "img_size" in t and not t.empty and bool((t["img_size"] == 224).all())
 
 
-def _join(rows: pd.DataFrame, keys: pd.DataFrame) -> pd.DataFrame:
-    """``rows.merge(keys, on="trial_id")`` for ``keys`` of one row per trial, without copying the columns of
-    ``rows``: the measurements are most of a study's memory (11.75 million rows at 10,000 trials, where a
-    merge's copy of them doubled ``StudyData.load``'s peak)."""
-    if set(rows.columns) & set(keys.columns) != {"trial_id"}:  # a shared column: merge's suffixes
-        return rows.merge(keys, on="trial_id")
-    at = pd.Index(keys["trial_id"]).get_indexer(rows["trial_id"])
-    inside = at >= 0
-    joined = (rows.copy(deep=False) if inside.all() else rows[inside]).reset_index(drop=True)
-    for column in keys.columns.drop("trial_id"):
-        joined[column] = keys[column].array.take(at[inside])
-    return joined
+def _categorical(batches: Iterable[pa.RecordBatch], columns: list[str], rows: int = 1 << 17) -> pd.DataFrame:
+    """The measurements as pandas, every column but ``value`` categorical (a few distinct values each: 17
+    bytes a row where pandas' stored form takes about 220), built about ``rows`` rows at a time."""
+    parts: dict[str, list] = {c: [] for c in columns}
+
+    def convert(group: list[pa.RecordBatch]) -> None:
+        table = pa.Table.from_batches(group)
+        encoded = [a if c == "value" or pa.types.is_dictionary(a.type) else pc.dictionary_encode(a)
+                   for c, a in zip(table.column_names, table.columns)]
+        frame = pa.table(encoded, names=table.column_names).to_pandas()
+        for c in columns:
+            parts[c].append(frame[c])
+
+    group, held = [], 0
+    for batch in batches:
+        group.append(batch)
+        held += batch.num_rows
+        if held >= rows:
+            convert(group)
+            group, held = [], 0
+    if group:
+        convert(group)
+    if not parts["value"]:
+        return pd.DataFrame()
+    # Each column's parts let go as it is joined: the whole stored once, not twice.
+    return pd.DataFrame({c: np.concatenate(parts.pop(c)) if c == "value" else union_categoricals(parts.pop(c))
+                         for c in columns}, copy=False)
+
+
+def _lean(m: pd.DataFrame, trial_ids: pd.Index) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """(the measurements with every column but ``value`` categorical, ``trial_id``'s categories ``trial_ids``
+    (rows of other trials left out), each column's stored dtype: level, layer and head_index float, null
+    (NaN) where not per level / layer / head; an integer column with nulls float, as pandas reads it)."""
+    lean, stored = {}, {}
+    for column in m.columns:
+        s = m[column]
+        categorical = isinstance(s.dtype, pd.CategoricalDtype)
+        if column in ("level", "layer", "head_index"):
+            stored[column] = np.dtype(float)
+        elif categorical:
+            kind = s.cat.categories.dtype
+            stored[column] = np.dtype(float) if kind.kind in "iu" and s.hasnans else kind
+        else:
+            stored[column] = s.dtype
+        if column == "trial_id":
+            lean[column] = pd.Categorical(s, categories=trial_ids)
+        else:
+            lean[column] = s if column == "value" or categorical else s.astype("category")
+        if column == "checkpoint_epoch":  # sorted: its codes order the epochs (``final``)
+            lean[column] = lean[column].cat.reorder_categories(lean[column].cat.categories.sort_values())
+    frame = pd.DataFrame(lean, index=m.index, copy=False)
+    if "trial_id" in frame and not (inside := frame["trial_id"].notna()).all():
+        frame = frame[inside]
+    return frame.reset_index(drop=True), stored
+
+
+def _category_mask(s: pd.Series, test) -> np.ndarray:
+    """``test`` on a categorical column's values, computed once per category."""
+    return np.isin(s.cat.codes.to_numpy(), np.flatnonzero(test(s.cat.categories)))
 
 
 def write_summary_table(results: str, study: str) -> int:

@@ -250,20 +250,35 @@ def _schema(folder: _Folder, columns: Iterable[str] | None) -> pa.Schema:
                             promote_options="permissive")
 
 
-def _scan(folder: _Folder, columns: Iterable[str] | None = None, *, where: pc.Expression | None = None) -> pa.Table:
-    """One ``pyarrow.dataset`` scan of the folder's files, projected on ``columns`` (those the files have;
-    None: all), rows as stored; a compacted row whose unit has its own file now is left out."""
+def _dataset(folder: _Folder, columns: Iterable[str] | None, *, lean: bool = False
+             ) -> tuple[pads.Dataset, list[str], list[str], pc.Expression | None]:
+    """(the folder's files as one dataset, the columns asked that they have (None: all), the columns to scan, the
+    filter that leaves out a compacted row whose unit has its own file now, or None). ``lean``: string columns
+    read dictionary-encoded, one row group decoded at a time."""
     columns = list(columns) if columns is not None else None
     schema = _schema(folder, columns)
     names = [c for c in (columns if columns is not None else schema.names) if c in schema.names]
     replaced = _of_units(folder.units, folder.table) if folder.live else None
     keys = [k for k in _keys(folder.table) if k not in names]
     scan = names if replaced is None else [*names, *keys, "__fragment_index"]
-    dataset = pads.dataset(folder.paths, schema=schema, format="parquet", filesystem=folder.fs)
+    kept = None if replaced is None else (pc.field("__fragment_index") >= len(folder.live)) | ~replaced
+    file_format: Any = "parquet"  # fragments: the live compacted files first, then the units (``_Folder.paths``)
+    if lean:
+        strings = [f.name for f in schema if pa.types.is_string(f.type)]
+        schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in strings else f for f in schema],
+                           metadata=schema.metadata)
+        file_format = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=strings),
+                                             default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+                                                 pre_buffer=False))
+    return pads.dataset(folder.paths, schema=schema, format=file_format, filesystem=folder.fs), names, scan, kept
+
+
+def _scan(folder: _Folder, columns: Iterable[str] | None = None, *, where: pc.Expression | None = None) -> pa.Table:
+    """One ``pyarrow.dataset`` scan of the folder's files, projected on ``columns`` (those the files have;
+    None: all), rows as stored; a compacted row whose unit has its own file now is left out."""
+    dataset, names, scan, kept = _dataset(folder, columns)
     table = dataset.to_table(columns=scan, filter=where)
-    if replaced is not None:  # fragments: the live compacted files first, then the units (``_Folder.paths``)
-        table = table.filter((pc.field("__fragment_index") >= len(folder.live)) | ~replaced).select(names)
-    return table
+    return table if kept is None else table.filter(kept).select(names)
 
 
 def measured(results: str, study: str) -> set[tuple[str, int]]:
@@ -302,6 +317,21 @@ def read_table(results: str, study: str, table: str, columns: Iterable[str] | No
         return None
     whole = _scan(folder, columns)
     return _rooted_rows(results, study, whole) if table == "trials" else whole
+
+
+def read_batches(results: str, study: str, table: str, columns: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """``read_table`` batch by batch (not ``trials``: its paths are rooted by ``read_table``), for a reader that
+    keeps each batch in a leaner form: string columns come dictionary-encoded and one row group is decoded at a
+    time, so the stored form of the whole table never sits in memory (the measurements of 10,000 trials: 11.75
+    million rows, 2.6 GB as pandas reads them)."""
+    if table == "trials":
+        raise ValueError("read_batches does not read 'trials' (its paths are rooted by read_table)")
+    folder = _folder(results, study, table)
+    if folder is None or not folder.paths:
+        return
+    dataset, names, scan, kept = _dataset(folder, columns, lean=True)
+    for batch in dataset.to_batches(columns=scan, use_threads=False, batch_readahead=0, fragment_readahead=0):
+        yield batch if kept is None else batch.filter(kept).select(names)
 
 
 def list_studies(results: str) -> list[str]:
