@@ -335,7 +335,7 @@ class TrialProgress:
         ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
         counts: dict[str, int] = {}
         try:
-            table = tables.read_table(self.results, self.study, "trials")
+            table = tables.read_table(self.results, self.study, "trials", ["trial_id", "status"])
             rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
         except OSError:  # the results folder is what failed: what this launch saw is all there is
             return dict(self.counts), False

@@ -403,7 +403,7 @@ def failed(grid, watch) -> list:
 def unfinished(launch: Launch, todo) -> list[str]:
     """Trials of ``todo`` the trials table does not show finished (e.g. Ctrl-C: Tune returns, its
     trials cut short), said in one warning."""
-    table = tables.read_table(launch.settings.results, launch.args.study, "trials")
+    table = tables.read_table(launch.settings.results, launch.args.study, "trials", ["trial_id", "status"])
     ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
     left = [c.trial_id for c in todo if c.trial_id not in ended]
     if left:
@@ -412,7 +412,7 @@ def unfinished(launch: Launch, todo) -> list[str]:
 
 
 def _resume_line(results: str, study_name: str, planned: int, todo: int) -> str:
-    if tables.read_table(results, study_name, "trials") is None:
+    if tables.read_table(results, study_name, "trials", ["trial_id"]) is None:
         return f"--resume: study {study_name!r} has no records in {results}; starting it fresh"
     return (f"--resume: {todo} of {planned} trials unfinished (from the trials table); a fresh Tune run "
             "continues each from its own checkpoint and MLflow run")
