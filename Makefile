@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo demo-figure test install bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,6 +19,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/vitsweep demo
+
+demo-figure: $(STAMP)  # after `make demo`: the README's figure and its data (docs/demo_training_curves.*)
+	$(PY) bench/demo_figure.py --results results
 
 test: $(STAMP)
 	$(PY) -m pytest tests
