@@ -78,8 +78,8 @@ def _target(kwargs) -> torch.device | None:
 
 class SyncCounter(TorchDispatchMode):
     """Counts blocking host-to-device copies and device reads (see the module docstring);
-    `ops`: every op dispatched; `device_ops`: those that compute on CUDA (no views): a proxy
-    for kernel launches."""
+    `ops`: every op dispatched; `device_ops`: the aten ops that compute on CUDA (no views, no
+    metadata queries such as prim.device): a proxy for kernel launches."""
 
     def __init__(self, strict: bool = False):
         super().__init__()
@@ -113,7 +113,8 @@ class SyncCounter(TorchDispatchMode):
         on_cuda = any(_is_cuda(t) for t in tensors)
         target = _target(kwargs)
         self.ops += 1
-        self.device_ops += (on_cuda or (target is not None and target.type == "cuda")) and not func.is_view
+        self.device_ops += (on_cuda or (target is not None and target.type == "cuda")) and not func.is_view and \
+            func.namespace == "aten"  # not prim.device: a query of a tensor's device, no kernel
         if func is aten._pin_memory.default:
             self._pinned[id(args[0])] = args[0]
             return args[0]

@@ -14,8 +14,11 @@ from torch._subclasses.fake_tensor import (
     FakeTensorDeviceMismatchError,
 )
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from fake_cuda import STRONG_AT, DeviceAudit, fake_cuda, member_configs, run_device_half
 from trainables import train
+from trainables.augment import StepDraws, step_batch
 from trainables.config import RunConfig
 from trainables.protocols import PROTOCOLS
 
@@ -138,3 +141,39 @@ def test_a_steady_step_of_the_real_train_pack_reads_no_device_tensor(k, tmp_path
     # The audit would see one: a read of the losses added to the step is counted once per step.
     steps, reads = _audited_train_pack(tmp_path / "b", monkeypatch, cfgs, extra_read=True)
     assert len(reads) == steps and all("_local_scalar_dense" in r for r in reads), reads
+
+
+class _Copies(TorchDispatchMode):
+    """Host-to-device copies, blocking or not (`SyncCounter` counts the blocking ones)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.copies += func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu" and \
+            kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cuda"
+        return func(*args, **kwargs)
+
+
+def test_a_packs_step_batch_copies_once_and_launches_alike_for_any_k():
+    """Per member, the step used to copy its CutMix partners and its RPT permutation and run its own
+    CutMix and normalisation; batched, every member's host numbers travel in one pinned copy, and the
+    kernels do not grow with K (0.5 s)."""
+    counts = {}
+    g = torch.Generator().manual_seed(0)
+    for k in (2, 8):
+        draws = [StepDraws(*((4, 20, 2, 30), torch.randperm(16, generator=g)) if m % 2 else (None, None),
+                           torch.randperm(64, generator=g) if m % 3 else None) for m in range(k)]
+        with fake_cuda() as syncs, _Copies() as h2d:
+            batches = [(torch.zeros(16, 3, 32, 32, dtype=torch.uint8, device="cuda"),
+                        torch.zeros(16, dtype=torch.long, device="cuda")) for _ in range(k)]
+            step_batch(batches, draws, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)  # constants built
+            syncs.reset()
+            h2d.copies = 0
+            x, target, perms = step_batch(batches, draws, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)
+            assert x.is_cuda and target.shape == (k, 16, 10) and perms.shape == (k, 16, 64) and perms.is_cuda
+            assert syncs.blocking_copies == syncs.device_reads == 0, syncs.events
+            counts[k] = (h2d.copies, syncs.device_ops)
+    assert counts[2] == counts[8] and counts[8][0] == 1, counts
