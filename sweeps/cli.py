@@ -6,7 +6,7 @@
     vitsweep analyze demo                 # measure every checkpoint (Ray Data)
     vitsweep report demo                  # figures + index.html from the Parquet tables
     vitsweep status demo                  # finished / running / failed / pending, from the results folder
-    vitsweep compare results-a results-b demo   # two results folders' claims and conditions side by side
+    vitsweep compare results-a results-b demo   # what changed between two results folders (claims, conditions)
 
 `--help` imports no torch, Ray, MLflow or matplotlib (the valid names come from
 `records.vocab`); each command imports what it needs when it runs.
@@ -41,9 +41,10 @@ COMMANDS = {  # name -> (help, description, example)
     "status": ("trials finished / running / failed / pending of a study, from its results folder alone",
                "Where a sweep stands: read from the trials table, the sweep manifest and the heartbeat.",
                "vitsweep status study_l --results s3://BUCKET/vitsweep"),
-    "compare": ("two results folders of one study side by side: its claims and conditions",
-                "Put the claims and conditions of one study from two results folders side by side.",
-                "vitsweep compare results-v1 results-v2 study_l"),
+    "compare": ("two results folders of one study side by side: what changed in its claims and conditions",
+                "Put the claims and conditions of one study from two results folders side by side: rows with data "
+                "first, A - B beside each number, changed verdicts marked, equal rows folded; CSV and an HTML page.",
+                "vitsweep compare results-v1 results-v2 study_l   |   ... --all (also the equal rows)"),
 }
 
 

@@ -14,6 +14,7 @@ import base64
 import io
 import itertools
 import math
+import re
 import zlib
 from html.parser import HTMLParser
 
@@ -180,6 +181,11 @@ def test_report_has_every_figure_as_png(full_report):
     assert "code version: abc1234" in page and "1 failed trial" in page
     assert "did not learn: 1 trial(s)" in page and "cifar100-ape-baseline-s5-collapsed" in page
     assert "test accuracy: binomial SE" in page and "FS JPEG q5: delta-method SE" in page
+    # The first screen: caption, tally and legend above the claims table, the method below it, no "None".
+    claims_section = page.split("<h2 id='claims'>", 1)[1].split("<h2 ", 1)[0]
+    assert claims_section.index("class='legend'") < claims_section.index("<table class='claims'>") < \
+        claims_section.index("id='how-to-read'")
+    assert "None" not in claims_section and "STUDIES.md" not in page and "arXiv 2606.00124" in page
     parser = _Images()
     parser.feed(page)
     assert len(parser.sources) >= len(FIGURES)
@@ -294,6 +300,10 @@ def test_missing_tables_give_notes_not_errors(tmp_path, tables):
     for _, title, _ in FIGURES:
         assert f"{title}: omitted" in page or f"<h3>{title}" in page
     assert "SSDC vs depth (clean): omitted" in page  # no trial/measurement pair to join in any case
+    notes = {n.split(": omitted (")[0]: n for n in re.findall(r'<p class="omitted">([^<]*)</p>', page)}
+    omitted_figures = [notes[title] for _, title, _ in FIGURES if title in notes]
+    assert omitted_figures and all("`vitsweep " in n for n in omitted_figures)  # each names what fills it
+    assert ("<h2 id='notes'>" in page) == bool(StudyData.load(results, "partial").notes)  # no empty Notes section
     assert "is missing or empty" in page
     if "trials" in tables:  # test accuracy lives in the trials table: that figure needs nothing else
         assert page.count("<img") == 2
@@ -531,21 +541,3 @@ def test_the_report_writes_its_tables_as_numeric_csv_and_latex(full_report):
     for name in ("claims", "conditions", "ablation"):
         tex = (index.parent / f"{name}.tex").read_text()
         assert tex.startswith("\\begin{tabular}") and "\\bottomrule" in tex, name
-
-
-def test_compare_puts_two_results_folders_side_by_side(tmp_path, capsys):
-    from analysis import compare
-    from sweeps import cli
-
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    write_study(a, "small", seeds=3, protocols=["baseline", "cutmix"], models=[("ape", False)], checkpoints=(4,))
-    write_study(b, "small", seeds=5, protocols=["baseline", "cutmix"], models=[("ape", False)], checkpoints=(4,))
-    tables = compare.compare(a, b, "small")
-    conditions = tables["conditions"].set_index("protocol")
-    assert conditions.loc["cutmix", "n (A)"] == 3 and conditions.loc["cutmix", "n (B)"] == 5
-    assert conditions.loc["baseline", "test_acc mean (A)"] != conditions.loc["baseline", "test_acc mean (B)"]
-    cutmix = primary(tables["claims"]).set_index("claim").loc["CutMix alone lowers minimum MAD"]
-    assert (cutmix["verdict (A)"], cutmix["verdict (B)"]) == ("not enough seeds", "supported")
-    assert cli.main(["compare", a, b, "small", "--out", str(tmp_path / "cmp")]) == 0
-    assert "claims (A: " in capsys.readouterr().out
-    assert pd.read_csv(tmp_path / "cmp" / "conditions.csv")["n (B)"].tolist() == [5, 5]

@@ -227,3 +227,43 @@ def test_the_clean_accuracy_ordering_is_one_claim_of_a_per_seed_spearman():
         assert row["mean A"] == pytest.approx((3 * 1.0 + 2 * 0.8) / 5 * (-1 if flip else 1))
         assert "paired within each seed, then across seeds (5 seeds)" in row["test"]
         assert row["paper A / B"] == "rope2d 0.690 > sincos2d 0.657 > ape 0.641 > none 0.568: Spearman 1"
+
+
+# -- the first screen: what a reader sees of a row (#43) -------------------------------------------------
+def test_one_seed_reads_as_one_pair_with_blank_interval_cells_and_claims_tex_has_the_shown_columns(tmp_path):
+    from analysis import claims_page, report
+
+    rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.30, np.array([-0.2]))
+    table = evaluate(study(rows), "CutMix alone lowers minimum MAD", sensitivity=True)  # the sinks-kept repeat too
+    assert all("paired by seed (1 pair)" in t and "do not pair" not in t for t in table["test"])
+    shown = claims_page.visible_claims(table)
+    assert shown["n"].tolist() == ["1 / 1 (1 pair)"] * 2 and shown["effect (A - B)"].tolist() == ["-0.200"] * 2
+    # No interval and no p at one seed: blank cells, on the repeated row too (its p is not a made-up 1).
+    assert (shown[["95% CI (two-sided)", "p (adjusted)"]] == "").all().all() and table["p (Holm)"].isna().all()
+    section = claims_page.claims_section(table)
+    assert "None" not in section and "not enough seeds" in section and "How to read this table" in section
+    assert "no claim can be decided" in section  # the tally says why every row is grey
+    # claims.tex: the table as shown (no note column: no row has one); claims-full.tex: every column.
+    tex = report.write_latex(tmp_path, "claims", shown).read_text()
+    header = tex.split("\\midrule")[0].split("\\toprule")[1]
+    assert [c.strip() for c in header.replace("\\\\", "").split("&")] == [
+        "claim", "setting", "n", "effect (A - B)", "95\\% CI (two-sided)", "p (adjusted)", "verdict"]
+    assert "None" not in tex and tex.count("not enough seeds") == 2
+    report.write_tables(tmp_path, {"claims": table})
+    full = (tmp_path / "claims-full.tex").read_text()
+    assert "reading aid" in full and "p (sign-flip)" in full and (tmp_path / "claims.csv").exists()
+
+
+def test_seeds_that_pair_once_are_said_so_and_a_category_dot_stays_off_the_axis_spine():
+    from matplotlib.figure import Figure
+
+    from analysis import plotting
+
+    c = seedstats.compare([0.1, 0.2], [0, 1], [0.3, 0.4], [0, 2], "less")  # one seed in common: no pairing
+    assert not c.paired and "unpaired (1 seed(s) in common, a paired test needs 2)" in c.test
+    assert "unpaired (seeds do not pair)" in seedstats.compare([0.1, 0.2], [0, 0], [0.3], [0], "less").test
+    ax = Figure().add_subplot()
+    for x in range(2):
+        plotting.points(ax, x, [0.4 + 0.1 * x], "C0", f"group {x}")
+    low, high = ax.get_xlim()
+    assert low <= -0.5 and high >= 1.5  # each category owns the unit around it: no dot on the frame
