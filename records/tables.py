@@ -62,7 +62,7 @@ COMPACT_INTERVAL_S = 600.0  # ...or this long has passed with any waiting
 MAX_COMPACTED = 8  # live compacted files of a table before a compaction merges them into one
 TRIALS_PER_ROW_GROUP = 1024  # compacted trials and summary, sorted by trial id: read_trial reads one row group
 FIXED = {"trials": TRIAL_FIELDS, "epochs": EPOCHS, "measurements": MEASUREMENTS, "summary": SUMMARY_FIELDS}
-UNITS_KEY = b"vitsweep.units"  # a compacted measurements file's footer: its [trial_id, checkpoint_epoch] pairs
+UNITS_KEY = b"vitsweep.units"  # a compacted file's footer: its units, [trial_id] ([trial_id, checkpoint_epoch])
 SETTLED = ("finished", "stopped")  # no launch writes such a trial's files again: compacted while others train
 
 
@@ -287,9 +287,27 @@ def measured(results: str, study: str) -> set[tuple[str, int]]:
     if folder is None:
         return set()
     done = {(u.trial_id, u.checkpoint_epoch) for u in folder.units}
-    for part in folder.live:  # ``compact`` lists them in its footer: no row is read
-        done |= {(t, e) for t, e in json.loads(pq.read_schema(part.path, filesystem=folder.fs).metadata[UNITS_KEY])}
+    for part in folder.live:
+        done |= _held(folder, part)
     return done
+
+
+def _held(folder: _Folder, part: _Compacted) -> set[tuple]:
+    """The units a compacted file holds: (trial_id,), or (trial_id, checkpoint_epoch) for measurements. Its
+    footer lists them (``_listed``): no row is read; a file compacted before footers were written has its keys read."""
+    listed = (pq.read_schema(part.path, filesystem=folder.fs).metadata or {}).get(UNITS_KEY)
+    if listed is not None:
+        return set(map(tuple, json.loads(listed)))
+    keys = _scan(replace(folder, units=(), live=(part,)), _keys(folder.table)).to_pydict()
+    return set(zip(*(keys[k] for k in _keys(folder.table))))
+
+
+def _listed(rows: pa.Table, table: str) -> tuple[pa.Table, set[tuple]]:
+    """(``rows`` with the units they hold listed in their footer, those units)."""
+    keys = _keys(table)
+    held = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
+    held = set(zip(*(held[k] for k in keys)))
+    return rows.replace_schema_metadata({**(rows.schema.metadata or {}), UNITS_KEY: json.dumps(sorted(held))}), held
 
 
 def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None:
@@ -374,18 +392,15 @@ def _compact(results: str, study: str, folder: _Folder, units: tuple[_Unit, ...]
     if units:
         generation = 1 + max((c.hi for c in (*folder.live, *folder.stale)), default=0)
         # A unit compacted already (a retried trial), or too many files: merge them all, so live compacted
-        # files never share a unit and stay few.
-        merge = len(folder.live) >= MAX_COMPACTED or (bool(folder.live) and _scan(
-            replace(folder, units=()), _keys(table), where=_of_units(units, table)).num_rows > 0)
+        # files never share a unit and stay few. The live files' footers say which units they hold.
+        mine = {(u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] for u in units}
+        merge = len(folder.live) >= MAX_COMPACTED or any(mine & _held(folder, part) for part in folder.live)
         rows = _scan(replace(folder, units=units, live=folder.live if merge else ()))
         options = {}
         if table in ("trials", "summary"):  # sorted, in small row groups: read_trial reads one
             rows, options = rows.sort_by("trial_id"), {"row_group_size": TRIALS_PER_ROW_GROUP}
         if rows.num_rows:
-            held = rows.select(_keys(table)).group_by(_keys(table)).aggregate([]).to_pydict()
-            held = set(zip(*held.values())) if table == "measurements" else {(t,) for t in held["trial_id"]}
-            if table == "measurements":  # the checkpoints it holds, in its footer: ``measured`` reads no row
-                rows = rows.replace_schema_metadata({UNITS_KEY: json.dumps(sorted(held))})
+            rows, held = _listed(rows, table)  # ``measured`` and the next compaction read no row
             lo = min((c.lo for c in folder.live), default=generation) if merge else generation
             _write(rows, results, study, table, _compacted_file(lo, generation), **options)
             # A unit file with no rows stays: its name is the record that it ran (``measured``).
@@ -413,7 +428,7 @@ def retain(results: str, study: str, table: str, trial_ids: set[str]) -> None:
         if kept.num_rows == rows.num_rows:
             continue
         if kept.num_rows:
-            _write(kept, results, study, table, part.path.rsplit("/", 1)[1].removesuffix(".parquet"),
+            _write(_listed(kept, table)[0], results, study, table, part.path.rsplit("/", 1)[1].removesuffix(".parquet"),
                    row_group_size=TRIALS_PER_ROW_GROUP)
         else:
             folder.fs.delete_file(part.path)
