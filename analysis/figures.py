@@ -42,11 +42,12 @@ FIGURES: tuple[tuple[str, str, Callable[[StudyData], list[Plot]]], ...] = (
 )
 
 # What a figure needs beyond its trials' measured checkpoints (``vitsweep analyze``), where a study may
-# lack it: (the table it reads, what produces the rest). The report's note names it where the figure is
-# omitted; ``{where}`` is the study and its results folder.
+# lack it: (the table it reads, what produces the rest; "" for that table alone). The report's note
+# names it where the figure is omitted (``report._to_fill``).
 NEEDS: dict[str, tuple[str, str]] = {
     "Clean accuracy and fragility per model": (
-        "measurements", "It compares two or more PEs: Study P trains five (`vitsweep sweep study_p`)."),
+        "measurements", "It compares two or more PEs: Study P trains four, with and without RPT "
+                        "(`vitsweep sweep study_p`)."),
     "PE scaling: dSSDC and FS vs alpha": (
         "measurements", "Only trials with an additive PE (ape, sincos2d) are measured at PE scales: Study P trains "
                         "them (`vitsweep sweep study_p`)."),
@@ -55,5 +56,5 @@ NEEDS: dict[str, tuple[str, str]] = {
                         "trains rope2d (`vitsweep sweep study_p`)."),
     "Minimum MAD and accuracy per protocol": (
         "measurements", "It compares two or more protocols: Study L trains eight (`vitsweep sweep study_l`)."),
-    "Training curves (accuracy per epoch)": ("epochs", "Training writes the epochs table: `vitsweep sweep {where}`."),
+    "Training curves (accuracy per epoch)": ("epochs", ""),
 }

@@ -21,6 +21,7 @@ import argparse
 import logging
 import math
 import os
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -85,7 +86,7 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     claims = evaluate_claims(data)
     tables = write_tables(out, {"claims": claims, "conditions": conditions_numbers(data),
                                 "ablation": ablation_numbers(data)})
-    tables.append(write_latex(out, "claims", visible_claims(claims)))
+    tables.append(write_claims_latex(out, claims))
     index = out / "index.html"
     index.write_text(page.render(data, results, claims, body), encoding="utf-8")
     if experiment_id is not None:
@@ -120,35 +121,38 @@ def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
 
 
 # The claims as shown: the long text columns wrap at these widths, so the table fits a page.
-_WRAP = {"claim": "p{4.5cm}", "setting": "p{3.2cm}", "verdict": "p{3cm}", NOTE: "p{4cm}"}
+CLAIMS_WRAP = {"claim": "p{4.5cm}", "setting": "p{3.2cm}", "verdict": "p{3cm}", NOTE: "p{4cm}"}
 
 
-def write_latex(out: Path, name: str, table: pd.DataFrame) -> Path:
-    """``<name>.tex``: a booktabs tabular (``DataFrame.to_latex``, 3 significant digits, text escaped); the
-    claims as shown (``visible_claims``) wrap their text columns and keep the note column only where a
-    row has one."""
-    if name == "claims":
-        table = table.drop(columns=[NOTE] if not table[NOTE].astype(bool).any() else [])
-        columns = "".join(_WRAP.get(c, "r") for c in table.columns)
-    else:
-        columns = None
+def write_latex(out: Path, name: str, table: pd.DataFrame, wrap: dict[str, str] | None = None) -> Path:
+    """``<name>.tex``: a booktabs tabular (``DataFrame.to_latex``, 3 significant digits, text escaped);
+    ``wrap``: the columns that wrap, at their LaTeX widths (``p{4cm}``), the others right-aligned."""
+    columns = "".join(wrap.get(c, "r") for c in table.columns) if wrap else None
     path = out / f"{name}.tex"
     path.write_text(table.to_latex(index=False, na_rep="", float_format="%.3g", escape=True, column_format=columns),
                     encoding="utf-8")
     return path
 
 
+def write_claims_latex(out: Path, claims: pd.DataFrame) -> Path:
+    """``claims.tex``: the claims table as the page shows it (``visible_claims``), its note column only
+    where a row has a note."""
+    shown = visible_claims(claims)
+    shown = shown if shown[NOTE].astype(bool).any() else shown.drop(columns=NOTE)
+    return write_latex(out, "claims", shown, wrap=CLAIMS_WRAP)
+
+
 def _to_fill(data: StudyData, results: str, title: str, needs: dict[str, tuple[str, str]]) -> str:
     """The command that produces an omitted figure's data: the training where there are no trials (or,
     for a figure of the epochs table, no epochs), the analysis where nothing is measured, else what the
     figure needs that this study does not have (``figures.NEEDS``)."""
-    where = f"{data.study} --results {results}"
+    where = f"{shlex.quote(data.study)} --results {shlex.quote(str(results))}"
     table, need = needs.get(title, ("measurements", ""))
-    if data.raw_trials.empty or getattr(data, table).empty and table == "epochs":
+    if data.raw_trials.empty or (table == "epochs" and data.epochs.empty):
         return f"`vitsweep sweep {where}` trains the study, then `vitsweep analyze {where}` measures it."
     if data.measurements.empty or not need:
         return f"`vitsweep analyze {where}` measures the trials' checkpoints."
-    return need.format(where=where)
+    return need
 
 
 def _experiment(uri: str | None, study: str) -> str | None:

@@ -162,14 +162,16 @@ def test_an_all_sink_trial_is_counted_and_the_sensitivity_row_keeps_sinks_outsid
     assert kept["p (Holm)"] == pytest.approx(kept["p (raw)"])
 
 
-def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_in_place():
-    from analysis import claims_page
+def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_in_place(tmp_path):
+    from analysis import claims_page, report
 
     rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.40, diffs(-0.2, 0.01))
     table = evaluate(study(rows), "CutMix alone lowers minimum MAD")
     cell = claims_page.claims_section(table).split("<td class='v-supported'>", 1)[1].split("</td>", 1)[0]
     assert cell.startswith("supported<br><small class='aid'>precondition not met: local heads: baseline&#x27;s "
-                           "minimum MAD 0.406, needs &lt;= 0.368")
+                           "minimum MAD 0.406, needs &lt;= 0.368, 0.038 too high")
+    tex = report.write_claims_latex(tmp_path, table).read_text()  # the mark in claims.tex too, in its own column
+    assert "& note \\\\" in tex and "needs <= 0.368, 0.038 too high" in tex
 
 
 # -- the smaller items: the PE-scaling link across alpha, the clean-accuracy ordering -------------------
@@ -244,7 +246,7 @@ def test_one_seed_reads_as_one_pair_with_blank_interval_cells_and_claims_tex_has
     assert "None" not in section and "not enough seeds" in section and "How to read this table" in section
     assert "no claim can be decided" in section  # the tally says why every row is grey
     # claims.tex: the table as shown (no note column: no row has one); claims-full.tex: every column.
-    tex = report.write_latex(tmp_path, "claims", shown).read_text()
+    tex = report.write_claims_latex(tmp_path, table).read_text()
     header = tex.split("\\midrule")[0].split("\\toprule")[1]
     assert [c.strip() for c in header.replace("\\\\", "").split("&")] == [
         "claim", "setting", "n", "effect (A - B)", "95\\% CI (two-sided)", "p (adjusted)", "verdict"]
