@@ -6,7 +6,7 @@ unless it asks for more (``--cpus-per-task`` or ``SRUN_CPUS_PER_TASK``: since Sl
 not inherit the job's), ``hostname -I`` lists a docker bridge first, ``curl`` goes through the
 site's ``http_proxy`` unless ``no_proxy`` names the host, and ``ray start --block`` blocks. A head
 that never answers, one that dies, and nodes that never join must end the job within seconds, in
-one line naming the log to read. About 10 s of wall time, mostly the scripts' 2 s polls.
+one line naming the log to read. About 12 s of wall time, mostly the script's 1 s polls and the bounds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = Path(os.environ.get("VITSWEEP_SLURM_SCRIPT", REPO / "cluster" / "slurm.sbatch"))  # another version
+# VITSWEEP_SLURM_SCRIPT: these tests against another version (`git show HEAD~3:cluster/slurm.sbatch > f`).
+SCRIPT = Path(os.environ.get("VITSWEEP_SLURM_SCRIPT", REPO / "cluster" / "slurm.sbatch"))
 NODES = ("gpu-01", "gpu-02", "gpu-03")
 JOB = 4242
 PROXY = "http://proxy.site.invalid:3128"
