@@ -1,7 +1,7 @@
 """Packed trials on a real local Ray (a launcher process of its own, so the fault wrappers of
 tests/trialfaults/ reach its workers): two packs of two, each one Tune trial, each member still its own
 trial's records, a member that diverges is closed at once and never rejoins, a killed worker's retry
-finishes the others once."""
+finishes the others once; the node's workers share one decoded copy of the data set."""
 
 import os
 from pathlib import Path
@@ -55,6 +55,8 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
     finally:
         kill_ray_under(ray_tmp)
     assert "(1 failed, 3 finished)" in out
+    # The packs' workers (and the killed one's retry) read one decoded copy of the data set on the node.
+    assert len(list(Path(ray_tmp).glob("session_*/vitsweep/shapes-*/train_images.npy"))) == 1
     assert marker.exists()  # the worker was killed (after the diverged member was closed) and retried
 
     trials = tables.read_table(str(results), "demo", "trials").to_pandas().set_index("trial_id")  # paths rooted
