@@ -157,7 +157,8 @@ def _how_to_read() -> str:
         "severity grid. <i>setting</i> says which.",
         "<b>Trials that did not learn</b> (within 2 points of chance accuracy) are counted in the details "
         "(<i>did not learn A / B</i>) and left out of the verdict; the <i>(all trials)</i> columns repeat the "
-        "claim with them kept, and a verdict that changes with them is marked under the verdict.",
+        "claim with them kept, <i>survivors vs all</i> says whether the two verdicts agree, and one that "
+        "changes is marked under the verdict.",
         "<b>The paper's numbers</b> (<i>paper A / B</i>, details) stand beside a row only where this data set's "
         "setting matches the paper's (Study P: ImageNet-100 or 224 px; Study L: CIFAR-100).",
     ]
