@@ -93,7 +93,7 @@ def trials_html(data: StudyData, links: dict[str, str], ui: str | None = None) -
                "split (the default), a subset's accuracy when the analysis was capped (--eval-size). A tuning trial "
                "(scored on the holdout, the hparam study) shows neither: its score is its <i>holdout acc</i>, and "
                "no number from the test split is shown for it, so none can be selected on."
-               + (" <i>MLflow run</i>: the trial's run in MLflow's UI, its training curves first" if links else "")
+               + (" <i>MLflow run</i>: the trial's run in MLflow's UI, its headline numbers first" if links else "")
                + (f"; for this local store start the UI first: <code>{_e(ui)}</code>" if links and ui else "")
                + ("." if links else "") + "</p>")
     return caption + table.to_html(index=False, border=0, na_rep="—", escape=False,

@@ -477,7 +477,7 @@ def experiment_url(uri: str, experiment_id: str) -> str:
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    """One run's page in the training layout (its training curves first among its charts)."""
+    """One run's page in the training layout (its headline numbers, then its training curves, first)."""
     return f"{ui_base(uri)}/{run_path(experiment_id, run_id)}"
 
 
