@@ -1,4 +1,5 @@
-"""The pilot study's shape: grid, counts, conditions and recipe (nothing measured; docs/pilot/ holds the numbers)."""
+"""The pilot study's shape: grid, counts, conditions and recipe (nothing measured; docs/pilot/ holds the numbers).
+~3 s: dry runs only."""
 
 import re
 from pathlib import Path
@@ -40,11 +41,14 @@ def test_pilot_is_a_registered_study():
     assert "pilot" in sweeps.STUDIES
 
 
-def test_pilot_plans_five_seeds_of_baseline_and_cutmix_on_the_whole_training_split(root):
+def test_pilot_plans_five_seeds_of_baseline_and_cutmix_on_every_batch_on_the_whole_training_split(root):
     configs = dry("pilot", "--data-root", str(root))
     assert len(configs) == 10 == len({c.trial_id for c in configs})
     cells = {(c.model.pe, c.rpt, c.protocol.name) for c in configs}
     assert cells == {("ape", False, "baseline"), ("ape", False, "cutmix")}  # Study P's models left the pilot
+    # CutMix mixes every batch of its arm (an amplifier of Study L's mechanism; Lee's recipe mixes half).
+    assert {c.cutmix_prob for c in configs if c.cutmix} == {1.0} and LEE_RECIPE["cutmix_prob"] == 0.5
+    assert [c.cutmix for c in configs].count(True) == 5
     for cell in cells:  # >= 3 seeds of >= 2 protocols; 5: the fewest at which a directional claim can decide
         assert sorted(c.seed for c in configs if (c.model.pe, c.rpt, c.protocol.name) == cell) == [0, 1, 2, 3, 4]
     assert {c.max_train_images for c in configs} == {0}  # the whole training split, no cap
@@ -58,8 +62,7 @@ def test_pilot_one_recipe_lees_for_every_condition(root):
     configs = dry("pilot", "--data-root", str(root))
     for c in configs:
         assert c.study == "pilot" and c.dataset == "folder" and c.data_root == str(root)
-        assert (c.decay_exempt, c.crop_padding, c.cutmix_prob) == (
-            LEE_RECIPE["decay_exempt"], LEE_RECIPE["crop_padding"], LEE_RECIPE["cutmix_prob"])
+        assert (c.decay_exempt, c.crop_padding) == (LEE_RECIPE["decay_exempt"], LEE_RECIPE["crop_padding"])
         assert (c.optimizer, c.lr, c.weight_decay, c.batch_size, c.schedule) == ("adamw", 1e-3, 0.05, 128, "cosine")
         assert c.epochs == pilot.EPOCHS and 1 == c.warmup_epochs < c.epochs
         m = c.model
@@ -69,9 +72,16 @@ def test_pilot_one_recipe_lees_for_every_condition(root):
         assert (m.num_classes, m.img_size, m.patch_size) == (10, 32, 4)
 
 
-def test_pilot_measures_every_snapshot_on_a_capped_test_subset():
-    assert pilot.CHECKPOINTS == "all"
-    assert isinstance(pilot.EVAL_SIZE, int) and pilot.EVAL_SIZE > 0
+def test_pilot_measures_every_snapshot_on_the_same_thousand_test_images():
+    from sweeps.study import of
+    from trainables.train import snapshot_epochs
+
+    study = of("pilot")  # the hooks as the launcher reads them
+    assert (study.checkpoints, study.eval_size) == ("all", 1000) == ("all", pilot.EPOCH_EVAL_IMAGES)
+    epochs = snapshot_epochs(pilot.EPOCHS)  # epoch 0, about halfway, the last (and the log-spaced ones between)
+    assert epochs[0] == 0 and epochs[-1] == pilot.EPOCHS and any(abs(e - pilot.EPOCHS / 2) <= 1 for e in epochs)
+    assert 8 <= pilot.EPOCHS <= 12  # the issue's range; the docstring's sizing says which one fits
+    assert re.search(rf"EPOCHS`` = {pilot.EPOCHS}\b", pilot.__doc__)
 
 
 def test_pilot_user_overrides_still_win(root):
