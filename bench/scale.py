@@ -1,16 +1,19 @@
 """What reading a study's results costs as it grows: CPU seconds and peak memory of ``vitsweep status``,
-``StudyData.load``, ``vitsweep report`` and a resumed launch's bookkeeping, at N trials.
+``StudyData.load``, ``vitsweep report``, ``vitsweep compare``, a resumed launch's bookkeeping and the analysis'
+bookkeeping per checkpoint, at N trials.
 
     python bench/scale.py --n 100 1000 --label after                       # this checkout
     git worktree add /tmp/vitsweep-before <commit>
     python bench/scale.py --n 100 1000 --label before --code /tmp/vitsweep-before
+    python bench/scale.py --n 10000 --commands report --label before --code /tmp/vitsweep-before   # one command
 
 The N-trial results are built once per N with the project's own writers (``records.tables``) in
 ``--folder`` (outside the work tree; reused by every later run, before and after): the factorial's
 conditions (3 data sets x 56 conditions) cycled over seeds, each trial with its trials, epochs (8) and
 summary row and 5 measured checkpoints of the demo model's rows (2 layers x 4 heads: 235 rows each).
-No MLflow runs are made: none of the commands measured here reads one (the report's links come from
-the trials rows).
+Its N MLflow runs (``mlflow.db``, SQLite) are one trial's run made by the project's own calls (params, tags,
+8 epochs' metrics, 5 checkpoints' scalars and per-layer curves), copied N times in the store's SQL (the
+client takes about an hour at 10,000), each under its trials row's ``mlflow_run_id``.
 
 Each command runs in a child process of the code under ``--code`` (its imports included: what a user
 waits for), measured by ``os.wait4``: user + system CPU seconds and peak RSS. Two states of the folder,
@@ -20,6 +23,11 @@ each prepared by the code under test from a copy of the built one:
   where it has one; before it, one file per writer unit);
 - ``killed``: as a launch killed mid-sweep leaves it: the last min(500, N/2) trials uncompacted (the
   launch's compaction interval), half of them still ``running`` and none of them measured.
+
+``bookkeeping per checkpoint`` is the analysis' work per checkpoint outside the metric computation, without a
+figure (``analysis.job.Measurer.measure``: ``trial_record.record_checkpoint`` on the trial's run found by id,
+then ``tables.write_measurements``): CPU seconds per checkpoint over 20 checkpoints of 20 trials (a new
+epoch, after one to warm up), measured in the compacted state only, on a copy of the store.
 
 It prints one table with every label measured so far in ``--folder`` (``results.json``), the CPU
 ratio to N = 100 beside each. Timings on a loaded machine vary; compare labels measured on one machine.
@@ -49,12 +57,35 @@ TAIL = 500  # trials a killed launch leaves uncompacted: tables.COMPACT_EVERY of
 COMMANDS = {  # name -> the child's code (R: the results folder, S: the study)
     "status": "from sweeps.cli import main; main(['status', S, '--results', R])",
     "StudyData.load": "from analysis.study_data import StudyData; StudyData.load(R, S)",
-    # What a resumed launch reads before and after its trials (sweeps/run.py: open_launch, _resume_line).
+    # What a resumed launch reads before and after its trials (sweeps/run.py: open_launch, _resume_line, unfinished).
     "resume bookkeeping": "from trainables.lifecycle import finished_trials; from records import tables; "
-                          "finished_trials(R, S); tables.read_table(R, S, 'trials')",
+                          "finished_trials(R, S); tables.read_table(R, S, 'trials', ['trial_id']); "
+                          "tables.read_table(R, S, 'trials', ['trial_id', 'status'])",
     "report": "import tempfile; from sweeps.cli import main; main(['report', S, '--results', R, '--out', "
               "tempfile.mkdtemp()])",
+    "compare": "import tempfile; from sweeps.cli import main; main(['compare', R, R, S, '--out', tempfile.mkdtemp()])",
+    "bookkeeping per checkpoint": """
+import json, time
+from analysis.trial_record import record_checkpoint
+from records import tables, tracking
+uri = f"sqlite:///{R}/mlflow.db"
+experiment = tracking.ensure_experiment(uri, S)
+rows = [{**r, "value": 0.5, "n_images": 10000} for r in json.loads(ROWS)]
+trials = tables.read_table(R, S, "trials", ["trial_id", "mlflow_run_id"]).to_pylist()[-21:]
+
+def checkpoint(trial):  # as analysis.job.Measurer.measure after evaluate_checkpoint, at a new epoch
+    record_checkpoint(uri, experiment, trial["trial_id"], trial["mlflow_run_id"], 10, rows, 8, figure=False,
+                      table="measurements")
+    tables.write_measurements(R, S, trial["trial_id"], 10, rows)
+
+checkpoint(trials[0])  # the imports' and the store's first use
+start = time.process_time()
+for trial in trials[1:]:
+    checkpoint(trial)
+print((time.process_time() - start) / len(trials[1:]))
+""",
 }
+PER_CHECKPOINT = "bookkeeping per checkpoint"  # its CPU seconds: per checkpoint, as the child prints them; compacted only
 QUICK = ("status", "resume bookkeeping")  # --quick: the commands whose imports take no second
 PREPARE = """
 from records import tables
@@ -146,19 +177,72 @@ def build(results: Path, n: int) -> None:
     (results / "built").write_text(f"{n}\n")
 
 
-def _child(code: Path, program: str, results: Path) -> tuple[float, float]:
-    """(user + system CPU seconds, peak RSS in MB) of ``program`` run by the code under ``code``."""
-    preamble = f"R, S = {str(results)!r}, {STUDY!r}\n"
+def build_runs(results: Path, n: int) -> None:
+    """The N trials' MLflow runs in ``results/mlflow.db``: one made by the project's own calls, then copied
+    in SQL under each trials row's ``mlflow_run_id`` (``build``'s), named and tagged by its trial."""
+    import sqlite3
+
+    from analysis.trial_record import log_checkpoint
+    from records import tracking
+
+    uri = f"sqlite:///{results}/mlflow.db"
+    configs = _configs(n)
+    experiment = tracking.ensure_experiment(uri, STUDY)
+    flat = configs[0].to_flat()
+    template = tracking.start_trial_run(uri, experiment, "template", params=flat, tags=tracking.trial_tags(flat))
+    for e in range(1, EPOCHS + 1):
+        tracking.log_epoch_metrics(uri, template, {"train_loss": 2.0 / e, "train_acc": 0.1 * e, "eval_loss": 2.1 / e,
+                                                   "eval_acc": 0.1 * e, "lr": 1e-3, "images_per_s": 5000.0}, e)
+    rows = [{**r, "value": 0.5, "n_images": 10000} for r in _measurement_rows()]
+    for epoch in CHECKPOINTS:
+        log_checkpoint(uri, template, "template", epoch, rows, 8, figure=False)
+    with sqlite3.connect(results / "mlflow.db") as db:
+        db.execute("CREATE TEMP TABLE trial (run_uuid TEXT, trial_id TEXT)")
+        db.executemany("INSERT INTO trial VALUES (?, ?)", [(f"{i:032x}", c.trial_id) for i, c in enumerate(configs)])
+        named = f"CASE WHEN t.key IN ('{tracking.TRIAL_ID_TAG}', 'mlflow.runName') THEN trial.trial_id ELSE t.value END"
+        for table in ("runs", "tags", "params", "metrics", "latest_metrics"):
+            columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            values = {"run_uuid": "trial.run_uuid", "name": "trial.trial_id",
+                      "artifact_uri": f"replace(t.artifact_uri, '{template}', trial.run_uuid)",
+                      "value": named if table == "tags" else "t.value"}
+            db.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT "
+                       f"{', '.join(values.get(c, f't.{c}') for c in columns)} FROM {table} t, trial "
+                       f"WHERE t.run_uuid = ?", (template,))
+            db.execute(f"DELETE FROM {table} WHERE run_uuid = ?", (template,))
+    (results / "runs-built").write_text(f"{n}\n")
+
+
+# The child's own peak RSS, as it exits: its VmHWM (a child's ru_maxrss starts at this process's RSS, which it
+# inherits through fork and exec).
+PEAK = """
+import atexit
+def _peak():
+    with open("/proc/self/status") as status, open({path!r}, "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(_peak)
+"""
+
+
+def _child(code: Path, program: str, results: Path) -> tuple[float, float, str]:
+    """(user + system CPU seconds, peak RSS in MB, the last line it printed) of ``program`` run by the code
+    under ``code``."""
+    peak = Path(tempfile.mkdtemp()) / "peak"
+    preamble = (f"R, S, ROWS = {str(results)!r}, {STUDY!r}, {json.dumps(_measurement_rows())!r}\n"
+                + PEAK.format(path=str(peak)))
     env = {**os.environ, "PYTHONPATH": str(code), "MPLBACKEND": "Agg"}
-    with tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         child = subprocess.Popen([sys.executable, "-c", preamble + program], cwd=code, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=err)
+                                 stdout=out, stderr=err)
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         if child.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"{program!r} failed ({child.returncode}):\n{err.read().decode()[-3000:]}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+        out.seek(0)
+        printed = out.read().decode().strip().splitlines()
+    rss = int(peak.read_text()) / 1024  # kB
+    shutil.rmtree(peak.parent)
+    return usage.ru_utime + usage.ru_stime, rss, printed[-1] if printed else ""
 
 
 def prepare(code: Path, pristine: Path, state: str, n: int) -> Path:
@@ -168,7 +252,9 @@ def prepare(code: Path, pristine: Path, state: str, n: int) -> Path:
 
     folder = pristine.parent / f"{pristine.name}-{state}"
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(pristine, folder, copy_function=os.link)
+    shutil.copytree(pristine, folder, copy_function=os.link, ignore=shutil.ignore_patterns("mlflow.db"))
+    if state == "compacted" and (pristine / "mlflow.db").exists():  # written in place (the checkpoint bookkeeping): a copy, not a link
+        shutil.copyfile(pristine / "mlflow.db", folder / "mlflow.db")
     tail = [c.trial_id for c in _configs(n)][-min(TAIL, n // 2):] if state == "killed" else []
     for tid in tail:  # not measured yet; the "running" half is written so by the code under test
         for epoch in CHECKPOINTS:
@@ -209,6 +295,8 @@ def main() -> None:
     parser.add_argument("--code", default=str(ROOT), help="the checkout whose code is measured (default: this one)")
     parser.add_argument("--label", default="after", help="the name of this code's columns in the table")
     parser.add_argument("--quick", action="store_true", help=f"only {' and '.join(QUICK)} (a test of the bench)")
+    parser.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=list(COMMANDS),
+                        help="the commands measured (default: all)")
     args = parser.parse_args()
     folder, code = Path(args.folder), Path(args.code).resolve()
     book = folder / "results.json"
@@ -219,12 +307,21 @@ def main() -> None:
             shutil.rmtree(pristine, ignore_errors=True)
             print(f"building {n} trials in {pristine} ...", file=sys.stderr, flush=True)
             build(pristine, n)
+        commands = [c for c in args.commands if not args.quick or c in QUICK]
+        if PER_CHECKPOINT in commands and not (pristine / "runs-built").exists():
+            print(f"building {n} MLflow runs in {pristine} ...", file=sys.stderr, flush=True)
+            (pristine / "mlflow.db").unlink(missing_ok=True)
+            build_runs(pristine, n)
         for state in ("compacted", "killed"):
+            if all(c == PER_CHECKPOINT for c in commands) and state != "compacted":
+                continue
             results = prepare(code, pristine, state, n)
-            for command, program in COMMANDS.items():
-                if args.quick and command not in QUICK:
+            for command in commands:
+                if command == PER_CHECKPOINT and state != "compacted":
                     continue
-                measured[f"{args.label}|{n}|{state}|{command}"] = _child(code, program, results)
+                cpu, rss, printed = _child(code, COMMANDS[command], results)
+                measured[f"{args.label}|{n}|{state}|{command}"] = (float(printed) if command == PER_CHECKPOINT
+                                                                    else cpu, rss)
                 print(f"{args.label} N={n} {state} {command}: {measured[f'{args.label}|{n}|{state}|{command}']}",
                       file=sys.stderr, flush=True)
             shutil.rmtree(results)

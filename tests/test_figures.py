@@ -21,6 +21,7 @@ from test_report import LAYERS, N_IMAGES, write_study
 
 from analysis import canvas, figures, labels, page, seedstats
 from analysis import plotting as pl
+from analysis.conditions import TRIAL_KEYS
 from analysis.study_data import StudyData
 from analysis.uniform_attention import uniform_mad
 from records import vocab
@@ -236,3 +237,28 @@ def test_minimum_mad_leaves_cls_sink_heads_out_and_counts_them(tmp_path):
                             3) for ln in lines}
             assert levels == {0.418}, plot.title
             assert pl.UNIFORM_TEXT in plot.caption
+
+
+def test_the_measurements_are_held_lean_and_select_gives_the_stored_rows_with_their_factors(tmp_path):
+    """At 10,000 trials the measurements are 11.75 million rows (#41): held categorical, without the factor
+    columns, and every selection is the stored rows joined to their trial's factors, as a plain merge gives them."""
+    results = str(tmp_path)
+    write_study(results, "lean", seeds=2, protocols=["baseline", "cutmix"], models=MODELS, checkpoints=(0, 4))
+    data = StudyData.load(results, "lean")
+    m = data.measurements
+    assert all(isinstance(m[c].dtype, pd.CategoricalDtype) for c in m.columns if c != "value")
+    assert not set(TRIAL_KEYS[1:]) & set(m.columns)
+    plain = pd.read_parquet(tmp_path / "lean" / "measurements").drop(columns="study").merge(
+        data.trials[list(TRIAL_KEYS)], on="trial_id")
+    plain[["level", "layer", "head_index"]] = plain[["level", "layer", "head_index"]].astype(float)
+    order = ["trial_id", "checkpoint_epoch", "intervention", "metric", "level", "layer", "head_index"]
+    for (intervention, metric), kw in ((("clean", "mad"), {"per_layer": True, "per_head": True}),
+                                       (("jpeg", "fs"), {"level": float(vocab.JPEG_HEADLINE)}),
+                                       (("clean", "acc"), {"final": False})):
+        want = plain[(plain["intervention"] == intervention) & (plain["metric"] == metric)]
+        want = want if kw.get("final", True) is False else want[want["checkpoint_epoch"] == 4]
+        if "level" in kw:
+            want = want[want["level"] == kw["level"]]
+        got = data.select(intervention, metric, **kw)
+        assert len(got) and list(got.columns) == list(want.columns)
+        pd.testing.assert_frame_equal(got.sort_values(order, ignore_index=True), want.sort_values(order, ignore_index=True))

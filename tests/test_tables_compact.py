@@ -4,12 +4,14 @@ that sees each unit once, whether a trial was retried after compaction or a comp
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from records import tables
@@ -48,6 +50,14 @@ def test_compaction_folds_the_units_and_every_read_sees_each_row_once(tmp_path):
     for table in ("trials", "epochs", "measurements"):
         assert _files(tmp_path, table) == ["compacted-000001-000001.parquet"]
         assert sorted(map(str, _rows(results, table))) == before[table]
+        # Its footer lists the units it holds: the next compaction and ``measured`` read no row.
+        footer = pq.read_schema(tmp_path / STUDY / table / "compacted-000001-000001.parquet").metadata
+        units = [[f"shapes-{i}", *([e] if table == "measurements" else [])] for i in range(4)
+                 for e in ((0, 2) if table == "measurements" else (None,))]
+        assert sorted(json.loads(footer[tables.UNITS_KEY])) == units
+    # Batch by batch (strings dictionary-encoded), the same rows.
+    batches = pa.Table.from_batches(tables.read_batches(results, STUDY, "measurements"))
+    assert sorted(map(str, batches.to_pylist())) == before["measurements"]
     # The compacted rows are stored as the units were: paths relative to the results root, rooted on read.
     stored = pq.read_table(tmp_path / STUDY / "trials" / "compacted-000001-000001.parquet").to_pylist()
     assert {r["snapshot_dir"] for r in stored} == {f"storage/{STUDY}/snapshots/shapes-{i}" for i in range(4)}
