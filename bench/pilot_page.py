@@ -51,6 +51,7 @@ SECTIONS = ("L", "T")  # Study L's figures and the training-time ones; Study P l
 KEPT = "tables"  # the kept tables' folder beside the page
 RUN = "run.json"
 CLAIM_CODE = ("analysis/claims.py", "analysis/claim_tests.py")  # where the claims and their tests are registered
+LIMIT = 1_000_000  # bytes: the page, its figures and the kept tables together
 MAX_SEEDS = 200  # the most seeds a "what it would take" line names; beyond: "more than"
 
 # What `cifar10-jpeg` is (../shared/data/README.md); any other folder is named as it is.
@@ -183,7 +184,7 @@ def direction(row: dict) -> str:
     if effect == 0:
         said = f"{head} equalled {_whose(row['B'], metric, False)}"
     else:
-        said = f"{head} ran {abs(effect):.3f} {'ABOVE' if effect > 0 else 'BELOW'} {_whose(row['B'], metric, False)}"
+        said = f"{head} ran {fmt(abs(effect))} {'ABOVE' if effect > 0 else 'BELOW'} {_whose(row['B'], metric, False)}"
     said = said[0].upper() + said[1:]
     if claim.alternative == "two-sided":
         return f"{said} (a claim of no effect: within ±{claim.margin:g})"
@@ -296,6 +297,12 @@ def result_section(data: StudyData) -> str:
                     if k else f"more than {MAX_SEEDS} paired seeds at this spread would be needed to detect an effect "
                     f"of {margin:g} (the claim's margin)")
             lines.append(f"- {r['claim']}: {r['verdict']}. {direction(r)}; {excludes(r)}; {need}.")
+    unmet = sorted({r["precondition"] for r in records if r["reading aid"]})
+    if unmet:
+        lines += ["", f"Beside the verdicts, {'; '.join(unmet)}: the baseline's heads have not left uniform "
+                      f"attention by the {MAD_BELOW_UNIFORM} the minimum-MAD claims presuppose. Study L made its "
+                      "claims at its own scale: a 2.4M-parameter ViT trained 100 epochs on CIFAR-100 (`vitsweep sweep "
+                      "study_l`, a GPU run)."]
     return "\n".join(lines)
 
 
@@ -518,7 +525,9 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(args.out)
     kept = keep_tables(args.results, out) if args.results else out / KEPT
     page = write_page(kept, out)
-    print(page)
+    size = sum(f.stat().st_size for f in [page, *out.glob("*.png"), *kept.iterdir()])
+    print(f"{page}: page, figures and kept tables {size / 1e6:.2f} MB"
+          + ("" if size < LIMIT else f", over the {LIMIT / 1e6:.0f} MB they should stay under (issue #44)"))
     return page
 
 

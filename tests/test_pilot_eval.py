@@ -1,4 +1,4 @@
-"""What pilot II's scale rests on: each epoch scored on a fixed stratified subset of the test split and
+"""What the pilot's scale rests on: each epoch scored on a fixed stratified subset of the test split and
 the last on the whole split (the epochs table says on how many), and one analysis actor per core."""
 
 import pyarrow.parquet as pq
