@@ -54,8 +54,9 @@ case "$1 $2" in
     printf 'Pending:\n (no pending nodes)\nRecent failures:\n (no failures)\n';;
 *) exit 2;;
 esac''',
-    "mlflow": 'for a in "$@"; do case "$p" in --host) h=$a;; --port) o=$a;; esac; p=$a; done\n'
-              'echo "$h:$o" > "$STATE/mlflow"; exec sleep 120',
+    # MLflow 3 answers the Host headers of localhost and private addresses, else only those it is told.
+    "mlflow": 'for a in "$@"; do case "$p" in --host) h=$a;; --port) o=$a;; --allowed-hosts) ok=$a;; esac; p=$a; done\n'
+              'echo "$h:$o" > "$STATE/mlflow"; echo "${ok:-}" > "$STATE/mlflow-hosts"; exec sleep 120',
     "curl": r'''
 url=${!#}; hostport=${url#http://}; hostport=${hostport%%/*}; host=${hostport%:*}
 if [ -n "${http_proxy:-}" ] && ! [[ ",${no_proxy:-}," == *",$host,"* ]]; then exit 5; fi  # the proxy knows no such host
@@ -152,6 +153,7 @@ def test_each_ray_node_holds_the_cpus_it_advertises_joins_the_head_by_its_cluste
     assert opened and all(port <= p < port + 500 for p in opened)
     mlflow_at = (state / "mlflow").read_text().strip()
     assert mlflow_at.startswith("10.0.0.1:") and port <= int(mlflow_at.split(":")[1]) < port + 500
+    assert {mlflow_at, "localhost:*"} <= set((state / "mlflow-hosts").read_text().strip().split(","))  # + a tunnel
     no_proxy, sweep = (state / "sweep").read_text().splitlines()
     assert "10.0.0.1" in no_proxy.split(",")
     argv = shlex.split(sweep)
