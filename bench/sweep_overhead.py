@@ -71,8 +71,9 @@ def main() -> None:
     parser.add_argument("--split", action="store_true", help="a pack's fixed cost by stage, --before against now")
     parser.add_argument("--before", default="HEAD", help="--split: the git revision to compare with")
     parser.add_argument("--reps", type=int, default=1, help="--split: runs of each side, in turn")
-    parser.add_argument("--packs", type=int, default=2, help="--split: Train runs per child (the first is the node's first)")
-    parser.add_argument("--compile", action="store_true", help="--split: add the compiled first step, cold and warm cache")
+    parser.add_argument("--packs", type=int, default=2,
+                        help="--split: Train runs per child (the node's first, then later ones)")
+    parser.add_argument("--compile", action="store_true", help="--split: the compiled first step, cold and warm cache")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -89,7 +89,8 @@ def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split, mon
     from trainables import inputs
 
     loaders = []
-    monkeypatch.setattr(inputs, "DataLoader", lambda *a, **kw: loaders.append(kw["num_workers"]) or DataLoader(*a, **kw))
+    monkeypatch.setattr(inputs, "DataLoader",
+                        lambda *a, **kw: loaders.append(kw["num_workers"]) or DataLoader(*a, **kw))
     folder = TrainSource(files, spec, num_workers=2)
     members = [folder, folder.with_spec(Augmentation(32)), folder]
     steps = list(inputs.pack_epoch(members, [1, 2, 3], epoch=1, batch_size=8, chunk_images=16))

@@ -110,8 +110,9 @@ class TrainSource:
             return np.stack([m[:steps * batch_size].reshape(steps, batch_size) for m in per_member], 1).ravel().tolist()
 
         dataset = _WorkerFiles(self.split, None if self.gpu_decode else self.spec)
-        return DataLoader(dataset, batch_size=len(orders) * batch_size, sampler=list(zip(by_step(orders), by_step(keys))),
-                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.device.type == "cuda")
+        sampler = list(zip(by_step(orders), by_step(keys)))
+        return DataLoader(dataset, batch_size=len(orders) * batch_size, sampler=sampler, num_workers=self.num_workers,
+                          collate_fn=_collate, pin_memory=self.device.type == "cuda")
 
     def _crop(self, decoded: list[torch.Tensor], keys: np.ndarray) -> list[torch.Tensor]:
         return [_train_crop(image, key, self.spec) for image, key in zip(decoded, keys)]

@@ -24,6 +24,14 @@ runs first; the restarted worker names its node in them and tells the launcher i
 (``lifecycle.RESTART_KEYS``). A worker group no node can take fails its start after
 ``placement_timeout_s``; Train tries once more, then the trial fails.
 
+Every pack is a Train run of its own, and Ray Train V2 starts a new controller, placement-group cleaner and
+worker process for each ``fit()`` and kills them after it (``ray/train/v2/api/data_parallel_trainer.py``,
+``_initialize_and_run_controller``; ``execution/worker_group/state.py``, ``WorkerGroupState.shutdown``): no
+API hands a worker group to a later ``fit()``, so no worker outlives its pack. What each would load again
+is kept per node instead: the decoded data set (``datasets.shared_splits`` in ``node_folder``, the node's
+Ray session folder) and inductor's FX graph and AOT autograd caches (torch's defaults: on, in
+``/tmp/torchinductor_<user>``, read by every worker of the node and every later launch).
+
 Every trial's checkpoint lives in ``<storage>/<study>/checkpoints/<trial id>/`` (``trainables.checkpoints``),
 whichever pack trains it, so a member resumes in any pack or alone; a lone trial of an earlier version is
 found in its Train storage (``checkpoints.find_stored``). Only rank 0 writes records. A Tune retry
