@@ -36,7 +36,7 @@ import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from analysis import canvas, figures, plotting  # noqa: E402
-from analysis.claim_tests import MAD_BELOW_UNIFORM, MDE, NOT_MET, STEP_ALPHA, TWO_SIDED  # noqa: E402
+from analysis.claim_tests import MAD_BELOW_UNIFORM, MDE, NOT_MET, OPPOSITE, STEP_ALPHA, TWO_SIDED  # noqa: E402
 from analysis.claims import CLAIMS, MARGINS, SINKS_KEPT_MARK, evaluate_claims  # noqa: E402
 from analysis.condition_tables import layer_tables  # noqa: E402
 from analysis.labels import protocol_label  # noqa: E402
@@ -199,20 +199,19 @@ def _effect_se(row: dict, claim) -> float:
     return row[MDE] / unit if unit and math.isfinite(unit) else math.nan
 
 
-def seeds_needed(row: dict) -> int | None:
-    """Paired seeds at which the row's test, at its verdict's alpha and this spread of the paired differences,
-    would detect an effect the size of the claim's margin (the smallest effect this project counts) with 80%
-    power; None where the spread is unknown or more than ``MAX_SEEDS`` would be needed."""
+def scale_needed(row: dict) -> str:
+    """What it would take to detect an effect the size of the claim's margin (the smallest effect this project
+    counts) with 80% power at the row's verdict's alpha: the paired seeds at this spread of the paired
+    differences (up to ``MAX_SEEDS``)."""
     claim = _claim(row["claim"])
-    se, n = _effect_se(row, claim), row["n pairs"]
-    target = MARGINS.get(claim.metric)
-    if not (n and math.isfinite(se) and target):
-        return None
+    se, n, target = _effect_se(row, claim), row["n pairs"], MARGINS[claim.metric]
+    if not (n and math.isfinite(se)):
+        return f"with {n} pair(s) the spread is unknown, so no seed count can be said for an effect of {target:g}"
     sd = se * math.sqrt(n)
     for k in range(2, MAX_SEEDS + 1):
         if mde(sd / math.sqrt(k), k - 1, claim.alternative, alpha=row[STEP_ALPHA]) <= target:
-            return k
-    return None
+            return f"{k} paired seeds at this spread would detect an effect of {target:g} (the claim's margin)"
+    return f"more than {MAX_SEEDS} paired seeds at this spread would be needed for an effect of {target:g} (the margin)"
 
 
 def excludes(row: dict) -> str:
@@ -251,8 +250,9 @@ def claims_section(data: StudyData) -> str:
         "effect A - B": [fmt(r["effect (A - B)"]) for r in records],
         "95% CI (two-sided)": [r[TWO_SIDED] or "—" for r in records],
         "95% CI (the test's, one-sided)": [r["95% CI of effect"] or "—" for r in records],
-        "p (Holm) [family]": [f"{fmt(r['p (Holm)'])} [of {r['family']}]" if r["family"] else
-                              f"{fmt(r['p (Holm)'])} [outside; at its row's step]" for r in records],
+        "p (Holm) [family]": [f"{fmt(r['p (Holm)'])} [outside; at its row's step]" if r["sinks kept"] else
+                              f"{fmt(r['p (Holm)'])} [of {r['family']}]" if r["family"] else "— (no test)"
+                              for r in records],
         "MDE at the verdict's alpha": [f"{fmt(r[MDE])} (alpha {fmt(r[STEP_ALPHA], 4)})" for r in records],
         "verdict": [r["verdict"] + (f" ({r['power']})" if r["power"] else "") for r in records],
         "precondition": [("⚠ " + NOT_MET) if r["reading aid"] else ("met" if p else "—")
@@ -281,29 +281,27 @@ def result_section(data: StudyData) -> str:
         return "No Study L claim could be tested."
     records = rows.to_dict("records")
     held = [r for r in records if r["verdict"] == "supported"]
+    missed = [r for r in records if r["verdict"] in ("not supported", OPPOSITE)]
+    open_ = [r for r in records if r not in held and r not in missed]  # not enough seeds: no verdict either way
     lines = []
     if held:
         lines.append("Supported at this scale: " + "; ".join(f"{r['claim']} (p Holm {fmt(r['p (Holm)'])})"
                                                              for r in held) + ".")
-    missed = [r for r in records if r["verdict"] != "supported"]
-    if missed:
-        lines.append(("Study L's effect is **not there** at this scale" if not held else "Not found") +
-                     f" for {len(missed)} of the {len(records)} claims tested:")
+    for group, said in ((missed, ("Study L's effect is **not there** at this scale" if not held else "Not found")
+                                 + f" for {len(missed)} of the {len(records)} claims tested:"),
+                        (open_, f"Undecided for {len(open_)} of the {len(records)} claims tested:")):
+        if not group:
+            continue
+        lines += [said, ""]
+        lines += [f"- {r['claim']}: {r['verdict']}. {direction(r)}; {excludes(r)}; {scale_needed(r)}." for r in group]
         lines.append("")
-        for r in missed:
-            k = seeds_needed(r)
-            margin = MARGINS.get(_claim(r["claim"]).metric)
-            need = (f"{k} paired seeds at this spread would detect an effect of {margin:g} (the claim's margin)"
-                    if k else f"more than {MAX_SEEDS} paired seeds at this spread would be needed to detect an effect "
-                    f"of {margin:g} (the claim's margin)")
-            lines.append(f"- {r['claim']}: {r['verdict']}. {direction(r)}; {excludes(r)}; {need}.")
     unmet = sorted({r["precondition"] for r in records if r["reading aid"]})
     if unmet:
-        lines += ["", f"Beside the verdicts, {'; '.join(unmet)}: the baseline's heads have not left uniform "
+        lines += [f"Beside the verdicts, {'; '.join(unmet)}: the baseline's heads have not left uniform "
                       f"attention by the {MAD_BELOW_UNIFORM} the minimum-MAD claims presuppose. Study L made its "
                       "claims at its own scale: a 2.4M-parameter ViT trained 100 epochs on CIFAR-100 (`vitsweep sweep "
                       "study_l`, a GPU run)."]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip()
 
 
 # -- attention over training -------------------------------------------------------------------

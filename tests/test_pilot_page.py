@@ -1,7 +1,8 @@
 """docs/pilot/README.md is generated from the pilot's kept tables (bench/pilot_page.py): every Study L claim the
 two arms can test with its verdict, both intervals, Holm p and family size, MDE and the measured direction in words;
 the result said plainly when the effect is not there; emergence and the per-layer table at each snapshot; the
-uniform-attention level on every MAD figure; the code versions. Synthetic tables, no training: ~8 s."""
+uniform-attention level on every MAD figure; the code versions. Synthetic tables, no training: ~6 s (CPU ~9 s
+with the imports)."""
 
 import datetime
 import importlib.util
@@ -32,14 +33,15 @@ def _page_module():
 PAGE = _page_module()
 
 
-def _write_pilot(results: str, cutmix_drop: float, cutmix_acc: float, fall: float = 0.008) -> None:
-    """A finished pilot's tables: 2 protocols x 5 seeds; the minimum MAD falls from uniform by ``fall`` an epoch,
+def _write_pilot(results: str, cutmix_drop: float, cutmix_acc: float, fall: float = 0.008,
+                 seeds: int = 5) -> None:
+    """A finished pilot's tables: 2 protocols x ``seeds`` seeds; the minimum MAD falls from uniform by ``fall`` an epoch,
     CutMix's by ``cutmix_drop`` more than the baseline's at the last (seed noise 0.005); CutMix's test accuracy
     ``cutmix_acc`` away from the baseline's."""
     rng = np.random.default_rng(0)
     start = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.timezone.utc)
     for protocol in pilot.PROTOCOLS:
-        for seed in range(5):
+        for seed in range(seeds):
             cfg = RunConfig.for_dataset("cifar10", data_root="/data/cifar10-jpeg", preset="tiny", study="pilot",
                                         protocol=protocol, seed=seed, **pilot.RECIPE, epochs=pilot.EPOCHS)
             acc = 0.60 + (cutmix_acc if protocol == "cutmix" else 0) + rng.normal(0, 0.005)
@@ -120,6 +122,10 @@ def test_page_says_plainly_which_claims_the_effect_is_not_there_for_and_what_the
     assert "excludes any fall at all (the interval lies at or above 0)" in plain
     assert "Beside the verdicts, local heads: baseline's minimum MAD 0.3" in plain
     assert ": not met: the baseline's heads have not left uniform attention by the 0.05" in plain
+    # 3 seeds: no directional verdict can be reached (the sign-flip test's smallest p is 1/8): undecided, not absent.
+    _write_pilot(str(tmp_path / "three"), cutmix_drop=0.05, cutmix_acc=0.02, seeds=3)
+    undecided = PAGE.result_section(PAGE.load_kept(PAGE.keep_tables(str(tmp_path / "three"), tmp_path / "p3"))[0])
+    assert undecided.startswith("Undecided for 5 of the 5 claims tested") and "not there" not in undecided
 
 
 def test_page_has_emergence_and_the_per_layer_table_at_every_snapshot_beside_uniform(built):
