@@ -27,6 +27,7 @@ from analysis import metrics
 from analysis.interventions import (ALPHAS, BLUR_KERNEL, BLUR_LEVELS, JPEG_LEVELS, PAPER_RPI_BATCH, Clean, GaussianBlur,
                                     Intervention, Jpeg, PEScale, RandomPermutation, RopeScale, apply_condition)
 from records.schema import PAIRED_COUNTS
+from trainables.datasets import capped_subset
 from records.vocab import BLUR_HEADLINE, JPEG_HEADLINE
 from trainables.pos_embed import POS_EMBEDS
 from trainables.images import normalize  # the training loop's normalisation, so both see the same inputs
@@ -56,21 +57,23 @@ def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tup
     ``size`` None (the default) or >= len(split): the whole split, as the Study P code
     measured all 5,000 ImageNet-100 validation images (a 1,000-image subset leaves a
     fragility score a binomial standard error of ~0.017, the size of the paper's seed
-    spread). A smaller ``size`` is a cap for demos and tests: a fixed, seeded subset
-    whose indices depend only on ``len(split)`` and ``seed``, so every trial on the
-    same data set is measured on the same images. Indices are sorted, so folder-backed
-    splits are read in order. ``split``: a Dataset of (uint8 image (3, H, W), int
-    label); in-memory ``TensorImages`` (``.images``, ``.labels``) are sliced directly.
+    spread). A smaller ``size`` is a cap for pilots, demos and tests: the class-stratified
+    draw the training loop scores every epoch (``trainables.datasets.capped_subset``, a
+    function of the labels and ``seed`` only), so every trial and snapshot of a data set
+    is measured on the same images, and with the default seed on the images of
+    ``epoch_eval_images`` of the same size. Indices ascend, so folder-backed splits are
+    read in order. ``split``: a Dataset of (uint8 image (3, H, W), int label) with
+    ``.labels`` (``TensorImages``, ``ImageFiles``); in-memory ``.images`` are sliced directly.
     """
     if size is not None and size < 1:
         raise ValueError(f"evaluation subset size {size} must be >= 1 (or None: the whole split)")
-    if size is None or size >= len(split):
-        indices = torch.arange(len(split))
-    else:
-        generator = torch.Generator().manual_seed(seed)
-        indices = torch.randperm(len(split), generator=generator)[:size].sort().values
-    if hasattr(split, "images") and hasattr(split, "labels"):
-        return split.images[indices], torch.as_tensor(split.labels)[indices].long()
+    labels = torch.as_tensor(split.labels)
+    if size is not None and size < len(split) and size < (classes := labels.unique().numel()):
+        raise ValueError(f"evaluation subset size {size} is below the {classes} classes of the split: the subset keeps "
+                         f"every class, so use --eval-size >= {classes} (or 0: the whole split)")
+    indices = capped_subset(labels, size or len(split), seed=seed)
+    if hasattr(split, "images"):
+        return split.images[indices], labels[indices].long()
     items = [split[int(i)] for i in indices]
     return torch.stack([image for image, _ in items]), torch.tensor([int(label) for _, label in items])
 

@@ -24,8 +24,8 @@ is 1/32).
 
 Every epoch scores a fixed class-stratified 1,000-image subset of the test split (``epoch_eval_images``), the
 last the whole split (``test_acc``). The analysis measures every snapshot training writes (log-spaced: epochs 0,
-1, 2, 4, 8 and the last) on the same 1,000 test images (``EVAL_SIZE``: a seeded subset, the same for every
-snapshot and trial), one single-threaded actor per core.
+1, 2, 4, 8 and the last) on the same 1,000 test images (``EVAL_SIZE``: the stratified subset every epoch
+scores, the same for every snapshot and trial), one single-threaded actor per core.
 
 Sizing, measured 2026-12-06 on this machine (2 cores, AMD EPYC; shared with five other helpers, so wall rates say
 little and the idle rates are estimated from CPU seconds, user + sys): one epoch of the CutMix arm on the whole

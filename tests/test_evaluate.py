@@ -16,6 +16,7 @@ from analysis import metrics
 from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset
 from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
+from trainables.datasets import capped_subset
 from trainables.images import TensorImages
 from trainables.images import normalize
 from trainables.pos_embed import POS_EMBEDS
@@ -325,27 +326,29 @@ def test_rope_alpha_rows_are_rope_scale_never_pe_scale(pe, images):
 
 
 class _ListDataset(torch.utils.data.Dataset):
-    """A map-style Dataset of (uint8 image, int label) without .images/.labels (the path folder splits take)."""
+    """A map-style Dataset of (uint8 image, int label) with .labels and no .images (as folder splits are)."""
 
     def __init__(self, images, labels):
-        self._images, self._labels = images, labels
+        self._images, self.labels = images, labels
 
     def __len__(self):
-        return len(self._labels)
+        return len(self.labels)
 
     def __getitem__(self, i):
-        return self._images[i], int(self._labels[i])
+        return self._images[i], int(self.labels[i])
 
 
-def test_evaluation_subset_is_fixed_seeded_and_the_same_for_both_dataset_kinds():
-    images, labels = _smooth_images(50), torch.arange(50)
+def test_evaluation_subset_is_the_epoch_scores_stratified_draw_for_both_dataset_kinds():
+    images, labels = _smooth_images(50), torch.arange(50) % 5
     a_images, a_labels = evaluation_subset(TensorImages(images, labels), size=20, seed=3)
     b_images, b_labels = evaluation_subset(_ListDataset(images, labels), size=20, seed=3)
     assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
     assert a_images.dtype == torch.uint8 and a_images.shape == (20, 3, 32, 32) and a_labels.dtype == torch.int64
-    assert a_labels.unique().numel() == 20 and torch.equal(a_labels, a_labels.sort().values)
-    assert torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=3)[1], a_labels)
-    assert not torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=4)[1], a_labels)
+    assert torch.bincount(a_labels).tolist() == [4] * 5  # every class in proportion
+    # the images the training loop scores every epoch (epoch_eval_images, seed 0)
+    rows = capped_subset(labels, 20)
+    assert torch.equal(evaluation_subset(TensorImages(images, labels), size=20)[0], images[rows])
+    assert not torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=4)[0], a_images)
     assert len(evaluation_subset(TensorImages(images, labels), size=1000)[1]) == 50  # capped at the split
     whole_images, whole_labels = evaluation_subset(_ListDataset(images, labels))  # default: the whole split
     assert torch.equal(whole_labels, labels) and torch.equal(whole_images, images)
