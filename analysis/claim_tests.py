@@ -37,6 +37,7 @@ OPPOSITE = "not supported (opposite direction)"
 STEP_ALPHA = f"alpha of the verdict (Holm step: {ALPHA} / (m - k + 1); {ALPHA} for a claim of no effect)"
 MDE = "MDE (80% power, at the alpha of the verdict)"
 TWO_SIDED = "95% CI of effect (two-sided)"
+HOLM_FAMILY = "Holm family (m: tested rows of its paper and data set)"
 
 # Preconditions are reading aids, this project's choices (not the papers'): a row keeps its test's
 # verdict, and an unmet one adds a mark naming what was measured against what it needs. None is

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.claim_tests import (MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null, paper_numbers, power_mark,
+from analysis.claim_tests import (HOLM_FAMILY, MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null, paper_numbers, power_mark,
                                   precondition, reading_aid, verdict)
 from analysis.labels import METRIC_LABELS, group_label
 from analysis.paper_numbers import PAPER_P_MODELS
@@ -281,19 +281,22 @@ def _decide(table: pd.DataFrame, claims: tuple[Claim, ...]) -> pd.DataFrame:
     Holm step of the row it repeats."""
     by_text = {c.text: c for c in claims}
     family = table["_family"].astype(bool)
-    table[STEP_ALPHA] = np.nan
+    table[STEP_ALPHA], table[HOLM_FAMILY] = np.nan, 0
     for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
         table[adjusted] = np.nan
         for _, rows in table[family].groupby(["paper", "dataset"], dropna=True):
             table.loc[rows.index, adjusted] = holm(rows[raw].to_numpy(float))
             if raw == "p (raw)":
                 table.loc[rows.index, STEP_ALPHA] = holm_step_alpha(rows[raw].to_numpy(float))
+                table.loc[rows.index, HOLM_FAMILY] = int(np.isfinite(rows[raw].to_numpy(float)).sum())
     for i in table.index[~family]:  # the step of the row it repeats, and its p times that step's factor
         same = table[family & (table["claim"] == table.at[i, "claim"]) & (table["dataset"] == table.at[i, "dataset"])]
         step = float(same[STEP_ALPHA].iloc[0]) if len(same) else ALPHA
         table.at[i, STEP_ALPHA] = step
+        table.at[i, HOLM_FAMILY] = int(same[HOLM_FAMILY].iloc[0]) if len(same) else 0
         for raw, adjusted in (("p (raw)", "p (Holm)"), ("_p all", "p (Holm, all trials)")):
             table.at[i, adjusted] = np.minimum(1.0, table.at[i, raw] * ALPHA / step)  # NaN (no test) stays NaN
+    table.loc[~np.isfinite(table["p (raw)"].to_numpy(float)), HOLM_FAMILY] = 0  # no test: in no family
     said, said_all, marks, power = [], [], [], []
     for i, row in zip(table.index, table.to_dict("records")):
         claim = by_text[row["claim"]]
@@ -313,7 +316,7 @@ def _decide(table: pd.DataFrame, claims: tuple[Claim, ...]) -> pd.DataFrame:
 COLUMNS = ["paper", "claim", "metric", "dataset", "setting", "A", "B", "margin", "precondition", "test", "n A",
            "n B", "n pairs", "did not learn A", "did not learn B", "CLS sinks (A; B)", "mean A", "mean B",
            "effect (A - B)", "95% CI of effect", "CI", TWO_SIDED, "p (raw)", "p (Holm)",
-           "p (sign-flip)", STEP_ALPHA, MDE, "power", "paper A / B", "paper effect (A - B)", "verdict", "reading aid",
+           HOLM_FAMILY, "p (sign-flip)", STEP_ALPHA, MDE, "power", "paper A / B", "paper effect (A - B)", "verdict", "reading aid",
            "effect (all trials)", "95% CI (all trials)", "p (Holm, all trials)", "verdict (all trials)",
            "survivors vs all"]
 

@@ -36,7 +36,7 @@ import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from analysis import canvas, figures, plotting  # noqa: E402
-from analysis.claim_tests import MAD_BELOW_UNIFORM, MDE, NOT_MET, OPPOSITE, STEP_ALPHA, TWO_SIDED  # noqa: E402
+from analysis.claim_tests import HOLM_FAMILY, MAD_BELOW_UNIFORM, MDE, NOT_MET, OPPOSITE, STEP_ALPHA, TWO_SIDED  # noqa: E402
 from analysis.claims import CLAIMS, MARGINS, SINKS_KEPT_MARK, evaluate_claims  # noqa: E402
 from analysis.condition_tables import layer_tables  # noqa: E402
 from analysis.labels import protocol_label  # noqa: E402
@@ -153,11 +153,7 @@ def claim_rows(data: StudyData) -> pd.DataFrame:
     claims = evaluate_claims(data)
     rows = claims[(claims["paper"] == "Study L") & (claims["verdict"] != "no data")].copy()
     outside = rows["setting"].fillna("").str.contains(SINKS_KEPT_MARK, regex=False)
-    inside = claims[~claims["setting"].fillna("").str.contains(SINKS_KEPT_MARK, regex=False)
-                    & claims["p (raw)"].notna()]
-    sizes = inside.groupby(["paper", "dataset"]).size()
-    rows["family"] = [0 if out else int(sizes.get((paper, dataset), 0))
-                      for out, paper, dataset in zip(outside, rows["paper"], rows["dataset"])]
+    rows["family"] = rows[HOLM_FAMILY].where(~outside, 0).astype(int)
     rows["sinks kept"] = outside
     return rows
 

@@ -100,6 +100,7 @@ def test_the_mde_column_is_at_the_alpha_of_each_rows_verdict():
     table = evaluate(study(rows), "CutMix adds accuracy", "AutoAugment adds accuracy").set_index("claim")
     # CutMix's p ranks first of two (alpha / 2), AutoAugment's second (alpha).
     assert table[claim_tests.STEP_ALPHA].tolist() == pytest.approx([0.025, 0.05])
+    assert table[claim_tests.HOLM_FAMILY].tolist() == [2, 2]
     se = sd / math.sqrt(PAIRS)
     assert table[claim_tests.MDE].tolist() == pytest.approx(
         [seedstats.mde(se, PAIRS - 1, "greater", alpha=a) for a in (0.025, 0.05)])
@@ -159,6 +160,7 @@ def test_an_all_sink_trial_is_counted_and_the_sensitivity_row_keeps_sinks_outsid
     assert main["n A"] == 4 and kept["n A"] == 5  # the all-sink trial drops out of the minimum, said so
     assert main["CLS sinks (A; B)"] == "6 sink head(s), 1 trial(s) all sinks, left out; 5 sink head(s)"
     assert kept[claim_tests.STEP_ALPHA] == main[claim_tests.STEP_ALPHA] == 0.05  # a family of one: the repeat is not in it
+    assert kept[claim_tests.HOLM_FAMILY] == main[claim_tests.HOLM_FAMILY] == 1  # read at its row's step, of its family
     assert kept["p (Holm)"] == pytest.approx(kept["p (raw)"])
 
 
