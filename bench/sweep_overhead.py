@@ -32,7 +32,8 @@ epochs x 1024 images) one after the other, as a launch does; the Train worker's 
     data load                      train.pack_inputs: the data set and the pack's sources
     model build                    PackedViT and its optimiser
     first step                     the first pack_step less the second (lazy set-up, allocator)
-    Ray (rest)                     every other process of the Ray tree over the run: controller, raylet, ...
+    Ray (rest)                     every other process of the Ray tree over the run (polled, `TreeCPU`):
+                                   controller, placement-group cleaner, raylet, GCS, the pool's next workers
 
 The first pack of a node and a later one are shown apart (a data set shared per node is decoded by
 the first only). ``--compile`` adds a compiled (inductor, CPU) first step in a fresh process with an
@@ -180,19 +181,46 @@ def _demo_pack(k: int, results: str) -> list[dict]:
     return [c.to_flat() for c in options.build_packs(sweep_args, configs)[0].members]
 
 
-def tree_cpu(root_pid: int) -> float:
-    """CPU seconds of a process and all its descendants, including their reaped children."""
-    import psutil
+class TreeCPU:
+    """CPU seconds of every process under this one (not itself) from ``start()`` to ``stop()``, polled
+    every 0.1 s, so a process that ends in between (a Train worker, the controller) keeps what it used
+    up to its last poll: a dead process's time is lost to its parent's accounting when nobody waits
+    for it, and is counted in full when somebody does, either of which would swing a before-and-after."""
 
-    root = psutil.Process(root_pid)
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
-    return total
+    def __init__(self):
+        import threading
+
+        self.seen: dict[int, float] = {}
+        self.base: dict[int, float] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _sample(self) -> dict[int, float]:
+        import psutil
+
+        out = {}
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                times = proc.cpu_times()
+                out[(proc.pid, proc.create_time())] = times.user + times.system
+            except psutil.Error:
+                pass
+        return out
+
+    def _poll(self) -> None:
+        while not self.stopping.wait(0.1):
+            self.seen.update(self._sample())
+
+    def start(self) -> TreeCPU:
+        self.base = self._sample()
+        self.thread.start()
+        return self
+
+    def stop(self, settle_s: float = 3.0) -> float:
+        time.sleep(settle_s)  # the run's controller and cleaner exit
+        self.stopping.set()
+        self.thread.join()
+        return sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items())
 
 
 def packs_child(args: argparse.Namespace) -> dict:
@@ -208,11 +236,15 @@ def packs_child(args: argparse.Namespace) -> dict:
         init_ray(num_cpus=2, configure_logging=False, log_to_driver=False)
         packs = []
         for number in range(args.packs):
-            config = {"trials": flats, "driver": os.getpid(), "before": tree_cpu(os.getpid())}
-            trainer = DataParallelTrainer(stand_in_worker, train_loop_config=config,
+            trainer = DataParallelTrainer(stand_in_worker, train_loop_config={"trials": flats},
                                           scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
                                           run_config=RunConfig(name=f"split-{number}", storage_path=f"{tmp}/train"))
-            packs.append(trainer.fit().return_value)
+            ray_cpu = TreeCPU().start()
+            stages = trainer.fit().return_value
+            # Everything else the run cost: its controller, placement-group cleaner, raylet, GCS, ...
+            stages["Ray (rest)"] = ray_cpu.stop() - stages.pop("worker")
+            stages["total"] = sum(stages[stage] for stage in STAGES)
+            packs.append(stages)
         ray.shutdown()
     return {"packs": packs}
 
@@ -261,9 +293,7 @@ def stand_in_worker(config: dict) -> dict:
         step_times.append(time.process_time() - mark)
         mark = time.process_time()
     t["first step"] = max(0.0, step_times[0] - step_times[1])
-    worker = time.process_time()
-    t["Ray (rest)"] = tree_cpu(config["driver"]) - config["before"] - worker
-    t["total"] = sum(t[stage] for stage in STAGES)
+    t["worker"] = time.process_time()  # all of this process's CPU (the driver takes it out of the tree's)
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     t["inductor cache"] = cache_dir()  # where this worker's compiles are cached (shared by the node's workers)
