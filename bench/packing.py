@@ -10,6 +10,7 @@ measures the neighbours too); both are printed.
 
     .venv/bin/python bench/packing.py                                 # CPU: preset tiny, batch 32
     .venv/bin/python bench/packing.py --preset study_l --batch-size 128 --device cuda --amp
+    .venv/bin/python bench/packing.py --inputs                        # the step's inputs: per member vs batched
 
 On CPU the step is compute-bound, so packing is expected near 1x per image there (it saves the per-trial
 Ray overhead, not kernel time); the GPU gain, where a study_l step is launch-bound, is measured by
@@ -25,10 +26,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainables import train
+from trainables.augment import StepDraws, step_batch
 from trainables.config import RunConfig
+from trainables.images import normalize, to_device
 from trainables.packed import PackedViT
 from trainables.optim import build_optimizer
+from trainables.protocols import cutmix_batch, cutmix_draw, soft_targets
 
 
 def member_configs(preset: str, k: int) -> list[RunConfig]:
@@ -141,6 +147,128 @@ def loss_drift(device: torch.device, *, preset: str, batch: int, k: int, steps: 
     return float(((packed - alone).abs() / alone.abs()).max())
 
 
+# -- the step's inputs: per member (before) against batched over the pack (after) ----------------------------
+
+
+def input_configs(preset: str, k: int, batch: int) -> list[RunConfig]:
+    """A mixed pack as a study packs it: CutMix on every other member, RPT none / per batch / per image."""
+    protocols, rpt = ("cutmix", "baseline"), (None, "batch", "image")
+    return [RunConfig.for_dataset("cifar10", preset=preset, seed=seed, data_root="/unused", batch_size=batch,
+                                  protocol=protocols[seed % 2], rpt=rpt[seed % 3] is not None,
+                                  rpt_per_image=rpt[seed % 3] == "image") for seed in range(k)]
+
+
+def per_member_inputs(cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens):
+    """`train.step_inputs` before `augment.step_batch` (commit f011b34), written out: per member its
+    CutMix (`protocols.cutmix_batch`: a copy of its partners), normalisation and a copy of its permutation."""
+    xs, targets, perms = [], [], []
+    for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
+        target = soft_targets(labels, num_classes)
+        if cfg.cutmix:  # cutmix_prob 1: no coin
+            images, target = cutmix_batch(images, target, generator=mix_gen)
+        xs.append(normalize(images, mean, std))
+        targets.append(target)
+        perms.append(to_device(train.random_permutation(labels.numel(), cfg.model.num_patches,
+                                                        per_image=cfg.rpt_per_image, generator=perm_gen),
+                               images.device) if cfg.rpt else None)
+    one = len(xs) == 1
+    return (xs[0].unsqueeze(0) if one else torch.stack(xs)), (targets[0].unsqueeze(0) if one else torch.stack(targets)), perms
+
+
+def batched_inputs(cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens):
+    """The same draws per member on the host, applied to the pack at once (`augment.step_batch`)."""
+    draws = []
+    for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
+        box, partner = cutmix_draw(labels.numel(), *images.shape[-2:], mix_gen) if cfg.cutmix else (None, None)
+        perm = train.random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
+                                        generator=perm_gen) if cfg.rpt else None
+        draws.append(StepDraws(box, partner, perm))
+    return step_batch(batches, draws, num_classes=num_classes, mean=mean, std=std)
+
+
+class _OpCount(TorchDispatchMode):
+    """aten ops dispatched (views and metadata queries included: what the dispatcher runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def input_step(cfgs, inputs, device: torch.device, batch: int):
+    """(the step's inputs alone, the whole step: inputs, forward, loss, backward, AdamW), on fixed
+    uint8 batches, each member's generators reseeded per call (the same draws every step)."""
+    side = cfgs[0].model.img_size
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8, generator=g).to(device),
+                torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in cfgs]
+    pack = PackedViT(cfgs, device).train()
+    optimizer = pack.optimizer(build_optimizer)
+
+    def prepare():
+        mix = [torch.Generator().manual_seed(c.seed * 7 + 2) for c in cfgs]
+        perm = [torch.Generator().manual_seed(c.seed * 7 + 3) for c in cfgs]
+        return inputs(cfgs, batches, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3, mix_gens=mix, perm_gens=perm)
+
+    def step() -> None:
+        x, target, perms = prepare()
+        losses, _ = train.member_losses(pack, x, target, perms, use_amp=False)
+        optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        optimizer.step()
+
+    return prepare, step
+
+
+def measure_inputs(device: torch.device, *, preset: str, batch: int, sizes: list[int], steps: int, repeats: int,
+                   warmup: int) -> dict[str, dict[str, float]]:
+    """Per K: aten ops per step (inputs alone, whole step) and process CPU seconds per step, per member
+    (before) and batched (after); timing windows alternate before / after, ratios per repeat, medians."""
+    summary = {}
+    for k in sizes:
+        cfgs = input_configs(preset, k, batch)
+        paths = {"before": input_step(cfgs, per_member_inputs, device, batch),
+                 "after": input_step(cfgs, batched_inputs, device, batch)}
+        row: dict[str, float] = {}
+        for name, (prepare, step) in paths.items():
+            timed(step, warmup, device)
+            for part, fn in (("inputs", prepare), ("step", step)):
+                with _OpCount() as count:
+                    fn()
+                row[f"{part}_ops_{name}"] = count.ops
+        times: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+        for repeat in range(repeats):
+            for name in (("before", "after") if repeat % 2 == 0 else ("after", "before")):
+                prepare, step = paths[name]
+                _, inputs_cpu, n_inputs = timed(prepare, 10 * steps, device)
+                _, step_cpu, n_steps = timed(step, steps, device)
+                times[name].append((inputs_cpu / n_inputs, step_cpu / n_steps))
+        for i, part in enumerate(("inputs", "step")):
+            row[f"{part}_cpu_s_before"] = statistics.median(t[i] for t in times["before"])
+            row[f"{part}_cpu_s_after"] = statistics.median(t[i] for t in times["after"])
+            row[f"{part}_ratio"] = statistics.median(a[i] / b[i] for a, b in zip(times["after"], times["before"]))
+        summary[f"K={k}"] = row
+    return summary
+
+
+def print_inputs(summary: dict[str, dict[str, float]], preset: str, batch: int) -> None:
+    print(f"the step's inputs per member (before) and batched over the pack (after): {preset}, {batch} images per "
+          f"member, CutMix on every other member, RPT none / per batch / per image; process CPU time")
+    print(f"{'pack':<6} {'input ops':>16} {'step ops':>17} {'input ms':>18} {'step ms':>18}")
+    for name, r in summary.items():
+        cells = []
+        for part in ("inputs", "step"):
+            cells.append(f"{r[f'{part}_ops_before']:>6.0f} -> {r[f'{part}_ops_after']:<6.0f}")
+        for part in ("inputs", "step"):
+            cells.append(f"{1e3 * r[f'{part}_cpu_s_before']:5.1f}->{1e3 * r[f'{part}_cpu_s_after']:5.1f} "
+                         f"{r[f'{part}_ratio']:4.2f}x")
+        print(f"{name:<6} " + "  ".join(cells))
+    print("ops: aten ops dispatched per call; ms: median CPU ms per call; x: median per-repeat after / before")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -156,6 +284,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "print the largest relative loss difference (0: skip)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
+    parser.add_argument("--inputs", action="store_true",
+                        help="time the step's inputs (CutMix, normalisation, RPT) per member against batched instead")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -167,6 +297,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if min(sizes) < 1:
         raise SystemExit(f"--packs must list pack sizes >= 1, got {args.packs!r}")
 
+    if args.inputs:
+        summary = measure_inputs(device, preset=preset, batch=batch, sizes=sizes, steps=args.steps,
+                                 repeats=args.repeats, warmup=args.warmup)
+        print_inputs(summary, preset, batch)
+        return {"inputs": summary}
     summary = measure(device, preset=preset, batch=batch, sizes=sizes, steps=args.steps, repeats=args.repeats,
                       warmup=args.warmup, amp=args.amp, max_seconds=args.max_seconds)
     print(f"{preset} preset, {batch} images per member per step, {args.steps} steps x {args.repeats} repeats, "

@@ -15,9 +15,9 @@ How (K members, B batch per member, S image side, C classes, N patches):
 
 Each member is trained as if alone: the packed loss is the sum of member losses and no op mixes the
 K slices, so member k's gradient is exactly the gradient of its own loss; the optimiser update is
-element-wise, so a stacked AdamW equals K AdamWs. What differs per member is supplied by the loop per
-member: data order, augmentation draws, CutMix, RPT permutations (`perm`), and label smoothing
-(`losses` reads it from each member's RunConfig). What must be equal is the pack key (`pack_key`):
+element-wise, so a stacked AdamW equals K AdamWs. What differs per member is drawn by the loop per
+member: data order, augmentation draws, CutMix, RPT permutations (`perm`), applied to the whole pack at
+once (`augment.step_batch`), and label smoothing (`losses` reads it from each member's RunConfig). What must be equal is the pack key (`pack_key`):
 every run-config field except `PACK_FREE_FIELDS`.
 
 Care under vmap:
