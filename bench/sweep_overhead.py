@@ -137,9 +137,9 @@ def split(args: argparse.Namespace) -> None:
         runs: dict[str, list[dict]] = {side: [] for side in trees}
         for _ in range(args.reps):
             for side, tree in trees.items():
-                runs[side].append(_child(tree, "packs_child", args, tmp))
+                runs[side].append(_child(tree, "packs_child", args))
                 if args.compile:
-                    runs[side][-1]["compile"] = _child(tree, "compile_child", args, tmp)
+                    runs[side][-1]["compile"] = _child(tree, "compile_child", args)
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], capture_output=True,
                          text=True).stdout.strip()
     print(f"\na demo pack of {args.pack} (2 epochs x 1024 images), CPU seconds (user + system), median of "
@@ -164,7 +164,7 @@ def split(args: argparse.Namespace) -> None:
             print(f"  {cache:34s} {b:8.2f} {a:8.2f}")
 
 
-def _child(tree: Path, function: str, args: argparse.Namespace, tmp: str) -> dict:
+def _child(tree: Path, function: str, args: argparse.Namespace) -> dict:
     env = {**os.environ, "SPLIT_TREE": str(tree), "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", function, "--pack", str(args.pack),
                           "--packs", str(args.packs)], cwd=tree, env=env, capture_output=True, text=True)
