@@ -105,7 +105,7 @@ def conditions_table(data: StudyData) -> pd.DataFrame:
     rows = []
     for key, g in pt.groupby([*FACTORS, *extra], sort=False):
         dataset, pe, rpt, proto = key[:4]
-        row = {"dataset": dataset, "model": model_label(pe, rpt), "protocol": protocol_label(proto),
+        row = {"dataset": dataset, "PE": model_label(pe, rpt), "protocol": protocol_label(proto),
                **dict(zip(extra, key[4:])), "n": len(g),
                "did not learn": int(g["did_not_learn"].sum()) if "did_not_learn" in g else 0}
         if "n_images" in g and g["n_images"].notna().any():
