@@ -413,7 +413,7 @@ def test_every_trial_is_a_finished_run_on_the_mlflow_server(job):
         params = {p["key"]: p["value"] for p in data.get("params", [])}
         tags = {t["key"]: t["value"] for t in data.get("tags", [])}
         per_epoch = {tracking.epoch_key(k) for k in ("train_loss", "train_acc", "eval_loss", "eval_acc")}
-        assert per_epoch | {"test_acc"} <= set(metrics), sorted(metrics)
+        assert per_epoch | {tracking.headline_key("test_acc")} <= set(metrics), sorted(metrics)
         eval_acc = metrics[tracking.epoch_key("eval_acc")]
         assert eval_acc["step"] == EPOCHS and 0 <= eval_acc["value"] <= 1
         assert params["epochs"] == str(EPOCHS) and params["pe"] in ("none", "ape") and "lr" in params
