@@ -49,6 +49,8 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
              "VITSWEEP_TEST_DIVERGE": f"{diverged}:2",  # NaN weights at the start of epoch 2
              "VITSWEEP_TEST_DIE": f"{survivor}:3:{marker}"}  # SIGKILL the pack's worker at epoch 3, once
     ray_tmp = tempfile.mkdtemp(prefix="vsp-", dir="/tmp")
+    ended = Path(ray_tmp) / "ray" / "session_2000-01-01_00-00-00_000000_1" / "vitsweep" / "shapes-0"
+    ended.mkdir(parents=True)  # the copy an ended session left
     try:
         # A failed trial (the diverged one) makes the launch exit 1; the rest finished.
         out = launch(*SWEEP, "--results", str(results), ray_tmp=ray_tmp, env=hooks, rc=1)
@@ -57,7 +59,7 @@ def test_a_diverged_member_and_a_killed_worker_leave_every_other_member_finished
     assert "(1 failed, 3 finished)" in out
     # The packs' workers (and the killed one's retry) read one decoded copy of the data set on the node.
     copies = {p.resolve() for p in Path(ray_tmp).glob("**/session_*/vitsweep/shapes-*/train_images.npy")}
-    assert len(copies) == 1  # (session_latest links to the session's folder)
+    assert len(copies) == 1 and not ended.exists()  # (session_latest links to the session's folder)
     assert marker.exists()  # the worker was killed (after the diverged member was closed) and retried
 
     trials = tables.read_table(str(results), "demo", "trials").to_pandas().set_index("trial_id")  # paths rooted

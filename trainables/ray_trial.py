@@ -208,11 +208,18 @@ def this_node() -> str:
 
 def node_folder() -> Path:
     """This node's folder of the running Ray session (``<temp dir>/<session name>``, Ray's own layout):
-    on the node's disk, shared by the node's workers, gone with the session (or the node)."""
+    on the node's disk, shared by the node's workers, gone with the node. Ray keeps the folders of
+    ended sessions, so the copies of other sessions are removed here (a local launch starts a session
+    of its own: each would leave its data set behind); a process that still maps one keeps its pages,
+    and a session still running builds its copy again."""
     import ray
 
     context = ray.get_runtime_context()
-    return Path(context.get_temp_dir()) / context.get_session_name() / "vitsweep"
+    temp, session = Path(context.get_temp_dir()), context.get_session_name()
+    for other in temp.glob("session_*/vitsweep"):
+        if other.parent.name != session and not other.parent.is_symlink():  # (session_latest links to one)
+            shutil.rmtree(other, ignore_errors=True)
+    return temp / session / "vitsweep"
 
 
 def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
