@@ -61,17 +61,18 @@ def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tup
     draw the training loop scores every epoch (``trainables.datasets.capped_subset``, a
     function of the labels and ``seed`` only), so every trial and snapshot of a data set
     is measured on the same images, and with the default seed on the images of
-    ``epoch_eval_images`` of the same size. Indices ascend, so folder-backed splits are
+    ``epoch_eval_images`` of the same size (a cap below the number of classes: a seeded
+    draw). Indices ascend, so folder-backed splits are
     read in order. ``split``: a Dataset of (uint8 image (3, H, W), int label) with
     ``.labels`` (``TensorImages``, ``ImageFiles``); in-memory ``.images`` are sliced directly.
     """
     if size is not None and size < 1:
         raise ValueError(f"evaluation subset size {size} must be >= 1 (or None: the whole split)")
     labels = torch.as_tensor(split.labels)
-    if size is not None and size < len(split) and size < (classes := labels.unique().numel()):
-        raise ValueError(f"evaluation subset size {size} is below the {classes} classes of the split: the subset keeps "
-                         f"every class, so use --eval-size >= {classes} (or 0: the whole split)")
-    indices = capped_subset(labels, size or len(split), seed=seed)
+    if size is None or size >= labels.unique().numel():
+        indices = capped_subset(labels, size or len(split), seed=seed)
+    else:  # too few to hold every class (a smoke test's cap): a seeded draw, the same for every trial
+        indices = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:size].sort().values
     if hasattr(split, "images"):
         return split.images[indices], labels[indices].long()
     items = [split[int(i)] for i in indices]

@@ -350,6 +350,7 @@ def test_evaluation_subset_is_the_epoch_scores_stratified_draw_for_both_dataset_
     assert torch.equal(evaluation_subset(TensorImages(images, labels), size=20)[0], images[rows])
     assert not torch.equal(evaluation_subset(TensorImages(images, labels), size=20, seed=4)[0], a_images)
     assert len(evaluation_subset(TensorImages(images, labels), size=1000)[1]) == 50  # capped at the split
+    assert len(evaluation_subset(TensorImages(images, labels), size=3)[1]) == 3  # below the classes: a seeded draw
     whole_images, whole_labels = evaluation_subset(_ListDataset(images, labels))  # default: the whole split
     assert torch.equal(whole_labels, labels) and torch.equal(whole_images, images)
     with pytest.raises(ValueError, match="must be >= 1"):
