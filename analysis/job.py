@@ -205,14 +205,15 @@ def analyze(*, results: str, study: str, mlflow_uri: str | None, address: str | 
                                          "threads": int(max(1, cpu_each)), "figures": figures},
         batch_size=1, compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=cpu_each,
         num_gpus=gpu_each or None)
-    statuses = measure_checkpoints(results, study, rows, ds.iter_rows(), actors=actors, before=before, total=total,
-                                   choices={"checkpoints": checkpoints, "eval_size": eval_size or 0})
+    with tables.compacting(results, study, table="measurements"):  # measured files folded as they pile up
+        statuses = measure_checkpoints(results, study, rows, ds.iter_rows(), actors=actors, before=before,
+                                       total=total, choices={"checkpoints": checkpoints, "eval_size": eval_size or 0})
     ok = sum(s["status"] == "ok" for s in statuses)
     corrupt = [s["path"] for s in statuses if "CorruptCheckpointError" in s["status"]]
     log.info("analysis of %s: %d measured, %d skipped%s", study, ok, len(statuses) - ok,
              f" ({len(corrupt)} corrupt: {', '.join(corrupt)})" if corrupt else "")
     log.info("summary table of %s: %d trial(s)", study, write_summary_table(results, study))
-    tables.try_compact(results, study)  # its measurement and summary files in a few: every later read is one scan
+    tables.try_compact(results, study)  # the summary files too: every later read is one scan
     return gone + statuses
 
 

@@ -295,11 +295,42 @@ def measured(results: str, study: str) -> set[tuple[str, int]]:
 def _held(folder: _Folder, part: _Compacted) -> set[tuple]:
     """The units a compacted file holds: (trial_id,), or (trial_id, checkpoint_epoch) for measurements. Its
     footer lists them (``_listed``): no row is read; a file compacted before footers were written has its keys read."""
-    listed = (pq.read_schema(part.path, filesystem=folder.fs).metadata or {}).get(UNITS_KEY)
+    listed = (pq.read_metadata(part.path, filesystem=folder.fs).metadata or {}).get(UNITS_KEY)  # the file's key-values
     if listed is not None:
         return set(map(tuple, json.loads(listed)))
     keys = _scan(replace(folder, units=(), live=(part,)), _keys(folder.table)).to_pydict()
     return set(zip(*(keys[k] for k in _keys(folder.table))))
+
+
+def _write_streamed(folder: _Folder, results: str, study: str, file: str) -> set[tuple]:
+    """``_scan``'s rows written to ``file`` one record batch at a time (memory: a batch, not the table), its
+    footer listing the units it holds (``_listed``); those units. No rows: no file."""
+    dataset, names, scan, kept = _dataset(folder, None)
+    keys, held = _keys(folder.table), set()
+    fs, root = filesystem(table_path(results, study, folder.table))
+    fs.create_dir(root, recursive=True)
+    final = f"{root}/{file}.parquet"
+    local = isinstance(fs, pafs.LocalFileSystem)
+    target = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp" if local else final  # (``_write``'s hidden temp name)
+    try:
+        with pq.ParquetWriter(target, pa.schema([dataset.schema.field(n) for n in names]), filesystem=fs) as writer:
+            for batch in dataset.to_batches(columns=scan):
+                rows = pa.Table.from_batches([batch])
+                rows = rows if kept is None else rows.filter(kept).select(names)
+                if rows.num_rows:
+                    units = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
+                    held |= set(zip(*(units[k] for k in keys)))
+                    writer.write_table(rows)
+            writer.add_key_value_metadata({UNITS_KEY: json.dumps(sorted(held))})
+    except BaseException:  # a full disk, a kill: no half-written file is left to be read
+        with contextlib.suppress(OSError):
+            fs.delete_file(target)
+        raise
+    if not held:
+        fs.delete_file(target)
+    elif local:
+        fs.move(target, final)
+    return held
 
 
 def _listed(rows: pa.Table, table: str) -> tuple[pa.Table, set[tuple]]:
@@ -395,14 +426,17 @@ def _compact(results: str, study: str, folder: _Folder, units: tuple[_Unit, ...]
         # files never share a unit and stay few. The live files' footers say which units they hold.
         mine = {(u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] for u in units}
         merge = len(folder.live) >= MAX_COMPACTED or any(mine & _held(folder, part) for part in folder.live)
-        rows = _scan(replace(folder, units=units, live=folder.live if merge else ()))
-        options = {}
+        merged = replace(folder, units=units, live=folder.live if merge else ())
+        file = _compacted_file(min((c.lo for c in folder.live), default=generation) if merge else generation,
+                               generation)
         if table in ("trials", "summary"):  # sorted, in small row groups: read_trial reads one
-            rows, options = rows.sort_by("trial_id"), {"row_group_size": TRIALS_PER_ROW_GROUP}
-        if rows.num_rows:
+            rows = _scan(merged).sort_by("trial_id")
             rows, held = _listed(rows, table)  # ``measured`` and the next compaction read no row
-            lo = min((c.lo for c in folder.live), default=generation) if merge else generation
-            _write(rows, results, study, table, _compacted_file(lo, generation), **options)
+            if rows.num_rows:
+                _write(rows, results, study, table, file, row_group_size=TRIALS_PER_ROW_GROUP)
+        else:  # epochs and measurements: millions of rows at 10,000 trials, so streamed, a batch at a time
+            held = _write_streamed(merged, results, study, file)
+        if held:
             # A unit file with no rows stays: its name is the record that it ran (``measured``).
             gone += [u.path for u in units if (u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] in held]
             gone += [c.path for c in folder.live] if merge else []
@@ -445,15 +479,16 @@ def try_compact(results: str, study: str, *, settled_only: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def compacting(results: str, study: str, *, every: int = COMPACT_EVERY, interval_s: float = COMPACT_INTERVAL_S,
-               poll_s: float = 30.0) -> Iterator[None]:
-    """While the block runs (a launch's training), compact the settled trials' files in a daemon thread
-    once ``every`` of them wait or ``interval_s`` has passed; when it ends (no trial runs then), all of
-    them (``try_compact``)."""
+def compacting(results: str, study: str, *, table: str = "trials", every: int = COMPACT_EVERY,
+               interval_s: float = COMPACT_INTERVAL_S, poll_s: float = 30.0) -> Iterator[None]:
+    """While the block runs (a launch's training; ``table="measurements"``: an analysis), compact the settled
+    trials' files in a daemon thread once ``every`` files of ``table`` wait or ``interval_s`` has passed;
+    when it ends (no trial runs then), all of them (``try_compact``). So no compaction meets the files of
+    thousands of units at once (the scan's cost grows with the files: ~0.2 MB each at 10,000)."""
     stop = threading.Event()
 
     def waiting() -> int:
-        folder = _folder(results, study, "trials")
+        folder = _folder(results, study, table)
         return len(folder.units) if folder is not None else 0
 
     def loop() -> None:

@@ -107,7 +107,7 @@ def _forget_measurements(folder: Path, units: set[tuple[str, int]]) -> None:
         rows = pq.read_table(part)
         pairs = zip(rows["trial_id"].to_pylist(), rows["checkpoint_epoch"].to_pylist())
         keep = [pair not in units for pair in pairs]
-        held = [u for u in json.loads(rows.schema.metadata[tables.UNITS_KEY]) if tuple(u) not in units]
+        held = [u for u in json.loads(pq.read_metadata(part).metadata[tables.UNITS_KEY]) if tuple(u) not in units]
         pq.write_table(rows.filter(keep).replace_schema_metadata({tables.UNITS_KEY: json.dumps(held)}), part)
 
 

@@ -51,7 +51,7 @@ def test_compaction_folds_the_units_and_every_read_sees_each_row_once(tmp_path):
         assert _files(tmp_path, table) == ["compacted-000001-000001.parquet"]
         assert sorted(map(str, _rows(results, table))) == before[table]
         # Its footer lists the units it holds: the next compaction and ``measured`` read no row.
-        footer = pq.read_schema(tmp_path / STUDY / table / "compacted-000001-000001.parquet").metadata
+        footer = pq.read_metadata(tmp_path / STUDY / table / "compacted-000001-000001.parquet").metadata
         units = [[f"shapes-{i}", *([e] if table == "measurements" else [])] for i in range(4)
                  for e in ((0, 2) if table == "measurements" else (None,))]
         assert sorted(json.loads(footer[tables.UNITS_KEY])) == units
@@ -162,6 +162,20 @@ def test_a_launch_compacts_settled_trials_while_it_trains(tmp_path):
     assert _files(tmp_path, "trials") == ["compacted-000001-000001.parquet", "compacted-000002-000002.parquet"]
     assert {r["trial_id"]: r["status"] for r in _rows(results, "trials")} == {
         "shapes-0": "finished", "shapes-1": "finished", "shapes-2": "running"}
+
+
+def test_an_analysis_folds_measured_checkpoints_as_they_pile_up(tmp_path):
+    results = str(tmp_path)
+    _trial(results, "shapes-0", epochs=())
+    tables.compact(results, STUDY)  # the launch has ended: no trial's own file waits
+    with tables.compacting(results, STUDY, table="measurements", every=2, poll_s=0.01):
+        _trial(results, "shapes-0", epochs=(0, 2))  # (its trials row written again: as an analysis does)
+        for _ in range(6000):  # until the thread's pass has folded both checkpoints (bounded: a slow machine)
+            if _files(tmp_path, "measurements") == ["compacted-000001-000001.parquet"]:
+                break
+            time.sleep(0.01)
+        assert _files(tmp_path, "measurements") == ["compacted-000001-000001.parquet"]
+    assert tables.measured(results, STUDY) == {("shapes-0", 0), ("shapes-0", 2)}
 
 
 def test_many_compactions_merge_into_few_files_and_empty_units_stay(tmp_path):
