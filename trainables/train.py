@@ -42,15 +42,15 @@ import torch.nn.functional as F
 
 from records.vocab import did_not_learn
 from trainables import checkpoints
-from trainables.augment import augmentation
+from trainables.augment import StepDraws, augmentation, step_batch
 from trainables.fast_paths import wrap_forward
 from trainables.config import RunConfig
 from trainables.datasets import capped_subset, input_record, load_dataset
-from trainables.images import normalize, to_device
+from trainables.images import normalize
 from trainables.inputs import EpochEval, TrainSource, pack_epoch
 from trainables.optim import build_optimizer, lr_scheduler
 from trainables.packed import PackedViT, mixed_precision
-from trainables.protocols import cutmix_batch, soft_targets
+from trainables.protocols import cutmix_draw
 
 Report = Callable[[dict[str, Any], "str | None"], None]
 # Once per epoch, every member still in the pack: [(trial id, metrics, checkpoint dir or None), ...]
@@ -88,12 +88,13 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
     """One optimiser step of every member of the pack, each on its own batch.
 
     batches[k]: member k's augmented uint8 images (B, 3, S, S) and labels (B,) on the device; cfgs[k],
-    mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member: CutMix
-    (``mix_batch``), normalisation, RPT, loss with its label smoothing; the summed loss gives each member
-    exactly its own gradient. Returns the losses (K,) and the counts of images whose soft-target argmax
-    (under CutMix the larger pasted share) was predicted (K,), as device tensors: reading them would sync
-    the device. Until a step succeeds, a fast path that fails takes itself down (`pack.fast_paths`) and
-    the forward and backward run again on the same inputs (drawn once)."""
+    mix_gens[k], perm_gens[k]: its config and its epoch's CutMix and RPT generators. Per member: CutMix,
+    normalisation, RPT (``step_inputs``: drawn per member, applied to the pack at once), loss with its
+    label smoothing; the summed loss gives each member exactly its own gradient. Returns the losses (K,)
+    and the counts of images whose soft-target argmax (under CutMix the larger pasted share) was
+    predicted (K,), as device tensors: reading them would sync the device. Until a step succeeds, a fast
+    path that fails takes itself down (`pack.fast_paths`) and the forward and backward run again on the
+    same inputs (drawn once)."""
     x, target, perms = step_inputs(cfgs, batches, num_classes=num_classes, mean=mean, std=std, mix_gens=mix_gens,
                                    perm_gens=perm_gens)
 
@@ -110,19 +111,16 @@ def pack_step(pack: PackedViT, optimizer: torch.optim.Optimizer, cfgs: Sequence[
 
 def step_inputs(cfgs: Sequence[RunConfig], batches, *, num_classes: int, mean, std,
                 mix_gens: Sequence[torch.Generator], perm_gens: Sequence[torch.Generator]):
-    """Per member CutMix, normalisation and the RPT permutation (the step's host draws): images
-    (K, B, 3, S, S), soft targets (K, B, C), K permutations or None."""
-    xs, targets, perms = [], [], []
+    """The step's host draws per member (`mix_draw`, `random_permutation`, each from its own
+    generators), applied to the whole pack at once (`augment.step_batch`: CutMix, normalisation and the
+    permutations in one copy): images (K, B, 3, S, S), soft targets (K, B, C), the permutations."""
+    draws = []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
-        images, target = mix_batch(cfg, images, labels, num_classes, mix_gen)
-        xs.append(normalize(images, mean, std))
-        targets.append(target)
-        perms.append(to_device(random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
-                                                  generator=perm_gen), images.device) if cfg.rpt else None)
-    # a pack of one takes a view, not a copy of its batch
-    target = targets[0].unsqueeze(0) if len(targets) == 1 else torch.stack(targets)
-    x = xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)
-    return x, target, perms
+        box, partner = mix_draw(cfg, labels.numel(), images.shape[-1], mix_gen)
+        perm = random_permutation(labels.numel(), cfg.model.num_patches, per_image=cfg.rpt_per_image,
+                                  generator=perm_gen) if cfg.rpt else None
+        draws.append(StepDraws(box, partner, perm))
+    return step_batch(batches, draws, num_classes=num_classes, mean=mean, std=std)
 
 
 def member_losses(pack: PackedViT, x: torch.Tensor, target: torch.Tensor, perms, *,
@@ -134,15 +132,13 @@ def member_losses(pack: PackedViT, x: torch.Tensor, target: torch.Tensor, perms,
     return losses, (logits.argmax(-1) == target.argmax(-1)).sum(-1)
 
 
-def mix_batch(cfg: RunConfig, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
-              mix_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One member's step input after CutMix: uint8 images (B, 3, S, S) and soft targets (B, C). A CutMix
-    protocol mixes a share ``cutmix_prob`` of its batches (one box per batch, Lee et al.'s recipe); the
-    coin is drawn only when ``cutmix_prob < 1``, so the default keeps the CutMix stream of earlier versions."""
-    targets = soft_targets(labels, num_classes)
+def mix_draw(cfg: RunConfig, batch: int, side: int, mix_gen: torch.Generator):
+    """One member's CutMix draws for a batch (`protocols.cutmix_draw`: box, partners), or (None, None). A
+    CutMix protocol mixes a share ``cutmix_prob`` of its batches (one box per batch, Lee et al.'s recipe);
+    the coin is drawn only when ``cutmix_prob < 1``, so the default keeps the CutMix stream of earlier versions."""
     if cfg.cutmix and (cfg.cutmix_prob >= 1 or float(torch.rand((), generator=mix_gen)) < cfg.cutmix_prob):
-        images, targets = cutmix_batch(images, targets, generator=mix_gen)
-    return images, targets
+        return cutmix_draw(batch, side, side, mix_gen)
+    return None, None
 
 
 def random_permutation(batch: int, n: int, *, per_image: bool, generator: torch.Generator) -> torch.Tensor:
