@@ -61,6 +61,7 @@ COMPACT_EVERY = 500  # during a launch: compact once this many settled trials' f
 COMPACT_INTERVAL_S = 600.0  # ...or this long has passed with any waiting
 MAX_COMPACTED = 8  # live compacted files of a table before a compaction merges them into one
 TRIALS_PER_ROW_GROUP = 1024  # compacted trials and summary, sorted by trial id: read_trial reads one row group
+ROWS_PER_GROUP = 1 << 18  # compacted epochs and measurements: a few row groups, not one per unit file
 FIXED = {"trials": TRIAL_FIELDS, "epochs": EPOCHS, "measurements": MEASUREMENTS, "summary": SUMMARY_FIELDS}
 UNITS_KEY = b"vitsweep.units"  # a compacted file's footer: its units, [trial_id] ([trial_id, checkpoint_epoch])
 SETTLED = ("finished", "stopped")  # no launch writes such a trial's files again: compacted while others train
@@ -314,13 +315,19 @@ def _write_streamed(folder: _Folder, results: str, study: str, file: str) -> set
     target = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp" if local else final  # (``_write``'s hidden temp name)
     try:
         with pq.ParquetWriter(target, pa.schema([dataset.schema.field(n) for n in names]), filesystem=fs) as writer:
-            for batch in dataset.to_batches(columns=scan):
+            pending: list[pa.Table] = []  # a row group per write: batches (one per unit file) gathered first
+            for batch in dataset.to_batches(columns=scan, batch_readahead=1, fragment_readahead=1):
                 rows = pa.Table.from_batches([batch])
                 rows = rows if kept is None else rows.filter(kept).select(names)
                 if rows.num_rows:
                     units = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
                     held |= set(zip(*(units[k] for k in keys)))
-                    writer.write_table(rows)
+                    pending.append(rows)
+                if sum(t.num_rows for t in pending) >= ROWS_PER_GROUP:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
+                    pending = []
+            if pending:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
             writer.add_key_value_metadata({UNITS_KEY: json.dumps(sorted(held))})
     except BaseException:  # a full disk, a kill: no half-written file is left to be read
         with contextlib.suppress(OSError):
@@ -499,7 +506,8 @@ def compacting(results: str, study: str, *, table: str = "trials", every: int = 
             except OSError:
                 continue
             if ready >= every or (ready > 0 and time.monotonic() - last >= interval_s):
-                running, last = try_compact(results, study, settled_only=True), time.monotonic()
+                left = try_compact(results, study, settled_only=True)  # trials still running, their files kept
+                running, last = left if table == "trials" else 0, time.monotonic()
 
     thread = threading.Thread(target=loop, name="vitsweep-compact", daemon=True)
     thread.start()

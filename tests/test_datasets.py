@@ -308,10 +308,12 @@ def test_folder_in_memory_exact_pixels(tmp_path):
     assert data.img_size == 32 and data.patch_size == 4
 
 
-def test_folder_large_is_lazy(tmp_path):
+def test_folder_large_is_lazy(tmp_path, monkeypatch):
     root = _write_folder(tmp_path / "f", classes=("a", "b"), per_class=3, size=(150, 200), fmt="jpg")
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "node"))  # a node's workers: nothing of it is shared...
     data = load_dataset("folder", root, img_size=128, holdout_fraction=0.34)
     assert isinstance(data.train, ImageFiles) and isinstance(data.test, ImageFiles)
+    assert [p.suffix for p in (tmp_path / "node").iterdir()].count(".unshared") == 1  # ...said once, for the next
     assert data.train[0][0].shape == (3, 150, 200)  # native size: the protocol crops it
     assert data.holdout[0][0].shape == (3, 128, 128) and data.test[0][0].shape == (3, 128, 128)
     assert data.mean == (0.485, 0.456, 0.406)

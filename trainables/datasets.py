@@ -31,6 +31,7 @@ every process maps them (`shared_splits`): one copy per node.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -131,7 +132,9 @@ def shared_splits(folder: Path, key: str, load: Callable[[], DatasetSplits]) -> 
     lock file). A set whose folder is gone (its node lost, a cleaned temporary folder) or unreadable is
     built again; folder-backed splits (`ImageFiles`, decoded per item) and a folder that cannot be
     written (read-only, a full disk) leave the process its own `load()`."""
-    place = folder / key
+    place, unshared = folder / key, folder / f"{key}.unshared"
+    if unshared.exists():  # folder-backed: nothing to share, so no process waits for another's load
+        return load()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / f"{key}.lock", "w")  # noqa: SIM115 - closed by the with below
@@ -146,12 +149,14 @@ def shared_splits(folder: Path, key: str, load: Callable[[], DatasetSplits]) -> 
                 shutil.rmtree(place, ignore_errors=True)
         data = load()
         if not all(isinstance(data.split(s), TensorImages) for s in SPLIT_NAMES):
+            with contextlib.suppress(OSError):
+                unshared.touch()
             return data
         try:
             _write_splits(data, place)
-        except OSError:
+            return _read_splits(place)
+        except OSError:  # a full disk, or the copy removed at once (``ray_trial.node_folder``): this one's own
             return data
-        return _read_splits(place)
 
 
 def _write_splits(data: DatasetSplits, place: Path) -> None:
