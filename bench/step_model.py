@@ -249,10 +249,6 @@ def variant(before: bool) -> Iterator[None]:
         folded.fold_linears = fold
 
 
-def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    return torch.zeros(labels.numel(), num_classes, device=labels.device).scatter_(1, labels[:, None], 1.0)
-
-
 def _configs(pe: str, k: int) -> list[RunConfig]:
     return [RunConfig.for_dataset("cifar10", preset="study_l", pe=pe, seed=seed, batch_size=BATCH, data_root="/unused",
                                   device="cpu") for seed in range(k)]
@@ -422,7 +418,6 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the K whose compiled step is lowered (about two minutes each on 2 idle cores)")
     args = parser.parse_args(argv)
     F.scaled_dot_product_attention = fused_sdpa
-    train.soft_targets = _one_hot
     print("H200 and H100 estimates from one census of CPU counts; assumptions: achieved HBM bandwidth " +
           ", ".join(f"{card} {bw / 1e12:.1f} TB/s" for card, bw in CARDS.items()) +
           " (the H100's: 80% of its measured 3.0 TB/s copy), "
