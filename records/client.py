@@ -152,8 +152,9 @@ def storage_fault(exc: BaseException) -> tuple[str, int | None] | None:
             for name in ("TrackingError: ", "StorageError: "):  # ours, raised remotely: its one line as it was
                 if name in line:
                     text = line.split(name, 1)[1].strip()[:400]
-                    return text, None if name == "TrackingError: " else _errno_of(text) or errno.EIO
-            if (code := _errno_of(line)) is not None:
+                    return text, None if name == "TrackingError: " else errno_of(text) or errno.EIO
+            # only a full or read-only store by its words: "permission denied" in a text may be a server's 403
+            if (code := errno_of(line)) in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
                 return line.strip()[:400], code
     return None
 
@@ -164,7 +165,8 @@ def storage_exception(line: str, code: int | None) -> Exception:
     return TrackingError(line) if code is None else StorageError(code, line)
 
 
-def _errno_of(text: str) -> int | None:
+def errno_of(text: str) -> int | None:
+    """The errno that ``text``'s storage words (``STORAGE_WORDS``) stand for, or None."""
     low = text.lower()
     return next((code for words, code in STORAGE_WORDS.items() if words in low), None)
 
@@ -175,7 +177,7 @@ def _is_transient(exc: BaseException) -> bool:
     from mlflow.exceptions import MlflowException
 
     text = str(exc).lower()
-    if _errno_of(text) is not None:  # another attempt hits the same full or read-only disk
+    if errno_of(text) is not None:  # another attempt hits the same full or read-only disk
         return False
     if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlite3.OperationalError, ConnectionError,
                         TimeoutError)):

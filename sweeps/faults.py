@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from records.client import STORAGE_WORDS, cause_chain
+from records.client import STORAGE_WORDS, cause_chain, errno_of
 from records.layout import filesystem, logs_dir, train_storage
 from records.stores import TrackingError, redact, scheme
 
@@ -71,8 +71,7 @@ def classify_text(text: str) -> str | None:
 
 
 def _storage_words(text: str) -> bool:
-    low = text.lower()
-    return any(words in low for words in STORAGE_WORDS)
+    return errno_of(text) is not None
 
 
 # ---------------------------------------------------------------------------------------------- the log
