@@ -111,7 +111,7 @@ def missing_checkpoints_note(results: str, study: str) -> str | None:
 def write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
     """Each table as ``<name>.csv`` (a missing value is an empty field, so a numeric column reads back
     numeric) and LaTeX; returns the files. The claims' LaTeX with every column is ``claims-full.tex``:
-    ``claims.tex`` is the table the page shows (``write_latex``)."""
+    ``claims.tex`` is the table the page shows (``claims_page.write_claims_latex``)."""
     files = []
     for name, table in tables.items():
         table = table.replace("—", math.nan).infer_objects()  # "—" is the page's, not a value

@@ -427,8 +427,8 @@ def closing_lines(results: str, study: str, mlflow_uri: str, *, report: str | No
 
 def mlflow_view(mlflow_uri: str, experiment_id: str | None = None) -> str:
     """How to open the study's runs in MLflow's training layout (``?workflowType=machine_learning``:
-    MLflow 3 opens its GenAI layout otherwise): the experiment's runs table, with each trial's
-    curves under its run's Model metrics. A local store needs ``mlflow ui`` first."""
+    MLflow 3 opens its GenAI layout otherwise): the experiment's runs table; a run's charts open on
+    its headline numbers (``Headline/``), then its training curves (``epochs/``). A local store needs ``mlflow ui`` first."""
     where = (tracking.experiment_url(mlflow_uri, experiment_id) if experiment_id is not None
              else f"{tracking.ui_base(mlflow_uri)}/#/experiments (the study's experiment)")
     command = tracking.ui_command(mlflow_uri)

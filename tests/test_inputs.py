@@ -220,3 +220,5 @@ def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_
             for extra in ({}, {"gpu_decode": True})]
     sources = [pack_inputs([cfg], torch.device("cpu"))[1][0] for cfg in cfgs]  # the run config reaches the source
     assert [source.gpu_decode for source in sources] == [False, True]
+    with pytest.raises(ValueError, match="gpu_decode decodes .* on CUDA, and device is 'cpu'"):
+        RunConfig.for_dataset("folder", preset="study_l", data_root=str(root), gpu_decode=True, device="cpu")

@@ -111,6 +111,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.gpu_decode and self.device == "cpu":
+            raise ValueError("gpu_decode decodes a folder-backed set's JPEGs on CUDA, and device is 'cpu': use "
+                             "device 'cuda' or 'auto', or leave gpu_decode off")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"warmup_epochs must lie in [0, epochs={self.epochs}], got {self.warmup_epochs}")
         # The holdout exists only to score tuning runs: a test-scored run trains on every training image.

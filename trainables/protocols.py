@@ -18,7 +18,8 @@ for Small-Size Datasets"), written torch-free in trainables/protocol_spec.py (`P
 
 Per batch, on the device (uint8 until the model; B batch, C classes, S image side): the augmented
 images (trainables/augment.py: drawn per image on the host, applied batched; trainables/inputs.py) ->
-soft_targets -> cutmix_batch -> normalize -> float (B, 3, S, S), (B, C). Every (seed, epoch, index) has
+soft targets, CutMix (drawn per member, `cutmix_draw`) and normalisation for a pack's members at once
+(`augment.step_batch`) -> float (K, B, 3, S, S), (K, B, C). Every (seed, epoch, index) has
 its own 63-bit key (`item_seed`), so an image's augmentation is the same whatever the number of workers
 and after a resume; the epoch's order is `epoch_order`.
 """
