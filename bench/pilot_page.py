@@ -148,13 +148,12 @@ def grid_of(data: StudyData) -> int:
 
 # -- Study L's claims ---------------------------------------------------------------------------
 def claim_rows(data: StudyData) -> pd.DataFrame:
-    """Study L's claims that this pilot's arms can test, with the size of each row's Holm family (its paper
-    and data set's rows with a p; a CLS-sinks-kept repeat stands outside it: 0)."""
+    """Study L's claims that this pilot's arms can test, with the size of each row's Holm family
+    (``claim_tests.HOLM_FAMILY``: its paper and data set's rows with a p; 0 for a row without a test)."""
     claims = evaluate_claims(data)
     rows = claims[(claims["paper"] == "Study L") & (claims["verdict"] != "no data")].copy()
-    outside = rows["setting"].fillna("").str.contains(SINKS_KEPT_MARK, regex=False)
-    rows["family"] = rows[HOLM_FAMILY].where(~outside, 0).astype(int)
-    rows["sinks kept"] = outside
+    rows["family"] = rows[HOLM_FAMILY].astype(int)  # a sinks-kept repeat: its row's family, read at its row's step
+    rows["sinks kept"] = rows["setting"].fillna("").str.contains(SINKS_KEPT_MARK, regex=False)
     return rows
 
 
