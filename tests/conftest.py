@@ -29,15 +29,21 @@ FAST_DEMO = ["--set", "epochs=2", "--set", "max_train_images=1024", "--pack", "2
 FAST_EVAL_SIZE = 100
 
 
+def load_script(path: Path):
+    """A script outside the packages (``bench/*.py``, a ``sitecustomize.py``) loaded as a module of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def diverge(monkeypatch):
     """``diverge(trial_id, epoch)``: that pack member's weights turn non-finite at the start of that
     epoch, in this process (``tests/trialfaults/sitecustomize.py``, which does it in a sweep's workers)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trialfaults", ROOT / "tests" / "trialfaults" / "sitecustomize.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
+    faults = load_script(ROOT / "tests" / "trialfaults" / "sitecustomize.py")
     return lambda trial_id, epoch: faults.diverge(trial_id, epoch, monkeypatch.setattr)
 
 

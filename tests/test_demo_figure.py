@@ -3,7 +3,6 @@ beside it: the data are the demo's own columns, and the figure redraws from them
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 
@@ -13,15 +12,13 @@ from PIL import Image
 from records.schema import EPOCHS
 from sweeps import demo
 from trainables.config import RunConfig
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("demo_figure", ROOT / "bench" / "demo_figure.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "demo_figure.py")
 
 
 def test_the_data_file_has_the_columns_the_demo_writes_one_row_per_trial_and_epoch():

@@ -10,18 +10,14 @@ import pandas as pd
 from analysis.claims import SINKS_KEPT_MARK
 from analysis.report import build_report
 from records import tables
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_study_l.py"
 
 
 def _load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_study_l", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_tiny_run_writes_the_tables_vitsweep_report_reads(tmp_path):

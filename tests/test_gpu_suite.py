@@ -1,12 +1,13 @@
 """bench/gpu_suite.py's CPU mode: every section of the code the H200 runs, at a tiny size; one
 section's failure, or one packing row's, loses no other numbers; the suite fits its GPU slot."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ["packing", "probe", "separate", "augment", "decode", "step", "deterministic", "compile"]
@@ -66,10 +67,7 @@ def test_a_tiny_table_is_never_kept_as_the_measured_one(tmp_path):
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "bench" / "gpu_suite.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "gpu_suite.py")
 
 
 def test_the_section_estimates_fit_below_the_default_deadline():

@@ -5,7 +5,6 @@ uniform-attention level on every MAD figure; the code versions. Synthetic tables
 with the imports)."""
 
 import datetime
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,20 +16,14 @@ from records import tables
 from sweeps import pilot
 from trainables.config import RunConfig
 from trainables.train import snapshot_epochs
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = tuple(snapshot_epochs(pilot.EPOCHS))
 LAST = pilot.EPOCHS
 
 
-def _page_module():
-    spec = importlib.util.spec_from_file_location("pilot_page", ROOT / "bench" / "pilot_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PAGE = _page_module()
+PAGE = load_script(ROOT / "bench" / "pilot_page.py")
 
 
 def _write_pilot(results: str, cutmix_drop: float, cutmix_acc: float, fall: float = 0.008,
