@@ -49,10 +49,15 @@ def compare(results_a: str, results_b: str, study: str) -> dict[str, pd.DataFram
     claims = _side_by_side(claims, list(CLAIM_KEYS), tuple(CLAIM_VALUES.values()), ("effect",))
     verdicts = claims[["verdict (A)", "verdict (B)"]].fillna("no data")
     claims.insert(len(CLAIM_KEYS), CHANGED, verdicts["verdict (A)"] != verdicts["verdict (B)"])
-    data_first = (verdicts != "no data").any(axis=1)
+    data_first = _has_data(claims)
     claims = pd.concat([claims[data_first], claims[~data_first]], ignore_index=True)
     numbers = tuple(v for v in CONDITION_VALUES if v != "n")
     return {"claims": claims, "conditions": _side_by_side(conditions, keys, CONDITION_VALUES, numbers)}
+
+
+def _has_data(claims: pd.DataFrame) -> pd.Series:
+    """The claim rows with a verdict other than "no data" in either folder."""
+    return (claims[["verdict (A)", "verdict (B)"]].fillna("no data") != "no data").any(axis=1)
 
 
 def _side_by_side(tables: list[pd.DataFrame], keys: list[str], values: tuple[str, ...],
@@ -97,7 +102,7 @@ def short_verdict(verdict) -> str:
 def claim_lines(claims: pd.DataFrame, show_all: bool = False, width: int = WIDTH) -> list[str]:
     """The claims as fixed-width lines of at most ``width`` characters: ``*`` marks a changed verdict;
     equal rows and claims without data in either folder are folded into a count unless ``show_all``."""
-    data = claims[(claims[["verdict (A)", "verdict (B)"]].fillna("no data") != "no data").any(axis=1)]
+    data = claims[_has_data(claims)]
     shown = claims if show_all else data[~data[SAME]]
     verdicts = [f"{short_verdict(r['verdict (A)'])} -> {short_verdict(r['verdict (B)'])}" if r[CHANGED]
                 else short_verdict(r["verdict (A)"]) for r in shown.to_dict("records")]
@@ -152,7 +157,7 @@ def page(tables: dict[str, pd.DataFrame], results_a: str, results_b: str, study:
              "highlighted, <i>A - B</i> beside each compared number (green above 0, red below); rows the same in "
              "both folders are folded. claims.csv and conditions.csv beside this page hold every column.</p>"]
     claims, conditions = tables["claims"], tables["conditions"]
-    data = (claims[["verdict (A)", "verdict (B)"]].fillna("no data") != "no data").any(axis=1)
+    data = _has_data(claims)
     for name, table, differ in (("Claims", claims, data & ~claims[SAME]), ("Conditions", conditions, ~conditions[SAME])):
         shown = _claims_view(table) if name == "Claims" else _conditions_view(table)
         changed = f", {int(claims[CHANGED].sum())} verdict(s) changed" if name == "Claims" else ""
