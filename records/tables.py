@@ -316,6 +316,7 @@ def _write_streamed(folder: _Folder, results: str, study: str, file: str) -> set
     try:
         with pq.ParquetWriter(target, pa.schema([dataset.schema.field(n) for n in names]), filesystem=fs) as writer:
             pending: list[pa.Table] = []  # a row group per write: batches (one per unit file) gathered first
+            waiting = 0
             for batch in dataset.to_batches(columns=scan, batch_readahead=1, fragment_readahead=1):
                 rows = pa.Table.from_batches([batch])
                 rows = rows if kept is None else rows.filter(kept).select(names)
@@ -323,9 +324,10 @@ def _write_streamed(folder: _Folder, results: str, study: str, file: str) -> set
                     units = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
                     held |= set(zip(*(units[k] for k in keys)))
                     pending.append(rows)
-                if sum(t.num_rows for t in pending) >= ROWS_PER_GROUP:
+                    waiting += rows.num_rows
+                if waiting >= ROWS_PER_GROUP:
                     writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
-                    pending = []
+                    pending, waiting = [], 0
             if pending:
                 writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
             writer.add_key_value_metadata({UNITS_KEY: json.dumps(sorted(held))})
