@@ -20,7 +20,7 @@ layer x head x metric (``head_index``, not ``head``: that name is ``DataFrame.he
 vocabulary", checked against what ``analysis/measuring/evaluate.py`` emits. Every row carries ``n_images``, the
 evaluation images behind it (the whole test split unless the analysis job was given a cap), so the
 clean ``acc`` row equals ``trials.test_acc`` uncapped. ``summary`` is wide: one row per finished
-trial, written by the analysis stage (``analysis.measuring.trial_record.write_summary_table``): the trial's
+trial, written after the analysis stage (``analysis.statistics.study_data.write_summary_table``): the trial's
 config and final accuracies beside its headline measurements at its last measured checkpoint.
 """
 
