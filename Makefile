@@ -23,7 +23,9 @@ demo: $(STAMP)
 demo-figure: $(STAMP)  # after `make demo`: the README's figure and its data (docs/demo_training_curves.*)
 	$(PY) bench/demo_figure.py --results results
 
-test: $(STAMP)
+test: $(STAMP)  # the linter and the spec's type check first: seconds, where the suite takes minutes
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest tests
 
 bench: $(STAMP)

@@ -1,1 +1,1 @@
-"""analysis"""
+"""The post-hoc analysis, room by room (docs/operations.md, Layout): measuring/, statistics/, reporting/."""

@@ -4,7 +4,7 @@
     python3 bench/demo_figure.py --results DIR     # the same from another results folder
     python3 bench/demo_figure.py                   # the PNG again from the CSV alone
 
-The figure is the report's "Training curves" figure (``analysis.figures_l.training_curves``) of the
+The figure is the report's "Training curves" figure (``analysis.reporting.figures_l.training_curves``) of the
 demo. The CSV holds what it draws, one row per trial and epoch, under the demo's own column names:
 each trial's factors (``COLUMNS[:6]``, from its trials table) and accuracy after each epoch (the rest,
 from its epochs table). ``tests/test_demo_figure.py`` redraws the PNG from the CSV and checks its columns.
@@ -22,9 +22,9 @@ if str(ROOT) not in sys.path:
 
 import pandas as pd  # noqa: E402
 
-from analysis import canvas  # noqa: E402
-from analysis.figures_l import training_curves  # noqa: E402
-from analysis.study_data import StudyData  # noqa: E402
+from analysis.measuring import canvas  # noqa: E402
+from analysis.reporting.figures_l import training_curves  # noqa: E402
+from analysis.statistics.study_data import StudyData  # noqa: E402
 
 STUDY = "demo"
 COLUMNS = ("trial_id", "dataset", "pe", "rpt", "protocol", "seed", "epoch", "eval_acc", "train_acc")

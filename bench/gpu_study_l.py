@@ -14,13 +14,13 @@ keeps what it had written; the checkpoints and snapshots go to ``--storage`` (de
 ``OUT/storage``), which a device tool's output folder should not hold (about 5 MB a snapshot).
 
 Needs torch, torchvision, numpy, pandas and pyarrow (what a bare GPU machine's Python has); no Ray,
-MLflow or Optuna: it calls the training loop (``trainables.train.train_pack``) and the measurement
-(``analysis.evaluate.evaluate_checkpoint``) directly and writes the project's ``trials``, ``epochs``
+MLflow or Optuna: it calls the training loop (``trainables.loop.train.train_pack``) and the measurement
+(``analysis.measuring.evaluate.evaluate_checkpoint``) directly and writes the project's ``trials``, ``epochs``
 and ``measurements`` tables under ``--out`` (``records.tables``), which ``vitsweep report`` reads.
 docs/operations.md says how to run it on a bare GPU machine and bring the tables back.
 
 What it trains: Study L's model (preset ``study_l``: depth 8, dim 192, 8 heads, MLP ratio 2, ~2.4M
-parameters, 8x8 patches of 4 px, APE) under Lee et al.'s recipe (``sweeps.study_l.LEE_RECIPE``:
+parameters, 8x8 patches of 4 px, APE) under Lee et al.'s recipe (``sweeps.studies.study_l.LEE_RECIPE``:
 AdamW lr 1e-3, wd 0.05 on every parameter, pad-4 crop + flip, CutMix on half the batches, batch
 128, cosine after a 10% warm-up) on all 50,000 training images of ``cifar10-jpeg`` (the ``folder``
 data set), seed 0, the four protocols that decide Study L's headline (``PROTOCOLS``) packed on the
@@ -64,15 +64,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the repository's packages
     sys.path.insert(0, str(ROOT))
 
-from analysis.evaluate import evaluate_checkpoint, evaluation_subset  # noqa: E402
+from analysis.measuring.evaluate import evaluate_checkpoint, evaluation_subset  # noqa: E402
 from records import tables  # noqa: E402
 from records.provenance import code_version  # noqa: E402
 from records.vocab import MODERN  # noqa: E402
-from sweeps.study_l import LEE_RECIPE  # noqa: E402
-from trainables import checkpoints  # noqa: E402
-from trainables.config import RunConfig  # noqa: E402
-from trainables.datasets import load_dataset  # noqa: E402
-from trainables.train import train_pack  # noqa: E402
+from sweeps.studies.study_l import LEE_RECIPE  # noqa: E402
+from trainables.data.datasets import load_dataset  # noqa: E402
+from trainables.loop import checkpoints  # noqa: E402
+from trainables.loop.train import train_pack  # noqa: E402
+from trainables.config.run_config import RunConfig  # noqa: E402
 
 STUDY = "study_l_gpu"
 PROTOCOLS = ("baseline", "cutmix", "autoaugment", MODERN)
@@ -100,7 +100,7 @@ def images_for_budget(budget_s: float, images_per_s: float, snapshot_s: float, e
     """Training images per member such that ``epochs`` epochs of the pack at half of ``images_per_s``
     (the whole pack's measured rate), ``START_S`` and every snapshot's measurement (``snapshot_s`` each)
     fit in ``budget_s``; at least ``minimum`` (ten steps), at most ``full``."""
-    from trainables.train import snapshot_epochs
+    from trainables.loop.train import snapshot_epochs
 
     measure_s = members * len(snapshot_epochs(epochs)) * snapshot_s
     train_s = budget_s - START_S - measure_s
@@ -166,7 +166,7 @@ def choose_epochs(args: argparse.Namespace, train_images: int) -> int:
 
 
 def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -249,7 +249,7 @@ def time_snapshot(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from trainables.packed import init_member
+    from trainables.model.packed import init_member
 
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     # CIFAR-10's shapes (32 px, 10 classes): the folder data set would want its folder to exist
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", required=True, help="the results folder: tables under OUT/study_l_gpu/")
     parser.add_argument("--data-root", default="data/cifar10-jpeg",
                         help="cifar10-jpeg unpacked: a folder of train/<class>/ and test/<class>/ (not with --tiny)")
-    parser.add_argument("--tiny", action="store_true", 
+    parser.add_argument("--tiny", action="store_true",
                         help="CPU, a tiny folder of random images it writes, the tiny model: seconds")
     parser.add_argument("--epochs", type=int, default=0, help="epochs (default: what the budget affords)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--storage", help="checkpoints and snapshots (default OUT/storage): keep them out of a "
                                           "device tool's output folder")
     parser.add_argument("--time-snapshot", action="store_true",
-                        help="time one snapshot measurement (OUT/snapshot_timing.json) and stop; with --tiny on the CPU")
+                        help="time one snapshot measurement (OUT/snapshot_timing.json) and stop; "
+                             "with --tiny on the CPU")
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="with --epochs: the training images per member that fit this many seconds")
     parser.add_argument("--images-per-s", type=float, default=STEP_MODEL_IMAGES_PER_S,

@@ -31,11 +31,11 @@ In order:
 * step: GPU memory of one Study L trial (data copy, step peak), the eager K = 1 step images/s;
 * deterministic: the eager step under `torch.use_deterministic_algorithms(True)` with
   CUBLAS_WORKSPACE_CONFIG=:4096:8 (a fresh process: it must be set before CUDA starts);
-* compile (last): eager against compiled at K = 1 (`torch.compile`d with CUDA graphs) and K = 8 (the
-  pack's vmapped forward compiled; `trainables.compiled`, as `compile=True` trains them), and the
-  eager pack of 8 without the Linear fold, images/s and peak memory per row, the eager rows first; in a child process killed at its own bound (`--compile-bound-s`, never
-  past the deadline), each row written into the table as it comes, so a kill loses none it finished; skipped, with the reason, when there is no CUDA, no
-  Triton or no C compiler.
+* compile (last): eager against compiled at K = 1 (`torch.compile`d with CUDA graphs) and K = 8 (the pack's vmapped
+  forward compiled; `trainables.model.compiled`, as `compile=True` trains them), and the eager pack of 8 without the
+  Linear fold, images/s and peak memory per row, the eager rows first; in a child process killed at its own bound
+  (`--compile-bound-s`, never past the deadline), each row written into the table as it comes, so a kill loses none it
+  finished; skipped, with the reason, when there is no CUDA, no Triton or no C compiler.
 
 Writes $OUT/gpu_suite.json when OUT is set (else bench/out/gpu_suite.json).
 """
@@ -60,24 +60,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainables.augment import (
-    CHUNK_IMAGES,
-    Augmentation,
-    apply,
-    augmentation,
-    draw,
-    item_keys,
-    resized_crop,
-    resized_crop_params,
-)
-from trainables.config import RunConfig
-from trainables.images import TensorImages
-from trainables.inputs import EvalSource, TrainSource, decode_on_device, pack_epoch
-from trainables.packed import PackedViT, fused_attention_under_vmap
-from trainables.protocol_spec import Protocol
-from trainables.optim import build_optimizer
-from trainables.train import epoch_seed, evaluate_pack, pack_step
-from trainables.vit_config import ViTConfig
+from trainables.data.augment import (CHUNK_IMAGES, Augmentation, apply, augmentation, draw, item_keys, resized_crop,
+                                     resized_crop_params)
+from trainables.data.images import TensorImages
+from trainables.data.inputs import EvalSource, TrainSource, decode_on_device, pack_epoch
+from trainables.loop.optim import build_optimizer
+from trainables.loop.train import epoch_seed, evaluate_pack, pack_step
+from trainables.model.packed import PackedViT, fused_attention_under_vmap
+from trainables.config.architecture import ViTConfig
+from trainables.config.run_config import RunConfig
+from trainables.config.switches import Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP_PATH = ROOT / "bench" / "measured" / "gpu_suite.json"
@@ -291,7 +283,8 @@ def section_probe(device, size: Size, results: dict) -> dict:
         forward = loop.pack.forward
         dtypes = []
 
-        def recording(*a, forward=forward, **kw):  # the logits' dtype only: keeping them would keep their graphs
+        def recording(*a, forward=forward, dtypes=dtypes, **kw):
+            # the logits' dtype only: keeping them would keep their graphs
             logits = forward(*a, **kw)
             dtypes.append(logits.dtype)
             return logits
@@ -413,7 +406,8 @@ def section_augment(device, size: Size, results: dict) -> dict:
             rng = np.random.default_rng(0)
             counter = iter(range(10**9))
 
-            def run():  # fresh rows and draws every call (host side included), as in training
+            def run(rng=rng, split=split, images_per_call=images_per_call, spec=spec, counter=counter):
+                # fresh rows and draws every call (host side included), as in training
                 rows = rng.choice(len(split), images_per_call, replace=False)
                 apply(spec, split, draw(spec, item_keys(0, next(counter), rows)), rows=rows)
 
@@ -476,7 +470,7 @@ def section_deterministic(device, size: Size, results: dict, args) -> dict:
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OUT": ""}
     cmd = [sys.executable, __file__, "--only-deterministic", "--section-s", str(size.section_s)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    line = [l for l in done.stdout.splitlines() if l.startswith("DETERMINISTIC ")]
+    line = [text for text in done.stdout.splitlines() if text.startswith("DETERMINISTIC ")]
     if done.returncode != 0 or not line:
         raise RuntimeError(f"the deterministic child failed (exit {done.returncode}): {done.stderr[-500:]}")
     return json.loads(line[-1].split(" ", 1)[1])
@@ -510,10 +504,10 @@ def section_compile(device, size: Size, results: dict, args) -> dict:
 
 def compile_rows(device, size: Size) -> None:
     """The child of section_compile: the eager rows first (they cannot hang), then the compiled ones
-    (`trainables.compiled`, as compile=True trains a lone trial and a pack), each printed as a
-    COMPILE_ROW line when done. "eager K=8 unfolded" is the pack without `trainables.folded` (the fold
+    (`trainables.model.compiled`, as compile=True trains a lone trial and a pack), each printed as a
+    COMPILE_ROW line when done. "eager K=8 unfolded" is the pack without `trainables.model.folded` (the fold
     adds eager kernels: on a card whose launches cost more than ~15 us it may be a loss there)."""
-    from trainables.compiled import compile_forward
+    from trainables.model.compiled import compile_forward
 
     def compiling(mode):
         return lambda pack: compile_forward(pack, mode=mode)
@@ -533,7 +527,7 @@ def compile_rows(device, size: Size) -> None:
 @contextlib.contextmanager
 def _unfolded():
     """Packs built here keep their Linear biases and LayerNorms unfolded (bench/step_model.py's "before")."""
-    from trainables import folded
+    from trainables.model import folded
 
     fold = folded.fold_linears
     folded.fold_linears = lambda base: []
@@ -647,7 +641,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the CPU mode CI runs); implied without CUDA")
     parser.add_argument("--section-s", type=float, default=None, help="seconds measured per row (default 3, tiny 0.2)")
     parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
-                        help=f"skip sections whose estimate would end past this many seconds (default {DEADLINE_S:.0f})")
+                        help=f"skip sections whose estimate would end past this many seconds "
+                             f"(default {DEADLINE_S:.0f})")
     parser.add_argument("--keep", nargs="?", const=str(KEEP_PATH), default=None, metavar="PATH",
                         help=f"copy the table to PATH (default {KEEP_PATH.relative_to(ROOT)}), what --dry-run reads")
     parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")

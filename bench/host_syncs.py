@@ -40,10 +40,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_cuda import fake_cuda, member_configs  # noqa: E402
 
-from trainables import inputs, protocols, train  # noqa: E402
-from trainables.augment import augmentation  # noqa: E402
-from trainables.images import TensorImages, to_device  # noqa: E402
-from trainables.packed import PackedViT  # noqa: E402
+from trainables.data import inputs, protocols  # noqa: E402
+from trainables.data.augment import augmentation  # noqa: E402
+from trainables.data.images import TensorImages, to_device  # noqa: E402
+from trainables.loop import train
+from trainables.model.packed import PackedViT  # noqa: E402
 
 CASES = [("crop+flip", "baseline"), ("autoaugment", "autoaugment+cutmix")]
 PACKS = (1, 4, 8)
@@ -138,7 +139,7 @@ def fake_counts(protocol: str, k: int) -> tuple[float, float, float]:
 def profiler_ops(protocol: str, k: int) -> float:
     """torch.profiler op count per step of the real step on the CPU (tiny model), over one chunk."""
     cfgs, sources, pack, mix, perm = _setup(protocol, k, "tiny", "cpu")
-    # train's name for it in every checkout: an older one lacks trainables.optim, which the editable
+    # train's name for it in every checkout: an older one lacks trainables.loop.optim, which the editable
     # install would then import from this checkout (another optimiser: 650 more ops per step at 6637a4a)
     optimizer = pack.optimizer(train.build_optimizer, cfgs[0])
     batches_iter = iter(_steps(sources, cfgs))

@@ -6,15 +6,15 @@ images and keys in one run:
 * per-image (the reference, how the loop fed itself before the device input
   path): per-image transform (crop + flip [+ AutoAugment / ColorJitter])
   through `Augmented` with seeded keys, default collate;
-* batched (what `trainables.inputs` does): `augment.draw` + `augment.apply`
+* batched (what `trainables.data.inputs` does): `augment.draw` + `augment.apply`
   on chunks of `--chunk` images (default `augment.CHUNK_IMAGES`, the loop's);
 
 each followed per batch by soft targets [+ CutMix] + normalise, all on one
-thread. `ratio` = batched images/s per core / per-image images/s per core. Beside it, in the same run, the Study L model's training
-step on CPU (forward + backward + AdamW, batch 128) for scale. From the
-per-core rate follows how many cores would feed one GPU at `--target` images/s
-(100,000 by default: roughly what one GPU trains the 2.4M-parameter Study L
-model at).
+thread. `ratio` = batched images/s per core / per-image images/s per core.
+Beside it, in the same run, the Study L model's training step on CPU (forward +
+backward + AdamW, batch 128) for scale. From the per-core rate follows how many
+cores would feed one GPU at `--target` images/s (100,000 by default: roughly
+what one GPU trains the 2.4M-parameter Study L model at).
 
 Rates are images per CPU-second of this process (`time.process_time`), so
 neighbours on a shared machine do not distort them; wall-clock rates are
@@ -44,11 +44,11 @@ from torch.utils.data import default_collate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-image reference lives there
 from reference import Augmented, SeededSampler, prepare_batch, train_transform  # noqa: E402
 
-from trainables.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys  # noqa: E402
-from trainables.datasets import load_dataset  # noqa: E402
-from trainables.images import TensorImages  # noqa: E402
-from trainables.protocols import PROTOCOLS  # noqa: E402
-from trainables.shapes import make_shapes  # noqa: E402
+from trainables.data.augment import CHUNK_IMAGES, apply, augmentation, draw, item_keys  # noqa: E402
+from trainables.data.datasets import load_dataset  # noqa: E402
+from trainables.data.images import TensorImages  # noqa: E402
+from trainables.data.protocols import PROTOCOLS  # noqa: E402
+from trainables.data.shapes import make_shapes  # noqa: E402
 
 PROTOCOL_NAMES = [n for n in PROTOCOLS if n != "modern"]
 
@@ -105,10 +105,10 @@ def time_batched(split, protocol_name: str, like: str, img_size: int, num_classe
 
 
 def time_model_step(img_size: int, num_classes: int, batch_size: int, steps: int) -> dict[str, float] | None:
-    """CPU seconds per image of the Study L training step, or None when trainables.vit is missing."""
+    """CPU seconds per image of the Study L training step, or None when trainables.model.vit is missing."""
     try:
-        from trainables.vit import ViT
-        from trainables.vit_config import ViTConfig
+        from trainables.model.vit import ViT
+        from trainables.config.architecture import ViTConfig
     except ImportError:
         return None
     cfg = ViTConfig.preset("study_l", img_size=img_size, patch_size=img_size // 8, num_classes=num_classes)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nstudy_l training step (CPU, fp32, batch {args.batch_size}): {rate:,.0f} img/s per core "
               f"({model['images'] / model['wall_s']:,.0f} wall)")
     else:
-        print("\nstudy_l training step: skipped (trainables.vit not importable or --model-steps 0)")
+        print("\nstudy_l training step: skipped (trainables.model.vit not importable or --model-steps 0)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")

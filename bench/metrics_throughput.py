@@ -1,4 +1,4 @@
-"""Analysis-metric throughput: analysis.metrics against a straightforward per-image NumPy/SciPy version.
+"""Analysis-metric throughput: analysis.measuring.metrics against a straightforward per-image NumPy/SciPy version.
 
 Input: the per-layer tokens and attention maps of a random-weight Study L ViT (`study_l`, 8 blocks, 8 heads,
 8x8 grid) on 1,000 images, computed once by one forward pass; only the metric computation is timed.
@@ -8,7 +8,7 @@ and per layer x head the mean attention distance and normalised entropy (the wor
 - reference: what one writes first: loop over images (each image vectorised over heads and queries),
   accumulate in NumPy, `scipy.stats.spearmanr` and `scipy.special.entr` at the end.
 - vitsweep:  `SSDCAccumulator` and `AttentionAccumulator` fed batches of `--batch-size` images, as
-  `analysis.evaluate` feeds them.
+  `analysis.measuring.evaluate` feeds them.
 Both get the same thread count (`--threads`, default 1: a like-for-like and stable comparison on a shared
 CPU; NumPy's per-image element-wise work is single-threaded anyway). The vitsweep time is the best of
 `--repeats`. The script also checks that both give the same numbers.
@@ -30,9 +30,9 @@ import scipy.special
 import scipy.stats
 import torch
 
-from analysis import metrics
-from trainables.vit import ViT
-from trainables.vit_config import ViTConfig
+from analysis.measuring import metrics
+from trainables.model.vit import ViT
+from trainables.config.architecture import ViTConfig
 
 
 def model_outputs(num_images: int, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:

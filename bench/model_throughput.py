@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
-from trainables.vit import ViT
-from trainables.vit_config import ViTConfig
+from trainables.model.vit import ViT
+from trainables.config.architecture import ViTConfig
 
 
 def build_models(device: torch.device) -> dict[str, torch.nn.Module]:

@@ -21,20 +21,25 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainables import train
-from trainables.augment import StepDraws, step_batch
-from trainables.config import RunConfig
-from trainables.images import normalize, to_device
-from trainables.packed import PackedViT
-from trainables.optim import build_optimizer
-from trainables.protocols import cutmix_batch, cutmix_draw, soft_targets
+from trainables.data.augment import StepDraws, step_batch
+from trainables.data.images import normalize, to_device
+from trainables.data.protocols import cutmix_draw, soft_targets
+from trainables.loop import train
+from trainables.loop.optim import build_optimizer
+from trainables.model.packed import PackedViT
+from trainables.config.run_config import RunConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the lone step's CutMix lives there
+from reference import cutmix_batch  # noqa: E402
 
 
 def member_configs(preset: str, k: int) -> list[RunConfig]:
@@ -160,7 +165,7 @@ def input_configs(preset: str, k: int, batch: int) -> list[RunConfig]:
 
 def per_member_inputs(cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens):
     """`train.step_inputs` before `augment.step_batch` (commit f011b34), written out: per member its
-    CutMix (`protocols.cutmix_batch`: a copy of its partners), normalisation and a copy of its permutation."""
+    CutMix (`reference.cutmix_batch`: a copy of its partners), normalisation and a copy of its permutation."""
     xs, targets, perms = [], [], []
     for cfg, (images, labels), mix_gen, perm_gen in zip(cfgs, batches, mix_gens, perm_gens):
         target = soft_targets(labels, num_classes)
@@ -172,7 +177,8 @@ def per_member_inputs(cfgs, batches, *, num_classes, mean, std, mix_gens, perm_g
                                                         per_image=cfg.rpt_per_image, generator=perm_gen),
                                images.device) if cfg.rpt else None)
     one = len(xs) == 1
-    return (xs[0].unsqueeze(0) if one else torch.stack(xs)), (targets[0].unsqueeze(0) if one else torch.stack(targets)), perms
+    return ((xs[0].unsqueeze(0) if one else torch.stack(xs)),
+            (targets[0].unsqueeze(0) if one else torch.stack(targets)), perms)
 
 
 def batched_inputs(cfgs, batches, *, num_classes, mean, std, mix_gens, perm_gens):

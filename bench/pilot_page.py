@@ -1,5 +1,5 @@
-"""docs/pilot/README.md and its figures, from the pilot's results (``sweeps/pilot.py``), and the pilot's tables kept
-beside it so the page can be rebuilt without the results.
+"""docs/pilot/README.md and its figures, from the pilot's results (``sweeps/studies/pilot.py``), and the pilot's tables
+kept beside it so the page can be rebuilt without the results.
 
     vitsweep sweep pilot --data-root DIR --stage all --results results
     PYTHONPATH=. python3 bench/pilot_page.py --results results  # tables kept in docs/pilot/tables/, then the page
@@ -11,11 +11,12 @@ tests); the page is then written from those kept tables only, so a rebuild from 
 (``tests/test_pilot_page.py`` compares it with the committed page once the run has kept its tables).
 
 Every number comes from the kept tables through the report's own code: the claims and their tests from
-``analysis.claims.evaluate_claims`` (the test, both intervals, the Holm-adjusted p and its family's size, the
+``analysis.statistics.claims.evaluate_claims`` (the test, both intervals, the Holm-adjusted p and its family's size, the
 minimum detectable effect at the verdict's alpha, the precondition beside the verdict), the per-layer tables from
-``analysis.condition_tables.layer_tables`` at every snapshot, seed summaries from ``analysis.seedstats``, the
-figures from ``analysis.figures`` (Study L's and the training-time ones; each MAD figure draws the MAD of uniform
-attention as a dotted line). Nothing on the page is edited by hand: rerun it after a new pilot run.
+``analysis.reporting.condition_tables.layer_tables`` at every snapshot, seed summaries from
+``analysis.statistics.seedstats``, the figures from ``analysis.reporting.figures`` (Study L's and the training-time
+ones; each MAD figure draws the MAD of uniform attention as a dotted line). Nothing on the page is edited by hand: rerun
+it after a new pilot run.
 """
 
 from __future__ import annotations
@@ -32,25 +33,36 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# noqa: E402 below: these imports follow the sys.path line above, which puts the repo root (analysis/) on the path
 import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from analysis import canvas, figures, plotting  # noqa: E402
-from analysis.claim_tests import HOLM_FAMILY, MAD_BELOW_UNIFORM, MDE, NOT_MET, OPPOSITE, STEP_ALPHA, TWO_SIDED  # noqa: E402
-from analysis.claims import CLAIMS, MARGINS, SINKS_KEPT_MARK, evaluate_claims  # noqa: E402
-from analysis.condition_tables import layer_tables  # noqa: E402
-from analysis.labels import protocol_label  # noqa: E402
-from analysis.page import slug  # noqa: E402
-from analysis.seedstats import INTERVAL, mde, summarise  # noqa: E402
-from analysis.study_data import LOADED, StudyData  # noqa: E402
-from analysis.uniform_attention import uniform_mad  # noqa: E402
+from analysis.measuring import canvas  # noqa: E402
+from analysis.measuring.uniform_attention import uniform_mad  # noqa: E402
+from analysis.reporting import figures, plotting  # noqa: E402
+from analysis.reporting.condition_tables import layer_tables  # noqa: E402
+from analysis.reporting.page import slug  # noqa: E402
+from analysis.statistics.claim_tests import (  # noqa: E402
+    HOLM_FAMILY,
+    MAD_BELOW_UNIFORM,
+    MDE,
+    NOT_MET,
+    OPPOSITE,
+    STEP_ALPHA,
+    TWO_SIDED,
+)
+from analysis.statistics.claims import CLAIMS, MARGINS, SINKS_KEPT_MARK, evaluate_claims  # noqa: E402
+from analysis.statistics.labels import protocol_label  # noqa: E402
+from analysis.statistics.seedstats import INTERVAL, mde, summarise  # noqa: E402
+from analysis.statistics.study_data import LOADED, StudyData  # noqa: E402
 from records import tables  # noqa: E402
 
 STUDY = "pilot"
 SECTIONS = ("L", "T")  # Study L's figures and the training-time ones; Study P left the pilot
 KEPT = "tables"  # the kept tables' folder beside the page
 RUN = "run.json"
-CLAIM_CODE = ("analysis/claims.py", "analysis/claim_tests.py")  # where the claims and their tests are registered
+# where the claims and their tests are registered
+CLAIM_CODE = ("analysis/statistics/claims.py", "analysis/statistics/claim_tests.py")
 LIMIT = 1_000_000  # bytes: the page, its figures and the kept tables together
 MAX_SEEDS = 200  # the most seeds a "what it would take" line names; beyond: "more than"
 
@@ -258,12 +270,12 @@ def claims_section(data: StudyData) -> str:
     parts += [f"- {r['claim']}{' (CLS sinks kept)' if r['sinks kept'] else ''}: {direction(r)}." for r in records]
     parts += ["", "Tests: " + "; ".join(tests) + "."]
     parts += [f"Precondition: {p}." for p in sorted(set(filter(None, said)))]
-    parts += ["", "Each row as the report tests it (`analysis.claims`): paired by seed; the one-sided 95% t interval "
-                  "is the test's, the two-sided one stands beside it so an estimate in the wrong direction shows; p is "
-                  "Holm-adjusted within Study L on this data set (family: the rows with a p, the CLS-sinks-kept repeat "
-                  "outside it); a directional verdict needs 5 pairs or more (the exact sign-flip test's reach); the "
-                  "MDE (80% power) is at the alpha of the row's Holm step; a precondition is a mark beside the "
-                  "verdict, never in its place."]
+    parts += ["", "Each row as the report tests it (`analysis.statistics.claims`): paired by seed; the one-sided 95% "
+                  "t interval is the test's, the two-sided one stands beside it so an estimate in the wrong direction "
+                  "shows; p is Holm-adjusted within Study L on this data set (family: the rows with a p, the "
+                  "CLS-sinks-kept repeat outside it); a directional verdict needs 5 pairs or more (the exact "
+                  "sign-flip test's reach); the MDE (80% power) is at the alpha of the row's Holm step; a "
+                  "precondition is a mark beside the verdict, never in its place."]
     return "\n".join(parts)
 
 
@@ -337,7 +349,7 @@ def layer_section(data: StudyData) -> str:
     parts = []
     for epoch in sorted({int(e) for e in m["checkpoint_epoch"]}):
         at = dataclasses.replace(data, measurements=m[m["checkpoint_epoch"] == epoch])
-        for dataset, table, setting in layer_tables(at):
+        for _dataset, table, setting in layer_tables(at):
             parts += [f"### Epoch {epoch}" + (" (untrained)" if epoch == 0 else ""), "",
                       markdown(table) + (f"\n\nOther factors: {setting}." if setting else ""), ""]
     return "\n".join(parts).rstrip() or "No per-layer attention rows."
@@ -394,8 +406,8 @@ def recipe(data: StudyData) -> str:
     grid = grid_of(data)
     return (f"A {int(t['depth'])}-block, dim-{int(t['dim'])}, {int(t['heads'])}-head ViT ({grid}x{grid} patches of "
             f"{int(t['patch_size'])} px, APE), trained {int(t['epochs'])} epochs on {images} of "
-            f"`{Path(str(t['data_root'])).name}`, baseline vs CutMix, paired by seed (`sweeps/pilot.py`): AdamW lr "
-            f"{t['lr']:g}, weight decay {t['weight_decay']:g} on "
+            f"`{Path(str(t['data_root'])).name}`, baseline vs CutMix, paired by seed (`sweeps/studies/pilot.py`): "
+            f"AdamW lr {t['lr']:g}, weight decay {t['weight_decay']:g} on "
             f"{'every parameter' if t.get('decay_exempt') == 'none' else 'all but biases, norms, CLS and PE'}, "
             f"pad-{int(t.get('crop_padding') or 0)} random crop + horizontal flip, batch {int(t['batch_size'])}, "
             f"{int(t['warmup_epochs'])} warm-up epoch(s) then cosine. CutMix mixes {mixed}: an amplifier of "

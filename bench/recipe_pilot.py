@@ -16,11 +16,11 @@ APE N(0, 1)) with 200 classes. Data: the Tiny-ImageNet subset of ``../shared/dat
 images per class; 5% of them held out), trained with Study P's baseline protocol at 224 px: a
 random resized crop (torchvision's parameters, resampled batched on the device with
 ``torchvision.ops.roi_align``) and a horizontal flip; the holdout is squashed to 224 x 224
-(``trainables.images.eval_view``), as the project evaluates 224 px images.
+(``trainables.data.images.eval_view``), as the project evaluates 224 px images.
 
 Printed per arm: the train-loss curve (mean per tenth of the run), holdout accuracy (chance 0.005)
 and, at init and after every epoch, the APE-to-patch-embedding norm ratio
-(``analysis.evaluate.APENormRatio``, the analysis stage's ``ape_norm_ratio`` row: mean row norm of
+(``analysis.measuring.evaluate.APENormRatio``, the analysis stage's ``ape_norm_ratio`` row: mean row norm of
 the APE table over the mean norm of the patch embeddings of 64 holdout images): a ratio that grows
 by an order of magnitude means the image content is vanishing beside the position signal, which is
 what Study P's alpha scaling measures; Adam moves each coordinate by at most about lr per step, so
@@ -54,12 +54,12 @@ import torch.nn.functional as F
 import torchvision.transforms as T
 from torchvision.ops import roi_align
 
-from analysis.evaluate import APENormRatio
-from trainables.config import RunConfig
-from trainables.datasets import load_dataset
-from trainables.images import eval_view, normalize
-from trainables.optim import build_optimizer, lr_factor
-from trainables.vit import ViT
+from analysis.measuring.evaluate import APENormRatio
+from trainables.data.datasets import load_dataset
+from trainables.data.images import eval_view, normalize
+from trainables.loop.optim import build_optimizer, lr_factor
+from trainables.model.vit import ViT
+from trainables.config.run_config import RunConfig
 
 ARMS = {
     "a: adam, L2 on every parameter (literal)": {"optimizer": "adam", "decay_exempt": "none"},

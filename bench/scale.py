@@ -25,7 +25,7 @@ each prepared by the code under test from a copy of the built one:
   launch's compaction interval), half of them still ``running`` and none of them measured.
 
 ``bookkeeping per checkpoint`` is the analysis' work per checkpoint outside the metric computation, without a
-figure (``analysis.job.Measurer.measure``: ``trial_record.record_checkpoint`` on the trial's run found by id,
+figure (``analysis.measuring.job.Measurer.measure``: ``trial_record.record_checkpoint`` on the trial's run found by id,
 then ``tables.write_measurements``): CPU seconds per checkpoint over 20 checkpoints of 20 trials (a new
 epoch, after one to warm up), measured in the compacted state only, on a copy of the store.
 
@@ -56,9 +56,9 @@ CHECKPOINTS = (0, 2, 4, 6, 8)
 TAIL = 500  # trials a killed launch leaves uncompacted: tables.COMPACT_EVERY of the code measured
 COMMANDS = {  # name -> the child's code (R: the results folder, S: the study)
     "status": "from sweeps.cli import main; main(['status', S, '--results', R])",
-    "StudyData.load": "from analysis.study_data import StudyData; StudyData.load(R, S)",
+    "StudyData.load": "from analysis.statistics.study_data import StudyData; StudyData.load(R, S)",
     # What a resumed launch reads before and after its trials (sweeps/run.py: open_launch, _resume_line, unfinished).
-    "resume bookkeeping": "from trainables.lifecycle import finished_trials; from records import tables; "
+    "resume bookkeeping": "from trainables.trial.lifecycle import finished_trials; from records import tables; "
                           "finished_trials(R, S); tables.read_table(R, S, 'trials', ['trial_id']); "
                           "tables.read_table(R, S, 'trials', ['trial_id', 'status'])",
     "report": "import tempfile; from sweeps.cli import main; main(['report', S, '--results', R, '--out', "
@@ -66,14 +66,14 @@ COMMANDS = {  # name -> the child's code (R: the results folder, S: the study)
     "compare": "import tempfile; from sweeps.cli import main; main(['compare', R, R, S, '--out', tempfile.mkdtemp()])",
     "bookkeeping per checkpoint": """
 import json, time
-from analysis.trial_record import record_checkpoint
+from analysis.measuring.trial_record import record_checkpoint
 from records import tables, tracking
 uri = f"sqlite:///{R}/mlflow.db"
 experiment = tracking.ensure_experiment(uri, S)
 rows = [{**r, "value": 0.5, "n_images": 10000} for r in json.loads(ROWS)]
 trials = tables.read_table(R, S, "trials", ["trial_id", "mlflow_run_id"]).to_pylist()[-21:]
 
-def checkpoint(trial):  # as analysis.job.Measurer.measure after evaluate_checkpoint, at a new epoch
+def checkpoint(trial):  # as analysis.measuring.job.Measurer.measure after evaluate_checkpoint, at a new epoch
     record_checkpoint(uri, experiment, trial["trial_id"], trial["mlflow_run_id"], 10, rows, 8, figure=False,
                       table="measurements")
     tables.write_measurements(R, S, trial["trial_id"], 10, rows)
@@ -85,7 +85,8 @@ for trial in trials[1:]:
 print((time.process_time() - start) / len(trials[1:]))
 """,
 }
-PER_CHECKPOINT = "bookkeeping per checkpoint"  # its CPU seconds: per checkpoint, as the child prints them; compacted only
+# its CPU seconds: per checkpoint, as the child prints them; compacted only
+PER_CHECKPOINT = "bookkeeping per checkpoint"
 QUICK = ("status", "resume bookkeeping")  # --quick: the commands whose imports take no second
 PREPARE = """
 from records import tables
@@ -108,8 +109,8 @@ elif compact is not None:
 
 
 def _configs(n: int):
-    from sweeps import factorial
-    from sweeps.common import StudyOptions
+    from sweeps.studies import factorial
+    from sweeps.studies.common import StudyOptions
 
     seeds = math.ceil(n / (56 * len(DATASETS)))
     configs = factorial.trials(StudyOptions(datasets=DATASETS, seeds=seeds, epochs=None))
@@ -129,7 +130,8 @@ def _measurement_rows() -> list[dict]:
                                 for s in ("", "_right_both", "_right_clean_only", "_right_shift_only"))]
     alphas = [round(a / 10, 1) for a in range(11)]
     rows += [{"intervention": "pe_scale", "level": a, "metric": m} for a in alphas for m in scaled]
-    rows += [{"intervention": "pe_scale", "level": a, "metric": "ssdc", "layer": layer} for a in alphas for layer in (0, 1)]
+    rows += [{"intervention": "pe_scale", "level": a, "metric": "ssdc", "layer": layer}
+             for a in alphas for layer in (0, 1)]
     rows += [{"intervention": "rpi", "metric": m} for m in ("acc", "dssdc", "dssdc_per_batch")]
     rows += [{"intervention": "rpi", "metric": m, "layer": layer}
              for m in ("ssdc", "ssdc_content", "ssdc_per_batch") for layer in (0, 1)]
@@ -145,7 +147,7 @@ def build(results: Path, n: int) -> None:
     rng = np.random.default_rng(0)
     template = _measurement_rows()
     storage = layout.default_storage(str(results))
-    start = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
     for i, cfg in enumerate(_configs(n)):
         tid, acc = cfg.trial_id, float(rng.uniform(0.3, 0.9))
         run_id = f"{i:032x}"
@@ -182,7 +184,7 @@ def build_runs(results: Path, n: int) -> None:
     in SQL under each trials row's ``mlflow_run_id`` (``build``'s), named and tagged by its trial."""
     import sqlite3
 
-    from analysis.trial_record import log_checkpoint
+    from analysis.measuring.trial_record import log_checkpoint
     from records import tracking
 
     uri = f"sqlite:///{results}/mlflow.db"
@@ -253,7 +255,8 @@ def prepare(code: Path, pristine: Path, state: str, n: int) -> Path:
     folder = pristine.parent / f"{pristine.name}-{state}"
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(pristine, folder, copy_function=os.link, ignore=shutil.ignore_patterns("mlflow.db"))
-    if state == "compacted" and (pristine / "mlflow.db").exists():  # written in place (the checkpoint bookkeeping): a copy, not a link
+    # written in place (the checkpoint bookkeeping): a copy, not a link
+    if state == "compacted" and (pristine / "mlflow.db").exists():
         shutil.copyfile(pristine / "mlflow.db", folder / "mlflow.db")
     tail = [c.trial_id for c in _configs(n)][-min(TAIL, n // 2):] if state == "killed" else []
     for tid in tail:  # not measured yet; the "running" half is written so by the code under test

@@ -7,12 +7,12 @@ One step of `train.pack_step` (normalise, the packed forward, per-member loss, b
 batch of 128 CIFAR-sized images per member, `study_l`, bf16 autocast, traced on fake tensors (shapes
 only: nothing is computed, so K = 16 costs what K = 1 does):
 
-* eager: a dispatch census of every op: kernels = ops that compute (views, allocations, metadata
-  and host scalars left out); bytes = every op's tensor inputs and outputs (a view or a broadcast
-  counts the memory it can reach, no more; an op that writes in place and returns nothing, as the
-  optimisers' foreach and fused kernels, counts what it writes once more); matmul FLOPs = 2 x the multiply-adds of matmuls,
+* eager: a dispatch census of every op: kernels = ops that compute (views, allocations, metadata and host
+  scalars left out); bytes = every op's tensor inputs and outputs (a view or a broadcast counts the memory
+  it can reach, no more; an op that writes in place and returns nothing, as the optimisers' foreach and
+  fused kernels, counts what it writes once more); matmul FLOPs = 2 x the multiply-adds of matmuls,
   convolutions and attention;
-* compiled (`trainables.compiled`: the vmapped forward and its backward, one graph): inductor's own
+* compiled (`trainables.model.compiled`: the vmapped forward and its backward, one graph): inductor's own
   count of the bytes its kernels access (`torch._inductor.metrics.num_bytes_accessed`, inductor's
   metrics log on) and its scheduler's kernels, for that graph; the rest of the step as eager. The
   kernels are inductor's CPU fusion standing in for Triton's (the same scheduler, with the CPU
@@ -28,7 +28,7 @@ Before: this issue's starting point (foreach AdamW, RoPE tables in fp32, q, k, v
 RoPE's pairs turned by quarters and a cat, each Linear a matmul and a bias add; eager only: packs were
 not compiled). After: fused AdamW, RoPE in the autocast dtype, q, k, v split token-major
 (`vit.split_heads`), pairs swapped by a flip (`pos_embed.swap_pairs`), the packed Linear layers' biases
-and LayerNorms folded into their matmuls (`trainables.folded`: matmul FLOPs count the padded width);
+and LayerNorms folded into their matmuls (`trainables.model.folded`: matmul FLOPs count the padded width);
 eager, and compiled. Each row's estimate, one column per card from the same census, follows from
 the fixed assumptions printed at the top:
 
@@ -62,9 +62,10 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_cuda import clear_device_constants  # noqa: E402
 
-from trainables import folded, optim, pos_embed, train, vit  # noqa: E402
-from trainables.config import RunConfig  # noqa: E402
-from trainables.packed import PackedViT  # noqa: E402
+from trainables.loop import optim, train  # noqa: E402
+from trainables.model import folded, pos_embed, vit
+from trainables.model.packed import PackedViT  # noqa: E402
+from trainables.config.run_config import RunConfig  # noqa: E402
 
 HBM_BYTES_PER_S = 3.0e12  # achieved HBM bandwidth, H200
 # Achieved HBM bandwidth per card, the column order of the table. The H100's is assumed: 80% of the

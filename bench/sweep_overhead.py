@@ -2,7 +2,7 @@
 
     python bench/sweep_overhead.py --trials 4
 
-Trains N short demo trials twice: back to back with ``trainables.train.train``
+Trains N short demo trials twice: back to back with ``trainables.loop.train.train``
 in this process (the baseline), and through the launcher (Tune function
 trainable -> TorchTrainer -> the same loop) on a fresh local Ray with one
 trial at a time, so the difference is pure orchestration: actor and worker
@@ -12,7 +12,7 @@ Target: < 10 s per trial on a 2-core machine.
 
     python bench/sweep_overhead.py --seeds 4 --pack 8     # 16 trials in 2 packs of 8
 
-With ``--pack K`` both sides train the same packs (``sweeps/packs.py``): the
+With ``--pack K`` both sides train the same packs (``sweeps/launch/packs.py``): the
 baseline runs ``train_pack`` on each pack back to back, the launcher runs one
 Tune trial and one Train run per pack, so the difference is again pure
 orchestration, now shared by the K members of a pack (target: < 3 s per
@@ -25,10 +25,10 @@ revision) and the working tree side by side, ``--reps`` times each in turn (medi
 (user + system: the machine may be shared, where wall times mean little). Each side's child process
 starts a local Ray and runs ``--packs`` Train runs of the demo's first pack (``--pack`` members, 2
 epochs x 1024 images) one after the other, as a launch does; the Train worker's loop is this bench's
-(``stand_in_worker``: the stages of ``trainables.ray_trial.train_worker`` up to training, each timed):
+(``stand_in_worker``: the stages of ``trainables.trial.ray_trial.train_worker`` up to training, each timed):
 
     process + Train worker start   the worker process's CPU when its loop starts
-    imports                        the worker's entry (trainables.ray_trial) and the MLflow client it uses
+    imports                        the worker's entry (trainables.trial.ray_trial) and the MLflow client it uses
     data load                      train.pack_inputs: the data set and the pack's sources
     model build                    PackedViT and its optimiser
     first step                     the first pack_step less the second (lazy set-up, allocator)
@@ -57,8 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if os.environ.get("SPLIT_TREE") is None:  # a --split child imports the tree it measures (PYTHONPATH)
     sys.path.insert(0, str(ROOT))
 
-from sweeps import options  # noqa: E402
 from sweeps import run as launcher  # noqa: E402
+from sweeps.launch import options  # noqa: E402
 
 SETTINGS = ["--set", "epochs=2", "--set", "max_train_images=1024"]
 STAGES = ("process + Train worker start", "imports", "data load", "model build", "first step", "Ray (rest)")
@@ -83,7 +83,7 @@ def main() -> None:
     if args.split:
         split(args)
         return
-    from trainables.train import train, train_pack
+    from trainables.loop.train import train, train_pack
 
     p = launcher.argparse.ArgumentParser()
     options.add_arguments(p)
@@ -104,7 +104,7 @@ def main() -> None:
 
         import ray
 
-        from trainables.ray_start import init_ray
+        from trainables.trial.ray_start import init_ray
 
         init_ray(num_cpus=2, configure_logging=False, log_to_driver=False)
         results, storage = launcher.resolve_paths(sweep_args)
@@ -229,7 +229,7 @@ def packs_child(args: argparse.Namespace) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from trainables.ray_start import init_ray
+    from trainables.trial.ray_start import init_ray
 
     with tempfile.TemporaryDirectory() as tmp:
         flats = _demo_pack(args.pack, f"{tmp}/results")
@@ -263,17 +263,17 @@ def stand_in_worker(config: dict) -> dict:
 
     import mlflow.tracking  # noqa: F401  (the worker's MLflow client, records.client)
 
-    from trainables import ray_trial
+    from trainables.trial import ray_trial
 
     if hasattr(ray_trial, "node_folder"):  # as train_worker does
         os.environ["VITSWEEP_DATA_SHARED"] = str(ray_trial.node_folder())
     import torch
 
-    from trainables.config import RunConfig
-    from trainables.inputs import pack_epoch
-    from trainables.optim import build_optimizer
-    from trainables.packed import PackedViT
-    from trainables.train import epoch_seed, pack_inputs, pack_step, resolve_device
+    from trainables.data.inputs import pack_epoch
+    from trainables.loop.optim import build_optimizer
+    from trainables.loop.train import epoch_seed, pack_inputs, pack_step, resolve_device
+    from trainables.model.packed import PackedViT
+    from trainables.config.run_config import RunConfig
     lap("imports")
     cfgs = [RunConfig.from_flat(flat) for flat in config["trials"]]
     device = resolve_device(cfgs[0].device)
@@ -321,11 +321,11 @@ def compile_child(args: argparse.Namespace) -> dict:
 def compiled_step(args: argparse.Namespace) -> dict:
     import torch
 
-    from trainables.compiled import compile_forward
-    from trainables.config import RunConfig
-    from trainables.optim import build_optimizer
-    from trainables.packed import PackedViT
-    from trainables.train import member_losses
+    from trainables.loop.optim import build_optimizer
+    from trainables.loop.train import member_losses
+    from trainables.model.compiled import compile_forward
+    from trainables.model.packed import PackedViT
+    from trainables.config.run_config import RunConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         cfgs = [RunConfig.from_flat(flat) for flat in _demo_pack(args.pack, f"{tmp}/results")]

@@ -27,6 +27,9 @@ from typing import Any, TypeVar
 
 from records.stores import TrackingError, redact, scheme, sqlite_path
 
+# Imports inside functions: MLflow (and SQLAlchemy under it) loads on the first MLflow call, so the tables,
+# `vitsweep status` and the launch's checks never pay for it.
+
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -101,7 +104,7 @@ _TRANSIENT_TEXT = ("database is locked", "database table is locked", "deadlock",
 class StorageError(OSError):
     """A storage fault of MLflow's store in one line (``storage_fault``): a write the disk under its SQLite
     file refused (full, read-only), which no retry helps. An OSError with the errno of the disk's fault, so
-    every caller that classes storage faults by errno and words (``sweeps.faults.classify``) classes it.
+    every caller that classes storage faults by errno and words (``sweeps.launch.faults.classify``) classes it.
     Its text is its one line, without OSError's ``[Errno N]`` (the line often quotes the OS's own error)."""
 
     def __str__(self) -> str:

@@ -9,7 +9,7 @@ the filesystem behind a path, in this one module.
         trials/ epochs/ measurements/ summary/   table_path (TABLES; their columns: records.schema)
         logs/                         logs_dir: the launch's and the console's logs (local results only)
         report/                       report_dir (remote results: ./<study>-report where the command runs)
-        .launch.lock                  lock_path (sweeps.lock)
+        .launch.lock                  lock_path (sweeps.launch.lock)
         manifest.json, heartbeat.json study_file (records.manifest)
     <storage>/<study>/                storage_dir: Tune's experiment folders
       train/<pack id>/                train_storage: Ray Train's runs, one per pack
@@ -17,7 +17,7 @@ the filesystem behind a path, in this one module.
       snapshots/<trial id>/           snapshot_dir: its per-epoch snapshots
 
 A path keeps the form of its root: a local path, or a URI with its scheme. What is inside a checkpoint
-folder (file names, the snapshot pattern) is ``trainables/checkpoints.py``'s. Standard library only at
+folder (file names, the snapshot pattern) is ``trainables/loop/checkpoints.py``'s. Standard library only at
 import: the launch's pre-torch checks and the plain training loop name paths without loading pyarrow.
 """
 

@@ -1,6 +1,6 @@
 """The analysis measurements in MLflow: per-layer curves, several steps of a key in one batch.
 
-Per checkpoint, the headline scalars go in at step = checkpoint epoch (``analysis.trial_record``
+Per checkpoint, the headline scalars go in at step = checkpoint epoch (``analysis.measuring.trial_record``
 picks them from the rows); per-layer profiles go in with the layer as the step and the checkpoint
 epoch in the key (``log_metric_series``: ``layers/ssdc_rpi_epoch_0100``), which the MLflow UI charts as
 a curve over depth. Every measurement row stays in Parquet (``records.tables``), where it is queried.
@@ -15,6 +15,8 @@ from typing import Any
 
 from records.client import with_retries
 from records.tracking import log_batches
+
+# Imports inside functions: MLflow loads on the first write (see records/client.py).
 
 
 def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]],
@@ -32,7 +34,8 @@ def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, A
     return len(points)
 
 
-def log_new_points(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]]) -> list[tuple[str, int, float, float]]:
+def log_new_points(uri: str, run_id: str,
+                   series: Mapping[str, Mapping[int, Any]]) -> list[tuple[str, int, float, float]]:
     """``log_metric_series`` of only the (key, step) points the run has no value at: MLflow keeps
     every point it is sent and can neither overwrite nor delete one, so measuring a checkpoint again
     (``--force``, or a rerun after its Parquet file failed) never adds a second value at a step.

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# Imports inside functions: torch's version is read only where torch is already loaded.
+
 _CODE_DIR = Path(__file__).resolve().parent  # inside the checkout: its git state is the code's
 
 
@@ -77,7 +79,7 @@ def provenance() -> dict:
     git commit + dirty flag + root of the code (when in a checkout), code_version."""
     git = _git_state(_CODE_DIR)
     info: dict[str, Any] = {
-        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "python_executable": sys.executable,

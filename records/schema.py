@@ -11,16 +11,16 @@ instead of appending duplicate rows; settled trials' files are folded into a few
     duckdb.sql("SELECT * FROM read_parquet('results/demo/measurements/*.parquet', union_by_name=true)")
 
 ``trials`` and ``summary`` carry every flat run-config field as a column (see
-``trainables.config.RunConfig.to_flat``), so their schema is the fixed columns
+``trainables.config.run_config.RunConfig.to_flat``), so their schema is the fixed columns
 below plus the config's; ``epochs`` and ``measurements`` are fully fixed.
 
 ``measurements`` is long format: one row per trial x checkpoint epoch x intervention x level x
 layer x head x metric (``head_index``, not ``head``: that name is ``DataFrame.head``); its vocabulary
 (each intervention's level and metrics, ``PAIRED_COUNTS``) is docs/studies.md, "Measurement
-vocabulary", checked against what ``analysis/evaluate.py`` emits. Every row carries ``n_images``, the
+vocabulary", checked against what ``analysis/measuring/evaluate.py`` emits. Every row carries ``n_images``, the
 evaluation images behind it (the whole test split unless the analysis job was given a cap), so the
 clean ``acc`` row equals ``trials.test_acc`` uncapped. ``summary`` is wide: one row per finished
-trial, written by the analysis stage (``analysis.trial_record.write_summary_table``): the trial's
+trial, written after the analysis stage (``analysis.statistics.study_data.write_summary_table``): the trial's
 config and final accuracies beside its headline measurements at its last measured checkpoint.
 """
 
@@ -44,10 +44,11 @@ TRIAL_FIELDS = pa.schema([
     ("snapshot_dir", pa.string()),
     ("wall_time_s", pa.float64()),
     ("code_version", pa.string()),  # git commit (+ "-dirty") of the code that trained it
-    ("pack", pa.string()),  # id of the pack it trained in (sweeps/packs.py); null when trained alone
+    ("pack", pa.string()),  # id of the pack it trained in (sweeps/launch/packs.py); null when trained alone
     ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
     ("mlflow_run_id", pa.string()),  # the trial's MLflow run: joins Parquet to MLflow without a search
-    ("restarts", pa.int64()),  # times Ray Train restarted it from its last checkpoint (a lost node, a crash), all launches
+    ("restarts", pa.int64()),  # times Ray Train restarted it from its last checkpoint (a lost node, a crash),
+                               # all launches
     ("node", pa.string()),  # the Ray node that trained it last: "<ip> <node id>" (a restart may move it)
     ("started_at", pa.timestamp("us", tz="UTC")),  # when its (latest) launch started it
     ("ended_at", pa.timestamp("us", tz="UTC")),  # when it finished or failed; null while running
@@ -61,7 +62,7 @@ EPOCHS = pa.schema([
     ("train_acc", pa.float64()),
     ("eval_loss", pa.float64()),
     ("eval_acc", pa.float64()),
-    ("eval_images", pa.int64()),  # images eval_loss/eval_acc were scored on (trainables.inputs.EpochEval)
+    ("eval_images", pa.int64()),  # images eval_loss/eval_acc were scored on (trainables.data.inputs.EpochEval)
     ("lr", pa.float64()),
     ("images_per_s", pa.float64()),
     ("wall_time_s", pa.float64()),

@@ -29,6 +29,9 @@ from pathlib import Path
 
 from records.layout import tracking_db
 
+# Imports inside functions: MLflow and SQLAlchemy load only when a store is checked or built (see
+# records/client.py).
+
 VALID_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 SQL_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 CONNECT_TIMEOUT_S = 5.0  # check_tracking_uri: how long an unreachable server may take to fail

@@ -377,7 +377,8 @@ def read_table(results: str, study: str, table: str, columns: Iterable[str] | No
     return _rooted_rows(results, study, whole) if table == "trials" else whole
 
 
-def read_batches(results: str, study: str, table: str, columns: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
+def read_batches(results: str, study: str, table: str,
+                 columns: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
     """``read_table`` batch by batch (not ``trials``: its paths are rooted by ``read_table``), for a reader that
     keeps each batch in a leaner form: string columns come dictionary-encoded and one row group is decoded at a
     time, so the stored form of the whole table never sits in memory (the measurements of 10,000 trials: 11.75

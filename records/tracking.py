@@ -8,19 +8,20 @@ keeps global state.
 
 Layout in MLflow: one experiment per study, one run per trial. The run's name is the trial id and its tag
 ``vitsweep.trial_id`` holds the same id, so a Ray retry or ``--resume`` finds and continues the run instead of
-making a second one: by the run id its trials row keeps (``mlflow_run_id``), by the tag where the row has none. Params are the flat run config (every ``RunConfig.to_flat()`` field); tags are study /
+making a second one: by the run id its trials row keeps (``mlflow_run_id``), by the tag where the row has none.
+Params are the flat run config (every ``RunConfig.to_flat()`` field); tags are study /
 dataset / pe / protocol / rpt / seed / code_version (a tag with no value is not set); metrics are laid out for
 the UI's charts (``headline_key``, ``epoch_key``, ``layer_key``): the headline numbers first, under
 ``Headline/`` (``Headline/test_acc``; the analysis scalars at step = checkpoint epoch), per-epoch training
 curves under ``epochs/`` (step = epoch), per-layer curves under ``layers/`` (step = layer, the checkpoint
-epoch in the name: ``layers/ssdc_rpi_epoch_0100``, see ``analysis.trial_record``), and counts and times
+epoch in the name: ``layers/ssdc_rpi_epoch_0100``, see ``analysis.measuring.trial_record``), and counts and times
 last, under ``progress/`` (``progress/wall_time_s``); the run's input is its data set
 (``log_dataset_input``: name, split sizes, digest) and tag ``vitsweep.device`` the device it trained on;
 artifacts are ``config.json``, ``provenance/environment.json``, ``provenance/requirements.txt`` (+
 ``provenance/git_diff.patch`` when the tree is dirty) and figures (``figures/layers_epoch_0100.{png,svg}``).
 The study's report sits on a run of its own, ``<study>-report``, in the experiment ``<study>-reports``, linked
 from the study's (``study_run``). Addresses of the UI open its training layout (``experiment_url``,
-``run_url``). A trial's runs are opened and closed by ``trainables.lifecycle``.
+``run_url``). A trial's runs are opened and closed by ``trainables.trial.lifecycle``.
 
 Stores, and the checks that run before any trial, are in ``records.stores``; the client and its retries in
 ``records.client``; provenance in ``records.provenance``; the analysis measurements (metric keys, per-layer
@@ -42,6 +43,8 @@ from typing import Any
 from records.client import chunks, to_str, with_retries
 from records.provenance import git_diff, provenance, requirements_txt
 from records.stores import redact, scheme, sqlite_path
+
+# Imports inside functions: MLflow loads on the first MLflow call (see records/client.py).
 
 _log = logging.getLogger(__name__)
 
@@ -224,7 +227,8 @@ def start_trial_run(uri: str, experiment_id: str, trial_id: str, *, params: Mapp
         run = _trial_run(client, experiment_id, trial_id, run_id)
         if run is not None:
             return run, False
-        return client.create_run(experiment_id, run_name=trial_id, tags={TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}), True
+        return client.create_run(experiment_id, run_name=trial_id,
+                                 tags={TRIAL_ID_TAG: trial_id, ATTEMPT_TAG: "1"}), True
 
     run, created = with_retries(f"start_trial_run({trial_id!r})", uri, find_or_create)
     run_id = run.info.run_id

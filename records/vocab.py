@@ -1,11 +1,11 @@
 """The project's vocabulary, torch-free (standard library only): every name and shared rule in one place.
 
-Every floor reads it: `vitsweep --help` and the pre-torch checks (`sweeps/validate.py`) list the
+Every floor reads it: `vitsweep --help` and the pre-torch checks (`sweeps/launch/validate.py`) list the
 names from here without waiting 10-40 s for torch; training, the analysis and the report take the
 same names, switches and rules from here, so no two copies can drift.
 
-The real registries (`trainables.pos_embed.POS_EMBEDS`, `trainables.protocols.PROTOCOLS`,
-`trainables.datasets.DATASETS`, `trainables.vit_config.PRESETS`) call `check_registry` at import: a key
+The real registries (`trainables.model.pos_embed.POS_EMBEDS`, `trainables.data.protocols.PROTOCOLS`,
+`trainables.data.datasets.DATASETS`, `trainables.config.architecture.PRESETS`) call `check_registry` at import: a key
 one of them has and the vocabulary lacks (or the other way round, or another order) fails the import
 with a message naming the key. So a new PE is its subclass, its line in `POS_EMBEDS` and its name in
 `PES` below; a PE defined outside the product (a test, a notebook) by
@@ -31,7 +31,7 @@ PRESETS = ("study_l", "study_p", "vit_s", "tiny")
 def check_registry(registry: str, keys: Iterable[str], names: tuple[str, ...], vocabulary: str) -> None:
     """Raise ValueError unless a registry's keys are the vocabulary's names, in the same order.
 
-    registry / vocabulary: how to name the two in the message (``"trainables.pos_embed.POS_EMBEDS"``,
+    registry / vocabulary: how to name the two in the message (``"trainables.model.pos_embed.POS_EMBEDS"``,
     ``"PES"``)."""
     keys = tuple(keys)
     if keys == names:
@@ -78,7 +78,8 @@ def protocol_switches(name: str) -> dict[str, bool]:
 
 # -- run-config fields by role --------------------------------------------------------------------
 # Fields that say where or how a run executes, or what it is called, not what it computes: they stay
-# out of the trial id's hash (trainables.config) and never split a condition (analysis.conditions).
+# out of the trial id's hash (trainables.config.run_config) and never split a condition
+# (analysis.statistics.conditions).
 # `swept` names the fields a --set sweep varies (the id's readable part shows their values).
 EXECUTION_FIELDS = ("data_root", "device", "num_workers", "compile", "checkpoint_interval_s", "swept")
 
@@ -106,6 +107,6 @@ CLS_SINK_MASS = 0.5
 
 # -- Study P's headline severities ----------------------------------------------------------------
 # The fragility score (FS) a claim, a summary column and a trial's MLflow run report: JPEG quality 5,
-# Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.interventions`' grids).
+# Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.measuring.interventions`' grids).
 JPEG_HEADLINE = 5  # quality
 BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)

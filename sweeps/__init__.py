@@ -1,4 +1,1 @@
-"""Study definitions (one module per study) and the launcher (``sweeps/run.py``)."""
-
-STUDIES = ("demo", "study_l", "study_p", "factorial", "hparam", "pilot")
-
+"""The launcher (run.py), the `vitsweep` command (cli.py), the launch's parts (launch/), the studies (studies/)."""

@@ -21,10 +21,13 @@ import sys
 import textwrap
 
 from records import layout, vocab
-from sweeps import STUDIES, options, progress, run as launcher, status as status_module, study, supervise
-from sweeps.lock import AGAIN
-from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-from sweeps.validate import OneLineParser, check_ascii_paths
+from sweeps import run as launcher
+from sweeps.launch import options, progress, supervise
+from sweeps.launch import status as status_module
+from sweeps.launch.interrupt import INTERRUPTED_EXIT, Interrupts
+from sweeps.launch.lock import AGAIN
+from sweeps.launch.validate import OneLineParser, check_ascii_paths
+from sweeps.studies import STUDIES, study
 
 COMMANDS = {  # name -> (help, description, example)
     "demo": ("run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
@@ -84,14 +87,25 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 def _analysis(command: str):
     """The module of an analysis command, imported only when that command runs or shows its help: the
     analysis stack (pandas, SciPy, Ray Data) stays out of a launch's pre-torch checks."""
-    from analysis import compare, job, report
+    from analysis.measuring import job  # pandas, SciPy and Ray Data: only for an analysis command
+    from analysis.reporting import compare, report
 
     return {"analyze": job, "report": report, "compare": compare}[command]
 
 
+def analyze_command(args: argparse.Namespace, results: str, mlflow_uri: str) -> int:
+    """``vitsweep analyze`` after ``job.check``: 0 every checkpoint measured, 1 one skipped. A user error
+    raises ValueError; anything else (a storage fault) is the caller's to classify."""
+    statuses = launcher.analyze_stage(
+        results, args.study, mlflow_uri, address=args.address, checkpoints=args.checkpoints or "final",
+        force=args.force, eval_size=args.eval_size or None, batch_size=args.batch_size, max_actors=args.actors,
+        gpus_per_actor=args.gpus_per_actor, verbose=args.verbose, figures=args.figures)
+    return 0 if all(s["status"] == "ok" for s in statuses) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command; as the program (no ``argv``), a command that starts Ray runs in a child process
-    kept by this one (``sweeps.supervise``)."""
+    kept by this one (``sweeps.launch.supervise``)."""
     if argv is not None:
         return _main(list(argv))
     argv = sys.argv[1:]
@@ -131,7 +145,7 @@ def analyze(args: argparse.Namespace) -> int:
         args.eval_size = (spec.eval_size or 0) if args.eval_size is None else args.eval_size  # 0: whole split
     with Interrupts():
         try:
-            check_ascii_paths(args)  # it starts Ray too (Ray Data): see sweeps.validate
+            check_ascii_paths(args)  # it starts Ray too (Ray Data): see sweeps.launch.validate
             results, mlflow_uri = job.check(args)
             launcher.check_address(args.address)
         except launcher.USER_ERRORS as exc:  # e.g. --results s3://... without --mlflow-uri
@@ -139,7 +153,7 @@ def analyze(args: argparse.Namespace) -> int:
             return 2
         try:
             return launcher.guarded(results, args.study, args.verbose, lambda: None,
-                                    lambda _: job.run(args, results, mlflow_uri), what="analysis",
+                                    lambda _: analyze_command(args, results, mlflow_uri), what="analysis",
                                     then="run the same command again")
         except KeyboardInterrupt:
             print(f"vitsweep: analysis interrupted; measured checkpoints are kept, and the same command continues "

@@ -7,13 +7,13 @@ Runs as a plain script, so a cluster user can write
 
 and locally it is ``vitsweep sweep STUDY``. Everything a user can get wrong (study, PE, data set,
 protocol, ``--set`` field and value, storage and MLflow URIs) is checked before Ray starts, names and
-values (``sweeps.options``, ``sweeps.validate``) and the launch lock even before torch is imported;
-``--dry-run`` stops right after that check and prints the plan (``sweeps.dry_run``). The stages know no
-study by name: what a study does differently it declares in its hooks (``sweeps/study.py``).
+values (``sweeps.launch.options``, ``sweeps.launch.validate``) and the launch lock even before torch is imported;
+``--dry-run`` stops right after that check and prints the plan (``sweeps.launch.dry_run``). The stages know no
+study by name: what a study does differently it declares in its hooks (``sweeps/studies/study.py``).
 
-Exit codes: 0 done; 1 a trial failed or a storage fault (``sweeps.faults``: one ``error: storage
+Exit codes: 0 done; 1 a trial failed or a storage fault (``sweeps.launch.faults``: one ``error: storage
 fault`` line, last on stderr); 2 a user error (one ``error:`` line); 130 interrupted: Ctrl-C, SIGTERM
-or SIGHUP (``sweeps.interrupt``: the unfinished trials closed ``failed``, then the closing lines).
+or SIGHUP (``sweeps.launch.interrupt``: the unfinished trials closed ``failed``, then the closing lines).
 """
 
 from __future__ import annotations
@@ -38,14 +38,18 @@ if __package__ in (None, ""):  # `python sweeps/run.py` / `ray submit ... sweeps
 
 from records import client, layout, manifest, provenance, stores, tables, tracking
 from records.stores import TrackingError
-from sweeps import faults, options, progress, study, supervise
-from sweeps.interrupt import INTERRUPTED_EXIT, Interrupts
-from sweeps.lock import AGAIN, LaunchLock
-from sweeps.packs import pack_of, resume_epochs
-from sweeps.validate import OneLineParser
-from trainables.data_roots import check_root
-from trainables.lifecycle import LaunchSettings, close_unfinished, finished_trials
-from trainables.ray_start import DRIVER_RESOURCES, init_ray
+from sweeps.launch import faults, options, progress, supervise
+from sweeps.launch.interrupt import INTERRUPTED_EXIT, Interrupts
+from sweeps.launch.lock import AGAIN, LaunchLock
+from sweeps.launch.packs import pack_of, resume_epochs
+from sweeps.launch.validate import OneLineParser
+from sweeps.studies import study
+from trainables.config.data_roots import check_root
+from trainables.trial.lifecycle import LaunchSettings, close_unfinished, finished_trials
+from trainables.trial.ray_start import DRIVER_RESOURCES, init_ray
+
+# Imports inside functions: Ray, Tune, the training stack and the analysis stack load only once a launch passed
+# its checks and reached the stage that needs them (a refused launch, a dry run and --help start nothing).
 
 log = logging.getLogger("vitsweep")
 USER_ERRORS = (ValueError, TrackingError)  # what a user can fix by changing the command: one `error:` line, exit 2
@@ -57,7 +61,7 @@ def check_data(configs) -> None:
     roots = sorted({(c.dataset, c.data_root) for c in configs})
     for dataset, root in roots:
         check_root(dataset, root)  # torch-free: a bad root is refused before torch is imported
-    from trainables.datasets import prepare_root
+    from trainables.data.datasets import prepare_root
 
     for dataset, root in roots:
         prepare_root(dataset, root)
@@ -110,7 +114,7 @@ class Launch:
 
     args: argparse.Namespace
     spec: study.Study
-    settings: Any  # trainables.lifecycle.LaunchSettings: where it writes, what each trial may use
+    settings: Any  # trainables.trial.lifecycle.LaunchSettings: where it writes, what each trial may use
     done: set[str]  # trial ids finished by earlier launches
     interrupts: Interrupts
 
@@ -291,7 +295,7 @@ def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: se
     """The study's own Tuner (its ``tuner`` hook), or a grid over the packs (or trials) to run."""
     from ray import tune
 
-    from trainables.ray_trial import run_trial
+    from trainables.trial.ray_trial import run_trial
 
     args = launch.args
     # Grid trials look their config up by id; a search's trials apply sampled values to `base`.
@@ -331,7 +335,8 @@ def grid_tuner(setup: study.TuneSetup, todo, members: dict[str, list[str]], prog
             trial_dirname_creator=_trial_name,
             reuse_actors=True,  # a driver process (imports, MLflow client) serves many trials
         ),
-        run_config=tune.RunConfig(**run_config, failure_config=tune.FailureConfig(max_failures=setup.args.max_failures)),
+        run_config=tune.RunConfig(**run_config,
+                                  failure_config=tune.FailureConfig(max_failures=setup.args.max_failures)),
     )
 
 
@@ -343,7 +348,7 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
-    def close_now() -> None:  # at the first signal (sweeps.interrupt); the epilogue below closes the rest
+    def close_now() -> None:  # at the first signal (sweeps.launch.interrupt); the epilogue below closes the rest
         with contextlib.suppress(Exception):  # noqa: BLE001 - the epilogue closes again, and reports faults
             close_unfinished(results, args.study, settings.mlflow_uri, settings.experiment_id, stopped,
                              interrupts.reason, tracking_down=watch.tracking_down)
@@ -387,7 +392,7 @@ def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
 
 def failed(grid, watch) -> list:
     """Tune's results that failed, or ended unretriable; a storage fault among them goes to the watch."""
-    from trainables.ray_trial import UNRETRIABLE
+    from trainables.trial.ray_trial import UNRETRIABLE
 
     errors = [r for r in grid if r.error or (r.metrics or {}).get(UNRETRIABLE)]
     for r in errors:
@@ -441,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return run(args)
     # As the program (`ray job submit -- python sweeps/run.py ...`): kept by a parent process, as
-    # `vitsweep sweep` is (see sweeps/supervise.py).
+    # `vitsweep sweep` is (see sweeps/launch/supervise.py).
     return supervise.run(sys.argv[1:], lambda argv: run(parser.parse_args(argv)),
                          lambda: (layout.results_location(args.results), args.study, args.mlflow_uri,
                                   AGAIN["launch"]))
@@ -466,7 +471,7 @@ def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
         # refused second launch answers in a moment.
         options.check(args)
         if args.dry_run:
-            from sweeps.dry_run import dry_run
+            from sweeps.launch.dry_run import dry_run
 
             return dry_run(args)
         check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
@@ -532,6 +537,19 @@ def _logged_fault(results: str, study_name: str, why: str):
     return faults.StorageFault([why], launch_log.path)
 
 
+def analyze_stage(results: str, study_name: str, mlflow_uri: str | None, **choices: Any) -> list[dict[str, Any]]:
+    """The analysis stage (a launch's, and ``vitsweep analyze``): every checkpoint measured
+    (``analysis.measuring.job.analyze``, its keyword ``choices``), then the wide ``summary`` table rewritten
+    from everything measured so far; returns the job's status rows."""
+    from analysis.measuring.job import analyze  # (see sweeps/cli.py: the analysis stack only where it runs)
+    from analysis.statistics.study_data import write_summary_table
+
+    statuses = analyze(results=results, study=study_name, mlflow_uri=mlflow_uri, **choices)
+    log.info("summary table of %s: %d trial(s)", study_name, write_summary_table(results, study_name))
+    tables.try_compact(results, study_name)  # the summary files too: every later read is one scan
+    return statuses
+
+
 def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> int:
     status = 0
     if args.stage in ("train", "all"):
@@ -542,15 +560,13 @@ def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrup
               flush=True)
         return status
     if args.stage in ("analyze", "all"):
-        from analysis.job import analyze  # (see sweeps/cli.py: the analysis stack only where it runs)
-
         spec = study.of(args.study)  # its EVAL_SIZE and CHECKPOINTS hooks
-        statuses = analyze(results=results, study=args.study, mlflow_uri=mlflow_uri, address=args.address,
-                           eval_size=spec.eval_size, checkpoints=spec.checkpoints, verbose=args.verbose)
+        statuses = analyze_stage(results, args.study, mlflow_uri, address=args.address, eval_size=spec.eval_size,
+                                 checkpoints=spec.checkpoints, verbose=args.verbose)
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
     if args.stage in ("report", "all"):
-        from analysis.report import build_report  # (see sweeps/cli.py)
+        from analysis.reporting.report import build_report  # (see sweeps/cli.py)
 
         with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage
             report = str(build_report(results, args.study, mlflow_uri=mlflow_uri))

@@ -52,7 +52,7 @@ def ray_local():
     """A real local Ray instance with its own temp dir (never another session's)."""
     import ray
 
-    from trainables.ray_start import init_ray
+    from trainables.trial.ray_start import init_ray
 
     # Unix socket paths must stay short: a short dir under /tmp, not pytest's tmp_path.
     temp_dir = tempfile.mkdtemp(prefix="vsr-", dir="/tmp")
@@ -116,10 +116,10 @@ def demo_results(ray_local, tmp_path_factory):
     ``console.txt`` and ``console-err.txt`` keep what the launch showed on stdout and stderr.
 
     The demo's evaluation cap is lowered to ``FAST_EVAL_SIZE`` for this run only (the launcher reads
-    it from the study module, ``sweeps.demo.EVAL_SIZE``, as it reads any study's)."""
-    from sweeps import demo
-    from sweeps import options
+    it from the study module, ``sweeps.studies.demo.EVAL_SIZE``, as it reads any study's)."""
     from sweeps import run as launcher
+    from sweeps.launch import options
+    from sweeps.studies import demo
 
     results = tmp_path_factory.mktemp("demo-results")
     parser = launcher.argparse.ArgumentParser()

@@ -154,7 +154,7 @@ class SyncCounter(TorchDispatchMode):
 
 
 def clear_device_constants() -> None:
-    from trainables import images
+    from trainables.data import images
 
     # Every cached device constant (`images.device_constant`) goes; a checkout from before the
     # registry has none (bench/host_syncs.py measures such a baseline).
@@ -268,9 +268,9 @@ STRONG_AT = {"autoaugment_cifar10": ("cifar10", 32), "color_jitter": ("tinyimage
 def member_configs(protocols, *, dataset: str = "cifar10", img_size: int = 32, batch_size: int = 16,
                    rpt_per_image: bool = False, preset: str = "tiny", rpt: bool | None = None):
     """RunConfigs, one per protocol name (seeds 0, 1, ...); RPT on every other member (rpt=None) or all/none."""
-    from trainables.config import RunConfig
-    from trainables.protocol_spec import Protocol
-    from trainables.vit_config import ViTConfig
+    from trainables.config.architecture import ViTConfig
+    from trainables.config.run_config import RunConfig
+    from trainables.config.switches import Protocol
 
     model = ViTConfig.preset(preset, img_size=img_size, patch_size=img_size // 8, num_classes=10)
     cfgs = []
@@ -286,7 +286,7 @@ def member_configs(protocols, *, dataset: str = "cifar10", img_size: int = 32, b
 def _step_losses(pack, cfgs, batches, *, use_amp, **draws):
     """The device half of `train.pack_step` up to the loss: its inputs, then the losses. Nothing here
     reads a device value."""
-    from trainables import train
+    from trainables.loop import train
 
     x, target, perms = train.step_inputs(cfgs, batches, **draws)
     return train.member_losses(pack, x, target, perms, use_amp=use_amp)
@@ -302,11 +302,11 @@ def run_device_half(cfgs, counter: SyncCounter, *, dataset: str = "cifar10", img
     so it holds the steady state's counts. Returns {"steps", "step_ops", "logits", "eval"}."""
     import numpy as np
 
-    from trainables import train
-    from trainables.augment import augmentation
-    from trainables.images import TensorImages
-    from trainables.inputs import EvalSource, TrainSource, pack_epoch
-    from trainables.packed import PackedViT
+    from trainables.data.augment import augmentation
+    from trainables.data.images import TensorImages
+    from trainables.data.inputs import EvalSource, TrainSource, pack_epoch
+    from trainables.loop import train
+    from trainables.model.packed import PackedViT
 
     step_losses = step_losses or _step_losses
     g = torch.Generator().manual_seed(0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from records.stores import redact
 from records import tracking
 from records.client import with_retries
+from records.stores import redact
 from records.tracking import TRIAL_ID_TAG
 
 BASE_COLUMNS = ["run_id", "run_name", "trial_id", "experiment_id", "status", "start_time", "end_time",

@@ -1,4 +1,4 @@
-"""The per-image reference pipeline: what the batched path (trainables/augment.py, trainables/inputs.py)
+"""The per-image reference pipeline: what the batched path (trainables/data/augment.py, trainables/data/inputs.py)
 is checked and benchmarked against. Training does not use it; tests and bench/input_pipeline.py do,
 and no product module imports it (tests/test_layout.py).
 
@@ -27,17 +27,39 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from torchvision.transforms import v2
 
-from trainables.data_roots import LARGE_IMAGE_SIZE
-from trainables.images import eval_view, normalize
-from trainables.protocol_spec import Protocol
-from trainables.protocols import (
-    COLOR_JITTER,
-    augmentation_for,
-    cutmix_batch,
-    epoch_order,
-    item_seed,
-    soft_targets,
-)
+from trainables.data.images import eval_view, normalize
+from trainables.data.images import to_device
+from trainables.data.protocols import (COLOR_JITTER, CUTMIX_BETA, augmentation_for, cutmix_draw, epoch_order, item_seed,
+                                       soft_targets)
+from trainables.config.data_roots import LARGE_IMAGE_SIZE
+from trainables.config.switches import Protocol
+
+# -- CutMix, one batch at a time ---------------------------------------------------------------------
+
+
+def cutmix_batch(images: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None,
+                 generator: torch.Generator | None = None, *,
+                 beta: float = CUTMIX_BETA) -> tuple[torch.Tensor, torch.Tensor]:
+    """CutMix on a batch: each image b gets one box pasted from image perm[b].
+
+    images: (B, 3, S, S), any dtype and device (uint8 before `normalize` is cheapest). targets: labels
+    int64 (B,) (then `num_classes` is needed) or soft targets (B, C). Returns new images and soft targets
+    (B, C) = (1 - a) t_b + a t_perm[b], with a the pasted area / image area after clipping, so each row
+    still sums to 1. The random draws (`cutmix_draw`) come from `generator` (a CPU generator; the
+    permutation is moved to the images' device); `augment.step_batch` applies them to a whole pack (checked
+    against this)."""
+    if targets.dim() == 1:
+        if num_classes is None:
+            raise ValueError("cutmix_batch got integer labels: pass num_classes (or soft targets (B, C))")
+        targets = soft_targets(targets, num_classes)
+    batch, _, height, width = images.shape
+    (top, bottom, left, right), perm = cutmix_draw(batch, height, width, generator, beta=beta)
+    perm = to_device(perm, images.device)
+    mixed = images.clone()
+    mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
+    area = (bottom - top) * (right - left) / (height * width)
+    return mixed, targets * (1.0 - area) + targets[perm.to(targets.device)] * area
+
 
 # -- per-image transforms ------------------------------------------------------------------------
 

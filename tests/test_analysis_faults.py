@@ -1,4 +1,4 @@
-"""The analysis job's faults without Ray: the driver's loop (``analysis.job.measure_checkpoints``) fed by a
+"""The analysis job's faults without Ray: the driver's loop (``analysis.measuring.job.measure_checkpoints``) fed by a
 real ``Measurer`` in this process, as the actor pool feeds it, one checkpoint at a time.
 
 A full disk under MLflow's SQLite store (a real tmpfs, filled) ends the analysis at its first checkpoint
@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis import job
+from analysis.measuring import job
 from records import manifest, stores, tables, tracking
 from records.client import StorageError, storage_fault
-from sweeps import cli, faults, status
+from sweeps import cli
 from sweeps import run as launcher
-from trainables.config import RunConfig
-from trainables.train import snapshot_epochs
-from trainables.vit import ViT
+from sweeps.launch import faults, status
+from trainables.loop.train import snapshot_epochs
+from trainables.model.vit import ViT
+from trainables.config.run_config import RunConfig
 
 EPOCHS = 2  # snapshots at epochs 0, 1, 2: with --checkpoints all, 3 checkpoints a trial (the last is its checkpoint)
 
@@ -36,7 +37,8 @@ def _study(results: Path, trial_ids: list[str], uri: str | None = None) -> None:
         torch.manual_seed(seed)  # the same weights every run
         cfg = RunConfig.for_dataset("shapes", preset="tiny", epochs=EPOCHS, warmup_epochs=0, study="demo", seed=seed,
                                     data_root=str(results / "data"))
-        checkpoint, snapshots = (results / "storage" / "demo" / kind / trial_id for kind in ("checkpoints", "snapshots"))
+        checkpoint, snapshots = (results / "storage" / "demo" / kind / trial_id
+                                 for kind in ("checkpoints", "snapshots"))
         checkpoint.mkdir(parents=True)
         snapshots.mkdir(parents=True)
         state = {"model": ViT(cfg.model).state_dict(), "config": cfg.to_flat(), "epoch": EPOCHS}
@@ -135,7 +137,7 @@ def test_a_skipped_checkpoints_progress_line_is_one_line_and_its_whole_error_goe
 
 def test_deleted_checkpoint_folders_are_missing_in_the_plan_the_exit_status_status_and_the_report(
         tmp_path, empty_store, capsys):
-    from analysis.report import missing_checkpoints_note
+    from analysis.reporting.report import missing_checkpoints_note
 
     results = tmp_path / "results"
     _study(results, ["shapes-a", "shapes-b"])
@@ -163,7 +165,8 @@ def test_deleted_checkpoint_folders_are_missing_in_the_plan_the_exit_status_stat
     assert ("analysis unfinished: 1 checkpoint missing (shapes-b epoch 2), their files gone; 1 of 2 checkpoints "
             "measured") in status.format_status(got)
     note = missing_checkpoints_note(str(results), "demo")
-    assert note.startswith("Missing checkpoints: 1 planned checkpoint(s) were not measured") and "shapes-b epoch 2" in note
+    assert (note.startswith("Missing checkpoints: 1 planned checkpoint(s) were not measured")
+            and "shapes-b epoch 2" in note)
 
 
 def test_storage_faults_of_mlflows_store_are_one_line_and_a_lock_past_the_budget_says_so():
@@ -188,9 +191,11 @@ def test_storage_faults_of_mlflows_store_are_one_line_and_a_lock_past_the_budget
                                   "29.6 s: OperationalError: (sqlite3.OperationalError) database is locked")
     assert storage_fault(locked) == (str(locked), None)
     assert faults.classify(locked) == f"MLflow database stayed locked: {locked}"
-    assert faults.classify(StorageError(errno.ENOSPC, "measuring t epoch 2: full")) == "StorageError: measuring t epoch 2: full"
+    assert (faults.classify(StorageError(errno.ENOSPC, "measuring t epoch 2: full"))
+            == "StorageError: measuring t epoch 2: full")
     # Through Ray, the actor's one line arrives inside the remote traceback's text, after the errors it wraps.
     remote = RuntimeError("ray::MapWorker(MapBatches(Measurer)).submit()\nsqlite3.OperationalError: database or disk "
                           "is full\n\nThe above exception was the direct cause of the following exception:\n\n"
-                          "records.client.StorageError: measuring t epoch 2: MLflow store 's': database or disk is full")
+                          "records.client.StorageError: measuring t epoch 2: MLflow store 's': database or disk "
+                          "is full")
     assert storage_fault(remote) == ("measuring t epoch 2: MLflow store 's': database or disk is full", errno.ENOSPC)

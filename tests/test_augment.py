@@ -1,4 +1,4 @@
-"""Batched augmentation (trainables/augment.py) against torchvision's per-image path, draw frequencies, keying."""
+"""Batched augmentation (trainables/data/augment.py) against torchvision's per-image path, draw frequencies, keying."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import v2
 
-from trainables import augment
-from trainables.augment import (
-    Augmentation,
-    StepDraws,
-    apply,
-    draw,
-    item_keys,
-    resized_crop,
-    resized_crop_params,
-    step_batch,
-    uniforms,
-)
-from trainables.images import normalize
-from trainables.protocols import COLOR_JITTER, cutmix_batch, cutmix_draw, item_seed, soft_targets
-from trainables.shapes import make_shapes
+from trainables.data import augment
+from trainables.data.augment import (Augmentation, StepDraws, apply, draw, item_keys, resized_crop, resized_crop_params,
+                                     step_batch, uniforms)
+from trainables.data.images import normalize
+from reference import cutmix_batch
+
+from trainables.data.protocols import COLOR_JITTER, cutmix_draw, item_seed, soft_targets
+from trainables.data.shapes import make_shapes
 
 N = 64  # images per equality test: small, but every op of both policies shows up (checked)
 
@@ -49,7 +42,7 @@ def _reference(spec: Augmentation, image: torch.Tensor, p: augment.Draws, i: int
         policy = {"autoaugment_cifar10": v2.AutoAugmentPolicy.CIFAR10,
                   "autoaugment_imagenet": v2.AutoAugmentPolicy.IMAGENET}[spec.strong]
         aa = v2.AutoAugment(policy)
-        for stage, (op, probability, bin_) in enumerate(aa._policies[p.policy[i]]):
+        for stage, (op, _probability, bin_) in enumerate(aa._policies[p.policy[i]]):
             if not p.applied[i, stage]:
                 continue
             magnitudes_fn, signed = aa._AUGMENTATION_SPACE[op]

@@ -11,11 +11,11 @@ import pytest
 import torch
 from fake_cuda import fake_cuda
 
-import trainables.train as loop
-from trainables import checkpoints, optim
-from trainables.checkpoints import CorruptCheckpointError, load, local_checkpoint
-from trainables.config import RunConfig
-from trainables.packed import PackedViT, init_member
+import trainables.loop.train as loop
+from trainables.loop import checkpoints, optim
+from trainables.loop.checkpoints import CorruptCheckpointError, load, local_checkpoint
+from trainables.model.packed import PackedViT, init_member
+from trainables.config.run_config import RunConfig
 
 CUDA = torch.device("cuda")
 QUIET = {"log": lambda *_: None}

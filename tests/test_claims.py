@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import claim_tests, claims, seedstats
-from analysis.study_data import StudyData
-from analysis.uniform_attention import uniform_mad
-from sweeps import options
+from analysis.measuring.uniform_attention import uniform_mad
+from analysis.statistics import claim_tests, claims, seedstats
+from analysis.statistics.study_data import StudyData
 from sweeps import run as launcher
+from sweeps.launch import options
 
 PAIRS = 5
 MDE_COLUMN = claim_tests.MDE

@@ -50,7 +50,7 @@ import pytest
 import server
 
 from records import tracking
-from trainables import checkpoints
+from trainables.loop import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and `python` for the job
@@ -66,7 +66,7 @@ JOB_DEADLINE_S = 330.0  # the job alone; measured 100-200 s on a busy 2-core mac
 START_DEADLINE_S = 90.0  # each `ray start` until the node is alive
 TIMEOUT_S = 540  # pytest-timeout backstop for the whole test, cluster start and teardown included
 # Each node has 1 CPU and each pack's Train worker asks for a whole one: that fits only
-# because Tune trial drivers ask for no CPU (trainables.ray_start.DRIVER_RESOURCES).
+# because Tune trial drivers ask for no CPU (trainables.trial.ray_start.DRIVER_RESOURCES).
 CPUS_PER_TRIAL = "1"
 MARKER = "VITSWEEP_E2E_CLUSTER"  # env var that tags every process this test starts
 NODE_MARKER = "VITSWEEP_E2E_NODE"  # and the node (its raylet, its workers) a process belongs to
@@ -235,7 +235,8 @@ def cluster():
                     "--dashboard-agent-listen-port", str(_free_port()), *common]
             starters.append((_start_node(args, {**env, NODE_MARKER: name}, tmp / f"{name}.log"), tmp / f"{name}.log"))
             nodes = _wait_for_nodes(dashboard, token, len(starters), starters)
-            (node_ids[name],) = [n["node_id"] for n in nodes if n["node_id"] not in (head["node_id"], *node_ids.values())]
+            (node_ids[name],) = [n["node_id"] for n in nodes
+                                 if n["node_id"] not in (head["node_id"], *node_ids.values())]
         mlflow_uri, mlflow_server = server.start_local_server(
             f"sqlite:///{tmp / 'mlflow' / 'mlflow.db'}", tmp / "mlflow" / "artifacts", host="127.0.0.1",
             log_path=tmp / "mlflow.log",

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from test_report import primary, write_study
 
-from analysis import claims as claims_module
-from analysis import compare
+from analysis.reporting import compare
+from analysis.statistics import claims as claims_module
 from sweeps import cli
 
 SMALL = {"protocols": ["baseline", "cutmix"], "models": [("ape", False)], "checkpoints": (4,)}

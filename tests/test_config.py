@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from trainables.config import RunConfig
+from trainables.config.run_config import RunConfig
 
 
 def cfg(**overrides):
@@ -71,7 +71,7 @@ DEMO_IDS = ["shapes-none-baseline-s0-2a3aebc3", "shapes-none-cutmix-s0-6fe3f095"
 
 
 def test_fields_added_at_their_default_leave_existing_ids_unchanged():
-    from sweeps import demo
+    from sweeps.studies import demo
 
     trials = demo.trials(demo.DEFAULTS)
     assert [t.trial_id for t in trials] == DEMO_IDS
@@ -98,7 +98,7 @@ def test_a_test_scored_run_has_no_holdout_and_a_tuning_run_keeps_it():
 
 
 def test_crop_padding_reaches_the_augmentation_and_rejects_negatives():
-    from trainables.augment import augmentation
+    from trainables.data.augment import augmentation
 
     assert augmentation("baseline", "tinyimagenet", 64).padding == 8  # default: img_size // 8
     assert augmentation("baseline", "tinyimagenet", 64, cfg(crop_padding=4).crop_padding).padding == 4
@@ -108,8 +108,8 @@ def test_crop_padding_reaches_the_augmentation_and_rejects_negatives():
 
 def test_the_training_loop_augments_with_the_configs_crop_padding(tmp_path, monkeypatch):
     """One short epoch: the loop's training sources get crop_padding from the run config (alone and packed)."""
-    from trainables import augment
-    from trainables import train as loop
+    from trainables.data import augment
+    from trainables.loop import train as loop
 
     built = []
 

@@ -18,12 +18,11 @@ import pytest
 import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
-from trainables import shapes
-from trainables.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
-from trainables import datasets
-from trainables.datasets import DATASETS, SHARED_ENV, capped_subset, holdout_split, load_dataset
-from trainables.formats import IMAGENET100_WNIDS, link_imagenet100
-from trainables.images import ImageFiles, TensorImages
+from trainables.data import shapes
+from trainables.data.datasets import DATASETS, SHARED_ENV, capped_subset, holdout_split, load_dataset
+from trainables.data.formats import IMAGENET100_WNIDS, link_imagenet100
+from trainables.data.images import ImageFiles, TensorImages
+from trainables.config.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec (not a dependency yet):
 # one warning per decoded file would make pytest record ~10^5 of them.

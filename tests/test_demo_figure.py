@@ -7,12 +7,12 @@ import io
 from pathlib import Path
 
 import pandas as pd
+from conftest import load_script
 from PIL import Image
 
 from records.schema import EPOCHS
-from sweeps import demo
-from trainables.config import RunConfig
-from conftest import load_script
+from sweeps.studies import demo
+from trainables.config.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

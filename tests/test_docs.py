@@ -1,6 +1,6 @@
 """docs/studies.md defines everything the code measures: names come from the code, never from a list here.
 
-The measurement vocabulary is what ``analysis.evaluate.evaluate_checkpoint`` actually emits, read off
+The measurement vocabulary is what ``analysis.measuring.evaluate.evaluate_checkpoint`` actually emits, read off
 tiny random-weight ViTs of every PE kind (no PE, additive, rotary), so a metric added to the evaluation
 fails this test until the page defines it; the interventions, PEs and protocols come from their registries.
 """
@@ -18,11 +18,11 @@ import torch
 from test_evaluate import pes_scaled_by
 from test_interventions import DEFAULT_LEVELS, INTERVENTIONS
 
-from analysis.evaluate import evaluate_checkpoint
-from trainables.pos_embed import POS_EMBEDS
-from trainables.protocols import PROTOCOLS
-from trainables.vit import ViT
-from trainables.vit_config import ViTConfig
+from analysis.measuring.evaluate import evaluate_checkpoint
+from trainables.data.protocols import PROTOCOLS
+from trainables.model.pos_embed import POS_EMBEDS
+from trainables.model.vit import ViT
+from trainables.config.architecture import ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "studies.md"
@@ -152,7 +152,8 @@ def _vitsweep_commands(line: str) -> list[list[str]]:
                 part.append(word)
         return commands
     if "sweeps/run.py" in words:
-        return [["sweep", *words[words.index("sweeps/run.py") + 1:]]] if "--" not in words[words.index("sweeps/run.py"):] \
+        return [["sweep", *words[words.index("sweeps/run.py") + 1:]]] \
+            if "--" not in words[words.index("sweeps/run.py"):] \
             else [["sweep", *words[words.index("--", words.index("sweeps/run.py")) + 1:]]]
     return []
 
@@ -233,10 +234,9 @@ ASSUMED_RATES = {"device": "A10G", "packing": {
 
 
 def test_the_cluster_cost_table_is_what_the_estimate_gives_for_each_sweeps_packs():
-    from sweeps import estimate
-    from sweeps import options
     from sweeps import run as launcher
-    from sweeps.packs import Pack
+    from sweeps.launch import estimate, options
+    from sweeps.launch.packs import Pack
 
     text = (ROOT / "cluster" / "README.md").read_text(encoding="utf-8")
     section = text.split("## Cost estimate", 1)[1].split("\n## ", 1)[0]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from sweeps import estimate
-from sweeps import options
 from sweeps import run as launcher
-from sweeps.packs import Pack
+from sweeps.launch import estimate, options
+from sweeps.launch.packs import Pack
 
 
 def _plan(*argv):

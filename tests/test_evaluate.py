@@ -1,4 +1,4 @@
-"""analysis.evaluate on tiny random-weight ViTs: the STUDIES.md properties and the measurement vocabulary."""
+"""analysis.measuring.evaluate on tiny random-weight ViTs: the STUDIES.md properties and the measurement vocabulary."""
 
 from __future__ import annotations
 
@@ -9,19 +9,17 @@ import pyarrow as pa
 import pytest
 import torch
 import torch.nn.functional as F
-
 from test_metrics import attention_entropy, cls_attention_mass, mean_attention_distance
 
-from analysis import metrics
-from analysis.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset
-from analysis.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
+from analysis.measuring import metrics
+from analysis.measuring.evaluate import ALPHA_SCALES, alpha_scale, evaluate_checkpoint, evaluation_subset
+from analysis.measuring.interventions import BLUR_LEVELS, JPEG_LEVELS, rpi_permutation
 from records.schema import MEASUREMENTS, PAIRED_COUNTS
-from trainables.datasets import capped_subset
-from trainables.images import TensorImages
-from trainables.images import normalize
-from trainables.pos_embed import POS_EMBEDS
-from trainables.vit import ViT
-from trainables.vit_config import ViTConfig
+from trainables.data.datasets import capped_subset
+from trainables.data.images import TensorImages, normalize
+from trainables.model.pos_embed import POS_EMBEDS
+from trainables.model.vit import ViT
+from trainables.config.architecture import ViTConfig
 
 GRID = 8
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -292,13 +290,14 @@ def test_every_pe_declares_its_alpha_scaling():
 
 
 def test_an_unknown_alpha_scaling_is_named_with_the_choices(monkeypatch):
-    from trainables import pos_embed
+    from trainables.model import pos_embed
 
     class Odd(pos_embed.LearnedAbsolute):
         alpha_scaling = "pe_sacle"
 
     monkeypatch.setitem(pos_embed.POS_EMBEDS, "odd", Odd)
-    with pytest.raises(ValueError, match=r"pe='odd' declares alpha_scaling='pe_sacle'; valid: \['pe_scale', 'rope_scale', None\]"):
+    with pytest.raises(ValueError,
+                       match=r"pe='odd' declares alpha_scaling='pe_sacle'; valid: \['pe_scale', 'rope_scale', None\]"):
         alpha_scale("odd")
 
 
@@ -359,7 +358,7 @@ def test_evaluation_subset_is_the_epoch_scores_stratified_draw_for_both_dataset_
 
 def test_paired_counts_follow_each_image_across_batches(images):
     """Counted per image in evaluation order, over uneven batches: the same cells as direct predictions."""
-    from analysis.interventions import Jpeg
+    from analysis.measuring.interventions import Jpeg
 
     model = _model("ape")
     labels = _labels()

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorDeviceMismatchError,
-)
-
+from fake_cuda import STRONG_AT, DeviceAudit, fake_cuda, member_configs, run_device_half
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                           FakeTensorDeviceMismatchError)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fake_cuda import STRONG_AT, DeviceAudit, fake_cuda, member_configs, run_device_half
-from trainables import train
-from trainables.augment import StepDraws, step_batch
-from trainables.config import RunConfig
-from trainables.protocols import PROTOCOLS
+from trainables.data.augment import StepDraws, step_batch
+from trainables.data.protocols import PROTOCOLS
+from trainables.loop import train
+from trainables.config.run_config import RunConfig
 
 # vmap's "no batching rule" performance warning for ops of the fake device; never autocast's "CUDA is
 # not available": the harness turns CUDA autocast on.

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.faults import report_storage_faults
-from trainables.lifecycle import close_unfinished
-from trainables.config import RunConfig
-from trainables.checkpoints import CorruptCheckpointError, load_model
-from trainables.vit import ViT
+from sweeps.launch.faults import report_storage_faults
+from trainables.loop.checkpoints import CorruptCheckpointError, load_model
+from trainables.model.vit import ViT
+from trainables.config.run_config import RunConfig
+from trainables.trial.lifecycle import close_unfinished
 
 
 @pytest.fixture()
@@ -38,7 +38,7 @@ def test_a_corrupt_checkpoint_is_named_with_its_path(checkpoint, damage):
 
 
 def test_the_analysis_status_of_a_corrupt_checkpoint_names_its_path(checkpoint, tmp_path):
-    from analysis.job import Measurer
+    from analysis.measuring.job import Measurer
 
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     measurer = Measurer(str(tmp_path / "results"), "demo", None, eval_size=8, batch_size=8, threads=1)
@@ -154,7 +154,8 @@ def test_records_say_what_happened_whichever_was_closed_first(tmp_path):
     got = {r["trial_id"]: r for r in tables.read_table(results, "demo", "trials").to_pylist()}
     assert {t: r["status"] for t, r in got.items()} == {
         "done": "finished", "orphaned_done": "finished", "cut": "failed", "asha": "stopped", "broken": "failed"}
-    assert got["cut"]["error"].startswith("storage fault: OSError: [Errno 28]") and got["broken"]["error"] == "loss is nan"
+    assert (got["cut"]["error"].startswith("storage fault: OSError: [Errno 28]")
+            and got["broken"]["error"] == "loss is nan")
     mlflow = search_trial_runs(uri, "demo").set_index("trial_id")
     assert mlflow["status"].to_dict() == {"done": "FINISHED", "orphaned_done": "FINISHED", "cut": "FAILED",
                                           "asha": "FINISHED", "broken": "FAILED"}
@@ -195,7 +196,7 @@ def test_a_moved_copy_of_the_results_reads_and_writes_only_the_copy(tmp_path, mo
     the copy's MLflow store, checked as every command checks it, keeps its artifacts in the copy."""
     import shutil
 
-    from analysis.job import Measurer, list_checkpoints
+    from analysis.measuring.job import Measurer, list_checkpoints
     from records import stores, tables, tracking
 
     original = tmp_path / "results"
@@ -254,8 +255,8 @@ def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tm
 
     import mlflow
 
-    from analysis import evaluate
-    from analysis.job import Measurer, list_checkpoints
+    from analysis.measuring import evaluate
+    from analysis.measuring.job import Measurer, list_checkpoints
     from records import stores, tables, tracking
 
     results = tmp_path / "results"
@@ -301,7 +302,7 @@ def test_measuring_again_logs_no_second_value_and_the_parquet_file_comes_last(tm
     assert list(new) == [pytest.approx(kept.value + 0.125)]
 
     # A checkpoint not measured yet is refused at another number of images than the study's rows have.
-    from analysis.job import check_n_images
+    from analysis.measuring.job import check_n_images
 
     todo = [{"trial_id": "t2", "epoch": 1, "dataset": "shapes"}]
     check_n_images(str(results), "demo", todo, 8)
@@ -343,7 +344,7 @@ def test_resume_of_a_study_without_records_says_it_starts_fresh(tmp_path):
 ])
 def test_storage_faults_are_recognised_wherever_they_hide(exc, words):
     from records.stores import TrackingError
-    from sweeps import faults
+    from sweeps.launch import faults
 
     wrapped = RuntimeError("Tune failed")
     wrapped.__cause__ = exc
@@ -360,7 +361,7 @@ def test_a_tracking_server_that_stops_answering_stops_the_sweep_after_the_budget
     import socket
     import time
 
-    from sweeps import faults
+    from sweeps.launch import faults
 
     with socket.socket() as s:  # a port nobody listens on: a killed server
         s.bind(("127.0.0.1", 0))
@@ -397,9 +398,9 @@ def test_a_really_full_disk_is_a_storage_fault_and_the_log_moves_off_it(small_di
     import time
 
     from records import tables
-    from sweeps import faults
-    from sweeps import lock as lock_module
-    from sweeps.lock import LaunchLock
+    from sweeps.launch import faults
+    from sweeps.launch import lock as lock_module
+    from sweeps.launch.lock import LaunchLock
 
     monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)  # the lock renews its lease while the disk is full
     mount, fill = small_disk
@@ -431,7 +432,7 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
     """A full disk leaves Ray Train's checkpoint list empty; Train then fails the trial on every retry."""
     import json
 
-    from sweeps import faults
+    from sweeps.launch import faults
 
     storage = tmp_path / "storage"
     for name, text in (("cut", ""), ("half", '{"checkpoint_results": [{"che'), ("good", json.dumps({"a": 1}))):
@@ -446,11 +447,11 @@ def test_a_truncated_train_checkpoint_list_is_set_aside_so_the_trial_starts_over
 
 
 def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, monkeypatch):
-    from analysis import job
-    from sweeps import cli, demo
+    from sweeps import cli
+    from sweeps.studies import demo
 
     seen = []
-    monkeypatch.setattr(job, "run", lambda args, results, uri: seen.append(args) or 0)
+    monkeypatch.setattr(cli, "analyze_command", lambda args, results, uri: seen.append(args) or 0)
     results = str(tmp_path / "results")
     assert cli.main(["analyze", "demo", "--results", results]) == 0
     assert cli.main(["analyze", "demo", "--results", results, "--checkpoints", "final", "--eval-size", "0"]) == 0
@@ -460,9 +461,8 @@ def test_analyze_continues_with_the_studys_own_choices_unless_given(tmp_path, mo
 def test_an_unreachable_ray_address_is_refused_in_one_line_before_anything_is_planned(tmp_path, capsys):
     import socket
 
-    from sweeps import options
-
     from sweeps import run as launcher
+    from sweeps.launch import options
 
     with socket.socket() as sock:  # a loopback port nothing listens on
         sock.bind(("127.0.0.1", 0))
@@ -481,7 +481,7 @@ def test_trial_temp_folders_are_swept_and_the_fallback_log_folder_is_private(tmp
     import stat
     import tempfile
 
-    from sweeps import faults
+    from sweeps.launch import faults
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     left = [tempfile.mkdtemp(prefix=f"vitsweep-{name}-") for name in ("pack-1", "t-s0-1a2b3c4d", "t-s0-1a2b3c4d-x")]
@@ -496,11 +496,10 @@ def test_trial_temp_folders_are_swept_and_the_fallback_log_folder_is_private(tmp
 def test_sighup_and_sigterm_stop_tune_as_ctrl_c_does_and_raise_outside_it():
     import os
     import signal
-
-    from sweeps.faults import FaultWatch
-    from sweeps.interrupt import Interrupts
-
     import threading
+
+    from sweeps.launch.faults import FaultWatch
+    from sweeps.launch.interrupt import Interrupts
 
     watch = FaultWatch("sqlite:////nowhere/mlflow.db", 1.0)
     before = signal.getsignal(signal.SIGTERM)
@@ -518,7 +517,7 @@ def test_sighup_and_sigterm_stop_tune_as_ctrl_c_does_and_raise_outside_it():
 
 
 def test_printed_commands_paste_into_a_shell_and_mlflows_own_links_leave_the_console():
-    from sweeps import progress
+    from sweeps.launch import progress
 
     lines = progress.closing_lines("/tmp/my results", "s", "sqlite:////tmp/my results/mlflow.db", report=False)
     assert "vitsweep status s --results '/tmp/my results'" in lines

@@ -19,11 +19,13 @@ from matplotlib.colors import to_hex
 from PIL import Image
 from test_report import LAYERS, N_IMAGES, write_study
 
-from analysis import canvas, figures, labels, page, seedstats
-from analysis import plotting as pl
-from analysis.conditions import TRIAL_KEYS
-from analysis.study_data import StudyData
-from analysis.uniform_attention import uniform_mad
+from analysis.measuring import canvas
+from analysis.measuring.uniform_attention import uniform_mad
+from analysis.reporting import figures, page
+from analysis.reporting import plotting as pl
+from analysis.statistics import labels, seedstats
+from analysis.statistics.conditions import TRIAL_KEYS
+from analysis.statistics.study_data import StudyData
 from records import vocab
 
 PROTOCOLS = ["baseline", "autoaugment", "cutmix", "label_smoothing"]  # in protocol_key order
@@ -59,8 +61,8 @@ def _panel(fig, protocol: str):
 
 
 def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
-    from trainables.pos_embed import POS_EMBEDS
-    from trainables.protocols import PROTOCOLS as REGISTRY
+    from trainables.data.protocols import PROTOCOLS as REGISTRY
+    from trainables.model.pos_embed import POS_EMBEDS
 
     pes = {pe: pl.named_colour(pe) for pe in POS_EMBEDS}
     protocols = {vocab.canonical_protocol(p): pl.named_colour(p) for p in REGISTRY}
@@ -96,8 +98,8 @@ def test_a_condition_has_the_same_colour_in_every_figure(one_seed):
     # Study L's series (protocols at ape) in four figures; ape baseline is ape's colour from Study P.
     for protocol in PROTOCOLS:
         label = labels.protocol_label(protocol)
-        per_layer = {to_hex(l.get_color()) for l in _panel(mad.figure, protocol).get_lines()
-                     if not l.get_label().startswith("uniform attention")}  # the grey reference level
+        per_layer = {to_hex(line.get_color()) for line in _panel(mad.figure, protocol).get_lines()
+                     if not line.get_label().startswith("uniform attention")}  # the grey reference level
         assert per_layer == {_line_colour(emergence.figure, label)} == {_line_colour(curves.figure, f"ape / {label}")}
     dots = _mean_markers(summary.figure.axes[0])  # one per protocol
     assert dots == [pl.colour("ape", False, p) for p in PROTOCOLS]
@@ -115,7 +117,8 @@ def test_captions_say_what_is_drawn(one_seed, two_seeds):
         assert not re.search(r"\bCI\b", single.caption) and "n = 1 seed per condition" in single.caption, single.caption
         assert not any(isinstance(c, PolyCollection) for ax in single.figure.axes for c in ax.collections)
         (double,) = draw(two_seeds)
-        assert "95% t interval of the mean" in double.caption and "n = 2 seeds per condition" in double.caption, double.caption
+        assert ("95% t interval of the mean" in double.caption
+                and "n = 2 seeds per condition" in double.caption), double.caption
     (accuracy,) = figures.accuracy_fragility(one_seed)
     assert "sampling SE" in accuracy.caption  # the grey SE bars are drawn from n images even for one seed
 
@@ -176,8 +179,8 @@ def test_svg_text_is_editable_and_every_figure_has_a_pdf(one_seed):
 
 
 def test_accuracy_se_is_over_the_test_split_and_the_page_says_which(tmp_path):
-    from trainables.data_roots import DATASET_SPECS
-    from trainables.datasets import load_dataset
+    from trainables.data.datasets import load_dataset
+    from trainables.config.data_roots import DATASET_SPECS
 
     sizes = {name: s.test_images for name, s in DATASET_SPECS.items() if s.test_images}
     assert sizes["shapes"] == len(load_dataset("shapes").test)
@@ -261,4 +264,5 @@ def test_the_measurements_are_held_lean_and_select_gives_the_stored_rows_with_th
             want = want[want["level"] == kw["level"]]
         got = data.select(intervention, metric, **kw)
         assert len(got) and list(got.columns) == list(want.columns)
-        pd.testing.assert_frame_equal(got.sort_values(order, ignore_index=True), want.sort_values(order, ignore_index=True))
+        pd.testing.assert_frame_equal(got.sort_values(order, ignore_index=True),
+                                      want.sort_values(order, ignore_index=True))

@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-
-from analysis.claims import SINKS_KEPT_MARK
-from analysis.report import build_report
-from records import tables
 from conftest import load_script
+
+from analysis.reporting.report import build_report
+from analysis.statistics.claims import SINKS_KEPT_MARK
+from records import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_study_l.py"

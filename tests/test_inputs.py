@@ -1,4 +1,4 @@
-"""Training input (trainables/inputs.py): epochs chunked on the device, folder streaming, GPU-decode fallback."""
+"""Training input (trainables/data/inputs.py): epochs chunked on the device, folder streaming, GPU-decode fallback."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torchvision.io
 from reference import SeededSampler
 from torch.utils.data import DataLoader
 
-from trainables.augment import Augmentation
-from trainables.images import ImageFiles, TensorImages, decode
-from trainables.inputs import EvalSource, TrainSource, decode_on_device, default_workers
-from trainables.shapes import make_shapes
+from trainables.data.augment import Augmentation
+from trainables.data.images import ImageFiles, TensorImages, decode
+from trainables.data.inputs import EvalSource, TrainSource, decode_on_device, default_workers
+from trainables.data.shapes import make_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -86,7 +86,7 @@ def test_folder_backed_split_streams_what_memory_would_hold(tmp_path, split, mon
     assert torch.equal(gpu_path, held)
     # A pack streams each member's own order and draws, augmented per protocol group, through one set
     # of the trial's workers (2 here), not one per member.
-    from trainables import inputs
+    from trainables.data import inputs
 
     loaders = []
     monkeypatch.setattr(inputs, "DataLoader",
@@ -134,13 +134,7 @@ def test_default_workers_follow_the_cpus_the_trial_holds(monkeypatch):
 def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_and_autoaugment(tmp_path):
     """From LARGE_IMAGE_SIZE: each file is decoded at its own size and cropped from its key in
     the worker; flip and AutoAugment (ImageNet policy) then run on the chunk from the same keys."""
-    from trainables.augment import (
-        apply,
-        draw,
-        item_keys,
-        resized_crop,
-        resized_crop_params,
-    )
+    from trainables.data.augment import apply, draw, item_keys, resized_crop, resized_crop_params
 
     g = torch.Generator().manual_seed(0)
     raw = [torch.randint(0, 256, (3, 130 + 9 * i, 150 - 4 * i), dtype=torch.uint8, generator=g) for i in range(12)]
@@ -163,7 +157,7 @@ def test_large_images_get_their_resized_crop_at_native_size_then_batched_flip_an
 def test_a_pack_is_augmented_in_one_call_per_protocol_group(split, monkeypatch):
     """Four members, two protocols: per chunk one `apply` per protocol, and each member gets
     exactly the batches it would get alone (its own order and draws)."""
-    from trainables import inputs
+    from trainables.data import inputs
 
     specs = [Augmentation(32, "autoaugment_cifar10"), Augmentation(32, None)]
     base = TrainSource(split, specs[0])
@@ -208,8 +202,8 @@ def test_gpu_decoded_images_are_synchronised_before_use_and_cpu_decoding_is_the_
     events.clear()
     decode_on_device(encoded, "cpu", gpu_decoder=fake_nvjpeg)
     assert events == [("decode", 3)]  # no wait off CUDA
-    from trainables.config import RunConfig
-    from trainables.train import pack_inputs
+    from trainables.loop.train import pack_inputs
+    from trainables.config.run_config import RunConfig
 
     root = tmp_path / "root"  # 128 px: folder-backed (ImageFiles), like ImageNet-100
     for i, image in enumerate(torch.randint(0, 256, (4, 3, 128, 128), dtype=torch.uint8)):

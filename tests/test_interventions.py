@@ -1,4 +1,4 @@
-"""analysis.interventions: what each intervention does to images or to the model call."""
+"""analysis.measuring.interventions: what each intervention does to images or to the model call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import interventions as iv
+from analysis.measuring import interventions as iv
 from records import vocab
 
 

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _launch_args(*argv: str):
-    from sweeps import options
     from sweeps import run as launcher
+    from sweeps.launch import options
 
     parser = launcher.argparse.ArgumentParser()
     options.add_arguments(parser)
@@ -116,7 +116,7 @@ def test_a_non_ascii_path_is_refused_in_one_line_naming_the_character(tmp_path, 
 
 
 def test_a_symlink_with_an_ascii_name_is_the_way_around(tmp_path, capsys):
-    from sweeps import options
+    from sweeps.launch import options
 
     target = tmp_path / "résultats"
     target.mkdir()
@@ -133,7 +133,7 @@ def test_analyze_refuses_a_non_ascii_results_path_too(tmp_path, capsys):
 
 
 def test_the_locks_refusal_names_the_refused_ones_next_command(tmp_path):
-    from sweeps.lock import LaunchLock, LaunchLockError
+    from sweeps.launch.lock import LaunchLock, LaunchLockError
 
     results = str(tmp_path / "results")
     with LaunchLock(results, "demo", "launch"):
@@ -153,7 +153,7 @@ def _log_folders(folder: Path) -> list[Path]:
 def test_a_launch_log_makes_no_fallback_folder_while_the_results_folder_takes_it(tmp_path, monkeypatch):
     import tempfile
 
-    from sweeps import faults
+    from sweeps.launch import faults
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

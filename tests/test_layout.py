@@ -1,33 +1,42 @@
-"""The house rules, read from the source: imports flow one way and every module fits in a head.
+"""The house rules, read from the source: the rooms, their floors, and every module fits in a head.
 
-    sweeps/ -> analysis/ -> trainables/ -> records/
+Each top-level package is a set of rooms (sub-packages, one concern each), and the floors run one way,
+top to bottom (``FLOORS``): a module imports only from its own room or a room below it.
 
-`trainables/` (training) must not depend on the post-hoc analysis or the launcher;
-`records/` (what a sweep writes) sits below everything. Imports inside functions
-count too: a lazy import is still a dependency. A module's private names (a
-leading underscore) are its own: no other module imports them. The checkpoint
-layout (file names, snapshot pattern) is named in `trainables/checkpoints.py` only. The registries'
-names, the protocol switches, the did-not-learn rule and the headline severities are defined in
-`records/vocab.py` only (standard library imports only), and no other module lists two registry names
-but the registries, the studies' grids and the papers' numbers. Every results path and the test for a
-URI are `records/layout.py`'s; the product has no import circle.
+    sweeps/ (run.py, cli.py) -> sweeps/launch/ -> sweeps/studies/
+      -> analysis/reporting/ -> analysis/statistics/ -> analysis/measuring/
+      -> trainables/trial/ -> trainables/loop/ -> trainables/model/ -> trainables/data/ -> trainables/config/
+      -> records/
+
+`trainables/config/` (what a trial is, as data) imports nothing but the standard library and
+`records.vocab`, so the launcher's checks never load torch. Imports inside functions count too: a lazy
+import is still a dependency, and no circle closes at any depth (annotation-only imports under
+``TYPE_CHECKING`` are not run). A module's private names (a leading underscore) are its own: no other
+module imports them. The checkpoint layout (file names, snapshot pattern) is named in
+`trainables/loop/checkpoints.py` only. The registries' names, the protocol switches, the did-not-learn
+rule and the headline severities are defined in `records/vocab.py` only (standard library imports
+only), and no other module lists two registry names but the registries, the studies' grids and the
+papers' numbers. Every results path and the test for a URI are `records/layout.py`'s.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("sweeps", "analysis", "trainables", "records")
-FORBIDDEN = {  # package -> packages it must not import
-    "records": {"sweeps", "analysis", "trainables"},
-    "trainables": {"sweeps", "analysis"},
-    "analysis": {"sweeps"},
-    "sweeps": set(),
-}
+# Every room, top floor first. A package's own top-level modules (sweeps/run.py, sweeps/cli.py) are
+# its top room; records/ is one room, the ground floor.
+FLOORS = ("sweeps", "sweeps.launch", "sweeps.studies",
+          "analysis.reporting", "analysis.statistics", "analysis.measuring",
+          "trainables.trial", "trainables.loop", "trainables.model", "trainables.data", "trainables.config",
+          "records")
+SPEC = "trainables.config"
+SPEC_MAY_IMPORT = {"records.vocab", "PIL"}  # besides the standard library and the spec (PIL: image headers)
 MAX_LINES = 600
 MAX_ANALYSIS_LINES = 400  # analysis/ by concern: the data model, labels, statistics, claims, tables, page, figures
 
@@ -47,14 +56,69 @@ def _imported_packages(path: Path) -> set[tuple[str, int]]:
     return found
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_imports_flow_one_way(package):
-    assert _modules(package), f"no modules found under {package}/"
-    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}"
-           for path in _modules(package)
-           for name, line in sorted(_imported_packages(path))
-           if name in FORBIDDEN[package]]
-    assert not bad, f"{package}/ must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(bad)
+def _module_name(path: Path) -> str:
+    return str(path.relative_to(ROOT).with_suffix("")).replace("/", ".").removesuffix(".__init__")
+
+
+def _room(name: str) -> str:
+    """The room a module lives in: the longest of ``FLOORS`` it sits under."""
+    return max((room for room in FLOORS if name == room or name.startswith(room + ".")), key=len)
+
+
+LOBBIES = ("analysis", "trainables")  # packages that are only their rooms (a docstring in __init__.py)
+
+
+def _roomed_modules() -> list[Path]:
+    return [path for package in PACKAGES for path in _modules(package)
+            if _module_name(path) not in LOBBIES]
+
+
+def test_every_module_lives_in_a_room():
+    # A module left at a package's top would be a room of its own that no floor names.
+    tops = {"sweeps": {"__init__", "run", "cli"}, "analysis": {"__init__"}, "trainables": {"__init__"},
+            "records": None}
+    bad = [str(path.relative_to(ROOT)) for package, allowed in tops.items() if allowed is not None
+           for path in _modules(package) if path.parent == ROOT / package and path.stem not in allowed]
+    assert not bad, "modules outside a room (move them into one of FLOORS):\n" + "\n".join(bad)
+    rooms = {_room(_module_name(path)) for path in _roomed_modules()}
+    assert rooms == set(FLOORS), f"rooms without modules or unnamed: {rooms ^ set(FLOORS)}"
+    # analysis/ and trainables/ are their rooms only: their __init__ says so and holds nothing else
+    assert all(ast.get_docstring(tree := ast.parse((ROOT / package / "__init__.py").read_text()))
+               and len(tree.body) == 1 for package in LOBBIES)
+
+
+def test_rooms_import_from_their_own_floor_and_below():
+    rank = {room: i for i, room in enumerate(FLOORS)}
+    bad = []
+    for path in _roomed_modules():
+        here = _room(_module_name(path))
+        bad += [f"{path.relative_to(ROOT)} ({here}) imports {other} ({_room(other)})"
+                for other in sorted(_project_imports(path)) if rank[_room(other)] < rank[here]]
+    assert not bad, "imports up a floor (FLOORS, top first):\n" + "\n".join(bad)
+
+
+def test_the_spec_imports_no_torch_ray_or_mlflow_nor_anything_above_it():
+    # What a trial is, as data: the launcher's checks, --help and a dry run read it without torch.
+    bad = []
+    for path in sorted((ROOT / SPEC.replace(".", "/")).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{a.name}" if _module_path(f"{node.module}.{a.name}") else node.module
+                 for a in node.names] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                    if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
+                    and name not in SPEC_MAY_IMPORT and name.split(".")[0] not in SPEC_MAY_IMPORT
+                    and not (name.split(".")[0] in PACKAGES and _room(name) == SPEC)]
+    assert not bad, f"{SPEC} imports only the standard library, {sorted(SPEC_MAY_IMPORT)} and itself:\n" + \
+        "\n".join(bad)
+
+
+def test_the_docs_layout_names_every_room_and_every_module():
+    layout = (ROOT / "docs" / "operations.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    missing = [room for room in FLOORS if f"`{room.replace('.', '/')}/`" not in layout]
+    missing += [str(path.relative_to(ROOT)) for path in _roomed_modules()
+                if path.stem != "__init__" and f"`{path.name}`" not in layout and f"`{path.stem}`" not in layout]
+    assert not missing, "docs/operations.md's layout section does not name:\n" + "\n".join(missing)
 
 
 def test_every_module_fits_in_a_head():
@@ -70,12 +134,19 @@ def test_every_analysis_module_fits_in_400_lines():
     assert not long, f"analysis/ modules over {MAX_ANALYSIS_LINES} lines (split them by concern):\n" + "\n".join(long)
 
 
-def _project_imports(path: Path) -> set[str]:
+def _project_imports(path: Path, *, annotations: bool = True) -> set[str]:
     """Dotted names of the project modules the file imports, at any depth: ``from analysis import
-    figures`` names ``analysis.figures`` (a module), ``from analysis.claims import CLAIMS``
-    ``analysis.claims``."""
+    figures`` names ``analysis.figures`` (a module), ``from analysis.statistics.claims import CLAIMS``
+    ``analysis.statistics.claims``. ``annotations=False`` leaves out the imports under ``if TYPE_CHECKING``
+    (never run, so no circle)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = set() if annotations else {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                                         and ast.unparse(block.test).endswith("TYPE_CHECKING")
+                                         for n in ast.walk(block)}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
@@ -103,49 +174,41 @@ def _import_closure(name: str) -> set[str]:
     return seen
 
 
-def test_the_measuring_job_imports_neither_the_report_nor_the_page():
-    # The Ray Data job reads the data model (analysis.study_data), never the HTML report.
-    closure = _import_closure("analysis.job")
-    assert "analysis.study_data" in closure  # the walk reaches it (the summary table, written last)
-    assert not closure & {"analysis.report", "analysis.page"}, sorted(closure & {"analysis.report", "analysis.page"})
+def test_the_measuring_job_imports_neither_the_statistics_nor_the_report():
+    # Every Ray Data actor imports the job's module: the data model's stack (pandas, SciPy) and the report's
+    # stay out of it; the launch's analyze stage writes the summary table (sweeps.run.analyze_stage).
+    closure = _import_closure("analysis.measuring.job")
+    assert "analysis.measuring.evaluate" in closure  # the walk reaches the measurement (a lazy import)
+    assert not {_room(name) for name in closure} & {"analysis.statistics", "analysis.reporting"}, sorted(closure)
 
 
-@pytest.mark.parametrize("module", ["analysis.evaluate", "analysis.trial_record"])
+@pytest.mark.parametrize("module", ["analysis.measuring.evaluate", "analysis.measuring.trial_record"])
 def test_measuring_a_checkpoint_needs_neither_the_data_model_nor_the_loops_protocols_nor_the_reports_plots(module):
     # What a Ray Data actor runs on one checkpoint: the measurement and its MLflow record, whose figure
-    # is drawn on the shared canvas (analysis.canvas), not with the report's plot helpers.
-    reached = _import_closure(module) & {"analysis.study_data", "trainables.protocols", "analysis.report",
-                                         "analysis.plotting", "analysis.figures"}
+    # is drawn on the shared canvas (analysis.measuring.canvas), not with the report's plot helpers.
+    reached = _import_closure(module) & {"analysis.statistics.study_data", "trainables.data.protocols",
+                                         "analysis.reporting.report", "analysis.reporting.plotting",
+                                         "analysis.reporting.figures"}
     assert not reached, sorted(reached)
 
 
 def test_the_checkpoint_figure_and_the_reports_figures_share_one_canvas():
-    assert "analysis.canvas" in _import_closure("analysis.trial_record") & _import_closure("analysis.plotting")
+    assert "analysis.measuring.canvas" in (_import_closure("analysis.measuring.trial_record")
+                                           & _import_closure("analysis.reporting.plotting"))
 
 
 def test_the_closure_follows_lazy_and_from_package_imports():
-    closure = _import_closure("analysis.report")
-    assert {"analysis.page", "analysis.figures", "analysis.plotting", "records.tracking"} <= closure
-
-
-def _module_level_imports(path: Path) -> set[str]:
-    """Project modules the file imports at its top level (not inside a def; ``if TYPE_CHECKING`` excluded)."""
-    found = set()
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] in PACKAGES:
-            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names
-                                      if _module_path(f"{node.module}.{a.name}") is not None}
-    return {name for name in found if _module_path(name) is not None}
+    closure = _import_closure("analysis.reporting.report")
+    assert {"analysis.reporting.page", "analysis.reporting.figures", "analysis.reporting.plotting",
+            "records.tracking"} <= closure
 
 
 def _import_cycles() -> list[list[str]]:
-    """Every import circle among the product's modules (module-level imports), as the modules on it."""
+    """Every import circle among the product's modules, imports inside functions included, as the modules on it."""
     graph = {f"{path.relative_to(ROOT).with_suffix('')}".replace("/", ".").removesuffix(".__init__"): path
              for package in PACKAGES for path in _modules(package)}
-    edges = {name: sorted(_module_level_imports(path) & set(graph)) for name, path in graph.items()}
+    edges = {name: sorted(_project_imports(path, annotations=False) & set(graph) - {name})
+             for name, path in graph.items()}
     cycles, state = [], {}
 
     def visit(name: str, stack: list[str]) -> None:
@@ -164,17 +227,56 @@ def _import_cycles() -> list[list[str]]:
     return cycles
 
 
-MAX_IMPORTS_IN_FUNCTIONS = 79
+MAX_IMPORTS_IN_FUNCTIONS = 74
+MODULE_NOTE = "# Imports inside functions:"  # a module's one note for all of its own
 
 
-def test_imports_sit_at_the_top_but_where_they_keep_a_heavy_stack_out():
+def _inner_imports(path: Path) -> list[ast.stmt]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return sorted({node.lineno: node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}.values(),
+                  key=lambda node: node.lineno)
+
+
+def _unexplained_inner_imports(path: Path) -> list[int]:
+    """Lines of the imports inside functions that say nothing of why: no comment on the import or its run
+    of adjacent imports or the line above that run, and no ``MODULE_NOTE`` in the module."""
+    lines = path.read_text().splitlines()
+    if any(line.startswith(MODULE_NOTE) for line in lines):
+        return []
+    imports = {n: node for node in _inner_imports(path) for n in range(node.lineno, node.end_lineno + 1)}
+    bad = []
+    for node in _inner_imports(path):
+        first, last = node.lineno, node.end_lineno
+        while first - 1 in imports:
+            first = imports[first - 1].lineno
+        while last + 1 in imports:
+            last = imports[last + 1].end_lineno
+        if not any("#" in lines[n - 1] for n in range(first, last + 1)) and \
+                not lines[first - 2].strip().startswith("#"):
+            bad.append(node.lineno)
+    return bad
+
+
+def test_an_import_inside_a_function_says_why_it_is_there():
     # An import inside a function hides a dependency from the reader; it earns its place only where it keeps
-    # torch, Ray or MLflow (or the report's stack) out of a path that does not need them.
+    # torch, Ray or MLflow (or the report's stack) out of a path that does not need them, and says so.
     found = [(path, node.lineno) for package in PACKAGES for path in _modules(package)
-             for fn in ast.walk(ast.parse(path.read_text(), filename=str(path)))
-             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-             for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert len(set(found)) <= MAX_IMPORTS_IN_FUNCTIONS, len(set(found))
+             for node in _inner_imports(path)]
+    assert len(found) <= MAX_IMPORTS_IN_FUNCTIONS, len(found)
+    bad = [f"{path.relative_to(ROOT)}:{line}" for package in PACKAGES for path in _modules(package)
+           for line in _unexplained_inner_imports(path)]
+    assert not bad, f"imports inside functions without a reason (a comment, or the module's {MODULE_NOTE!r} " \
+                    "note):\n" + "\n".join(bad)
+
+
+def test_the_reason_walk_sees_a_bare_inner_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import torch  # heavy\n    import ray\n\n\ndef g():\n    x = 1\n"
+                      "    import mlflow\n")
+    assert _unexplained_inner_imports(module) == [8]
+    module.write_text(f"{MODULE_NOTE} all of them heavy\n" + module.read_text())
+    assert _unexplained_inner_imports(module) == []
 
 
 def test_the_product_has_no_import_circle():
@@ -183,7 +285,10 @@ def test_the_product_has_no_import_circle():
 
 
 def test_the_circle_walk_sees_a_circle(tmp_path, monkeypatch):
-    for name, body in (("a", "from trainables import b\n"), ("b", "import trainables.a\n")):
+    # b's import is lazy (inside a function), and c's back to a is for annotations only: no circle.
+    for name, body in (("a", "from trainables import b\nimport trainables.c\n"),
+                       ("b", "def f():\n    import trainables.a\n"),
+                       ("c", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import trainables.a\n")):
         (tmp_path / "trainables").mkdir(exist_ok=True)
         (tmp_path / "trainables" / f"{name}.py").write_text(body)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
@@ -279,39 +384,41 @@ def test_benchmarks_use_public_names_only():
 def test_the_walk_sees_private_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from ray._private import ray_constants\nfrom os import _exit\n"
-                      "def f():\n    from trainables.ray_trial import _Worker, run_trial\n"
+                      "def f():\n    from trainables.trial.ray_trial import _Worker, run_trial\n"
                       "    import records._hidden\n")
-    assert [name for name, _ in _underscore_imports(module)] == ["trainables.ray_trial._Worker", "records._hidden"]
+    assert [name for name, _ in _underscore_imports(module)] == ["trainables.trial.ray_trial._Worker",
+                                                                 "records._hidden"]
 
 
 def test_the_checkpoint_layout_is_named_in_one_module():
-    """The checkpoint file's name and the snapshot pattern live in trainables/checkpoints.py only."""
-    owner = ROOT / "trainables" / "checkpoints.py"
+    """The checkpoint file's name and the snapshot pattern live in trainables/loop/checkpoints.py only."""
+    owner = CHECKPOINTS
     bad = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
            for package in PACKAGES for path in _modules(package) if path != owner
            for n, line in enumerate(path.read_text().splitlines(), 1)
            if "state.pt" in line or "epoch_*" in line or r"epoch_(\d" in line or "epoch_{epoch:04d}.pt" in line]
-    assert not bad, "name checkpoint files through trainables.checkpoints:\n" + "\n".join(bad)
+    assert not bad, "name checkpoint files through trainables.loop.checkpoints:\n" + "\n".join(bad)
 
 
 # -- one vocabulary --------------------------------------------------------------------------------
 # The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
 # the headline severities live in records/vocab.py only (a data set's sizes: its one row,
-# trainables/data_roots.py; the results-path rule: records/layout.py).
+# trainables/config/data_roots.py; the results-path rule: records/layout.py).
 VOCABULARY = ROOT / "records" / "vocab.py"
 # The studies' grids pick names from the vocabulary: that is what a study is.
-GRIDS = {ROOT / "sweeps" / f"{name}.py" for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
+GRIDS = {ROOT / "sweeps" / "studies" / f"{name}.py"
+         for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
 # Literals that are a registry or the registry's own per-entry contents, keyed by the name they are assigned to.
 OWNED = {
-    ("trainables/pos_embed.py", "POS_EMBEDS"), ("trainables/datasets.py", "DATASETS"),
-    ("trainables/vit_config.py", "PRESETS"),
-    ("trainables/vit_config.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
+    ("trainables/model/pos_embed.py", "POS_EMBEDS"), ("trainables/data/datasets.py", "DATASETS"),
+    ("trainables/config/architecture.py", "PRESETS"),
+    ("trainables/config/architecture.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
-    ("trainables/formats.py", "_CIFAR"),
-    ("trainables/data_roots.py", "DATASET_SPECS"),  # each set's one row, torch-free
-    ("sweeps/__init__.py", "STUDIES"),  # study names: two of them are also preset names
+    ("trainables/data/formats.py", "_CIFAR"),
+    ("trainables/config/data_roots.py", "DATASET_SPECS"),  # each set's one row, torch-free
+    ("sweeps/studies/__init__.py", "STUDIES"),  # study names: two of them are also preset names
     # The colour map, keyed by vocabulary names, with a colour for names it has not seen.
-    ("analysis/plotting.py", "PE_COLOURS"), ("analysis/plotting.py", "PROTOCOL_COLOURS"),
+    ("analysis/reporting/plotting.py", "PE_COLOURS"), ("analysis/reporting/plotting.py", "PROTOCOL_COLOURS"),
 }
 # The papers' reported numbers (in whichever analysis module holds them), keyed by what the papers
 # name: a model (`ape`, `ape + RPT`) or a protocol; test_the_papers_numbers_use_the_vocabularys_names
@@ -321,9 +428,10 @@ PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
-    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol", "protocol_switches",
-    "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE", "BLUR_HEADLINE",
-    "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES", "TRAIN_IMAGES",
+    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol",
+    "protocol_switches", "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE",
+    "BLUR_HEADLINE", "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES",
+    "TRAIN_IMAGES",
 )
 
 
@@ -437,8 +545,8 @@ def test_the_vocabulary_is_defined_once():
 
 def _is_registry(rel: str, name: str) -> bool:
     """The registries share their vocabulary's name (`PROTOCOLS`, `DATASETS`, `PRESETS`): the real table."""
-    return (rel, name) in {("trainables/protocols.py", "PROTOCOLS"), ("trainables/datasets.py", "DATASETS"),
-                           ("trainables/vit_config.py", "PRESETS")}
+    return (rel, name) in {("trainables/data/protocols.py", "PROTOCOLS"), ("trainables/data/datasets.py", "DATASETS"),
+                           ("trainables/config/architecture.py", "PRESETS")}
 
 
 # -- one storage layout ----------------------------------------------------------------------------
@@ -520,9 +628,9 @@ def _study_name_comparisons(path: Path, studies) -> list[tuple[int, str]]:
 
 
 def test_the_launcher_compares_no_study_name():
-    """A study declares what it does differently in its hooks (sweeps/study.py); the launcher's stages
+    """A study declares what it does differently in its hooks (sweeps/studies/study.py); the launcher's stages
     never test which study runs."""
-    from sweeps import STUDIES
+    from sweeps.studies import STUDIES
 
     bad = _study_name_comparisons(ROOT / "sweeps" / "run.py", STUDIES)
     assert not bad, "sweeps/run.py compares study names (declare a hook instead):\n" + "\n".join(
@@ -540,9 +648,9 @@ def test_the_study_name_check_sees_comparisons(tmp_path):
 
 
 # -- a loop that reads top to bottom -------------------------------------------------------------------
-LOOP = ROOT / "trainables" / "train.py"
-CHECKPOINTS = ROOT / "trainables" / "checkpoints.py"
-# What a checkpoint holds (trainables/checkpoints.py builds and reads the dict). "epoch" and "history" are
+LOOP = ROOT / "trainables" / "loop" / "train.py"
+CHECKPOINTS = ROOT / "trainables" / "loop" / "checkpoints.py"
+# What a checkpoint holds (trainables/loop/checkpoints.py builds and reads the dict). "epoch" and "history" are
 # left out: the per-epoch metrics and a trial's final dict carry keys of those names too.
 CHECKPOINT_KEYS = {"model", "optimizer", "scheduler", "torch_rng", "python_rng", "cuda_rng", "config"}
 
@@ -551,7 +659,8 @@ def test_the_loop_fits_in_a_head():
     tree = ast.parse(LOOP.read_text())
     (train_pack,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train_pack"]
     lines, body = len(LOOP.read_text().splitlines()), train_pack.end_lineno - train_pack.lineno + 1
-    assert lines <= 450, f"trainables/train.py has {lines} lines (at most 450: the step, optimiser, retry live apart)"
+    assert lines <= 450, (f"trainables/loop/train.py has {lines} lines "
+                          "(at most 450: the step, optimiser, retry live apart)")
     assert body <= 100, f"train_pack has {body} lines (at most 100: name its stages as functions)"
 
 
@@ -575,7 +684,7 @@ def _file_reads_and_writes(path: Path) -> list[tuple[int, str]]:
     """(line, call) of every `torch.save/load` and `checkpoints.save/load` (or `save`/`load` imported from it)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     imported = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module == "trainables.checkpoints" for a in node.names if a.name in ("save", "load")}
+                and node.module == "trainables.loop.checkpoints" for a in node.names if a.name in ("save", "load")}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -592,14 +701,14 @@ def test_the_checkpoint_dict_is_built_and_read_in_checkpoints_only():
     bad = [f"{path.relative_to(ROOT)}:{line} {call}" for package in PACKAGES for path in _modules(package)
            if path != CHECKPOINTS for line, call in _file_reads_and_writes(path)]
     bad += [f"{path.relative_to(ROOT)}:{line} [{key!r}]" for package in PACKAGES for path in _modules(package)
-            if path != CHECKPOINTS and ("trainables.checkpoints" in _project_imports(path))
+            if path != CHECKPOINTS and ("trainables.loop.checkpoints" in _project_imports(path))
             for line, key in _checkpoint_key_uses(path)]
-    assert not bad, "checkpoint files and keys belong to trainables/checkpoints.py:\n" + "\n".join(bad)
+    assert not bad, "checkpoint files and keys belong to trainables/loop/checkpoints.py:\n" + "\n".join(bad)
 
 
 def test_the_checkpoint_walk_sees_keys_and_file_calls(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from trainables.checkpoints import load as read\nstate = read(p)\n"
+    module.write_text("from trainables.loop.checkpoints import load as read\nstate = read(p)\n"
                       "x = state['optimizer'], state.get('config'), {'model': 1, 'epoch': 2}, m['epoch']\n"
                       "torch.save(state, p)\n")
     assert sorted(_checkpoint_key_uses(module)) == [(3, "config"), (3, "model"), (3, "optimizer")]
@@ -607,12 +716,12 @@ def test_the_checkpoint_walk_sees_keys_and_file_calls(tmp_path):
 
 
 # -- one trial closer ----------------------------------------------------------------------------------
-CLOSER = ROOT / "trainables" / "lifecycle.py"
+CLOSER = ROOT / "trainables" / "trial" / "lifecycle.py"
 CLOSING = ("write_trial", "end_trial_run", "ERROR_TAG", "STOPPED_EARLY_TAG", "ERROR_TEXT_LIMIT")
 
 
 def test_one_module_closes_trials():
-    """Trial rows and runs end in trainables/lifecycle.py only (the worker, the driver and the launcher's
+    """Trial rows and runs end in trainables/trial/lifecycle.py only (the worker, the driver and the launcher's
     epilogue call it), under records.tracking's error tag and text limit, never a copy of the tag."""
     bad = []
     for package in ("trainables", "sweeps"):
@@ -624,4 +733,4 @@ def test_one_module_closes_trials():
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.attr}"
                         for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
                         and node.attr in CLOSING]
-    assert not bad, "close trials through trainables.lifecycle:\n" + "\n".join(bad)
+    assert not bad, "close trials through trainables.trial.lifecycle:\n" + "\n".join(bad)

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import cli
-from sweeps import options
-from sweeps import run as launcher
 from records.layout import lock_path
 from records.manifest import boot_id, proc_start
-from sweeps.lock import LaunchLock, LaunchLockError
+from sweeps import cli
+from sweeps import run as launcher
+from sweeps.launch import options
+from sweeps.launch.lock import LaunchLock, LaunchLockError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _hold_in_subprocess(results: Path) -> subprocess.Popen:
     """Another process that holds the demo study's lock until killed."""
-    code = ("import sys, time; from sweeps.lock import LaunchLock; "
+    code = ("import sys, time; from sweeps.launch.lock import LaunchLock; "
             f"LaunchLock({str(results)!r}, 'demo').acquire(); print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -1,4 +1,4 @@
-"""analysis.metrics against brute-force NumPy/SciPy references and the STUDIES.md properties."""
+"""analysis.measuring.metrics against brute-force NumPy/SciPy references and the STUDIES.md properties."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import scipy.stats
 import torch
 
-from analysis import metrics
+from analysis.measuring import metrics
 
 GRID = 4
 N = GRID * GRID
@@ -138,7 +138,7 @@ def test_ssdc_coords_override_equals_permuted_grid():
 
 
 def test_ssdc_of_sincos2d_table_is_about_096_and_of_noise_near_0():
-    from trainables.pos_embed import sincos2d_table
+    from trainables.model.pos_embed import sincos2d_table
 
     table = _sincos2d_table(8, 192)
     torch.testing.assert_close(sincos2d_table(8, 192)[0, 1:], table.float())  # the model's table, CLS slot dropped

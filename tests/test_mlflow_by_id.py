@@ -14,11 +14,11 @@ import mlflow
 import pytest
 import torch
 
-from analysis.job import Measurer, list_checkpoints
+from analysis.measuring.job import Measurer, list_checkpoints
 from records import stores, tables, tracking
-from trainables import lifecycle
-from trainables.config import RunConfig
-from trainables.vit import ViT
+from trainables.model.vit import ViT
+from trainables.config.run_config import RunConfig
+from trainables.trial import lifecycle
 
 
 @pytest.fixture()

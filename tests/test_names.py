@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from records import vocab
-from sweeps import STUDIES
+from sweeps.studies import STUDIES
 
 HEAVY = ("torch", "torchvision", "matplotlib", "mlflow", "ray")
 
@@ -30,8 +30,8 @@ def test_each_registry_checks_its_keys_at_import():
         "import importlib, json, sys\n"
         "from records import vocab\n"
         "out = {}\n"
-        "for attr, module in (('PES', 'trainables.pos_embed'), ('PRESETS', 'trainables.vit'),\n"
-        "                     ('PROTOCOLS', 'trainables.protocols'), ('DATASETS', 'trainables.datasets')):\n"
+        "for attr, module in (('PES', 'trainables.model.pos_embed'), ('PRESETS', 'trainables.model.vit'),\n"
+        "                     ('PROTOCOLS', 'trainables.data.protocols'), ('DATASETS', 'trainables.data.datasets')):\n"
         "    real = getattr(vocab, attr)\n"
         "    setattr(vocab, attr, (*real, 'made_up'))\n"
         "    try:\n"
@@ -42,7 +42,7 @@ def test_each_registry_checks_its_keys_at_import():
         "    setattr(vocab, attr, real)\n"
         "    for name in [m for m in sys.modules if m.startswith('trainables')]:\n"
         "        del sys.modules[name]\n"
-        "import trainables.datasets, trainables.vit\n"
+        "import trainables.data.datasets, trainables.model.vit\n"
         "print(json.dumps(out))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
@@ -58,8 +58,8 @@ def test_each_registry_checks_its_keys_at_import():
 
 
 def test_protocol_names_parse_one_way_everywhere():
-    from trainables.protocol_spec import Protocol
-    from trainables.protocols import PROTOCOLS
+    from trainables.data.protocols import PROTOCOLS
+    from trainables.config.switches import Protocol
 
     for name in vocab.PROTOCOLS:
         switches = vocab.protocol_switches(name)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from analysis.evaluate import evaluate_checkpoint
-from analysis.labels import model_key
-from analysis.study_data import StudyData
-from trainables import pos_embed
-from trainables.checkpoints import load_model, local_snapshots
-from trainables.config import RunConfig
-from trainables.train import train
+from analysis.measuring.evaluate import evaluate_checkpoint
+from analysis.statistics.labels import model_key
+from analysis.statistics.study_data import StudyData
+from trainables.loop.checkpoints import load_model, local_snapshots
+from trainables.loop.train import train
+from trainables.model import pos_embed
+from trainables.config.run_config import RunConfig
 
 
 class ScaledAbsolute(pos_embed.LearnedAbsolute):

@@ -1,5 +1,5 @@
 """The launcher's flags decided without Ray: a GPU cluster never trains on CPUs unless told to, and a
-study's own hooks (sweeps/study.py) reach the launch."""
+study's own hooks (sweeps/studies/study.py) reach the launch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import STUDIES, options, study
+from sweeps.launch import options
+from sweeps.studies import STUDIES, study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,8 @@ def test_an_explicit_zero_trains_on_cpus_with_one_warning_and_gpus_or_no_gpus_sa
     assert options.check_gpus({"CPU": 16.0, "GPU": 1.0}, _args("study_l", "--gpus-per-trial", "0.25")) is None
     assert options.check_gpus({"CPU": 2.0}, _args("demo")) is None  # a CPU machine: unset means 0
     assert options.check_gpus({"CPU": 2.0, "GPU": 0.0}, _args("demo", "--gpus-per-trial", "0")) is None
-    assert options.gpus_per_trial(_args("demo")) == 0.0 and options.gpus_per_trial(_args("demo", "--gpus-per-trial", "2")) == 2.0
+    assert (options.gpus_per_trial(_args("demo")) == 0.0
+            and options.gpus_per_trial(_args("demo", "--gpus-per-trial", "2")) == 2.0)
 
 
 def test_every_study_resolves_its_hooks_with_the_defaults():
@@ -114,7 +116,7 @@ def test_an_address_without_gpus_per_trial_exits_2_before_ray_is_contacted(monke
     """An autoscaling cluster shows no GPU at launch, so a launch with --address must say what it trains on;
     the refusal comes before Ray (init_ray fails the test if it is reached), so a wrong address answers too."""
     from sweeps import run as launcher
-    from trainables import ray_start
+    from trainables.trial import ray_start
 
     def contacted(*args, **kwargs):
         raise AssertionError("Ray was contacted")

@@ -7,15 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables import folded
-from trainables.config import RunConfig
-from trainables.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
-from trainables.packed import PackedViT, init_member
-from trainables.pos_embed import POS_EMBEDS
-from trainables.protocols import cutmix_batch, soft_targets
-from trainables.checkpoints import SNAPSHOT_DIR, load
-from trainables.optim import build_optimizer, lr_factor
-from trainables.train import random_permutation, train
+from reference import cutmix_batch
+
+from trainables.data.protocols import soft_targets
+from trainables.loop.checkpoints import SNAPSHOT_DIR, load
+from trainables.loop.optim import build_optimizer, lr_factor
+from trainables.loop.train import random_permutation, train
+from trainables.model import folded
+from trainables.model.packed import PackedViT, init_member
+from trainables.model.pos_embed import POS_EMBEDS
+from trainables.config.run_config import RunConfig
+from trainables.config.pack_keys import PACK_FREE_FIELDS, pack_blocker, pack_key
 
 STEPS, BATCH = 20, 16
 
@@ -63,7 +65,7 @@ def schedule(optimizer, steps=STEPS):
 
 
 def train_alone(cfg, batches):
-    """The plain-module step of trainables.train, on fixed batches."""
+    """The plain-module step of trainables.loop.train, on fixed batches."""
     model = init_member(cfg).train()
     optimizer = build_optimizer(model, cfg)
     scheduler = schedule(optimizer)
@@ -157,7 +159,7 @@ def test_packed_forward_equals_each_model_for_every_pe(pe):
 @pytest.mark.parametrize("pe", sorted(POS_EMBEDS))
 def test_folded_linear_layers_train_as_the_unfolded_pack_for_every_pe(pe, monkeypatch):
     """The packed Linear layers with their biases and LayerNorms folded into one matmul each
-    (`trainables.folded`) give the unfolded pack's losses over two steps and its first gradients
+    (`trainables.model.folded`) give the unfolded pack's losses over two steps and its first gradients
     (fp32), on the ViT's parameters: the fold is a computation, not a layout."""
     cfgs = [member(0, pe=pe), member(1, "cutmix+label_smoothing", pe=pe, rpt=True, rpt_per_image=True)]
     batches = list(zip(*(fixed_batches(c, 2) for c in cfgs)))
@@ -300,7 +302,7 @@ def _saved_bytes(fn) -> tuple[torch.Tensor, dict[torch.dtype, int]]:
 
 def test_packed_forward_under_autocast_is_bf16_like_the_plain_module():
     """vmap hides Linear from autocast; with fp32 biases the add would promote every Linear output
-    to fp32. The pack folds the Linear parameters into bf16 weights (`trainables.folded`), so
+    to fp32. The pack folds the Linear parameters into bf16 weights (`trainables.model.folded`), so
     logits and the bf16 activations saved for backward are the plain module's (with the same
     explicit attention, the CPU's; the folded inputs' columns of ones are within the margin), while
     the optimiser's leaves and their gradients stay fp32. (The packed LayerNorm keeps the
@@ -324,7 +326,7 @@ def test_packed_forward_under_autocast_is_bf16_like_the_plain_module():
 
 
 def test_attention_selector_picks_fused_on_cuda_and_explicit_on_the_cpu():
-    from trainables.packed import fused_attention_under_vmap
+    from trainables.model.packed import fused_attention_under_vmap
 
     assert fused_attention_under_vmap("cuda") and fused_attention_under_vmap(torch.device("cuda", 1))
     assert not fused_attention_under_vmap("cpu")
@@ -344,8 +346,8 @@ def test_evaluation_under_autocast_is_within_a_fifth_of_a_point_of_fp32():
     """`evaluate_pack` runs the forward under the step's bf16 autocast. On a test model (random
     ViT features, least-squares head; noisy class templates, ~97% accuracy) its top-1 stays
     within 0.2 points of the fp32 evaluation for every member (CPU bf16 autocast here)."""
-    from trainables.images import normalize
-    from trainables.train import evaluate_pack
+    from trainables.data.images import normalize
+    from trainables.loop.train import evaluate_pack
 
     g = torch.Generator().manual_seed(0)
     templates = torch.rand(10, 3, 4, 4, generator=g).repeat_interleave(8, -1).repeat_interleave(8, -2) * 255
@@ -361,7 +363,8 @@ def test_evaluation_under_autocast_is_within_a_fifth_of_a_point_of_fp32():
                     module.weight.normal_(0, module.in_features**-0.5, generator=g)
             model.cls_token.normal_(generator=g)
             features = []
-            hook = model.head.register_forward_hook(lambda m, inputs, out: features.append(inputs[0]))
+            hook = model.head.register_forward_hook(
+                lambda m, inputs, out, features=features: features.append(inputs[0]))
             model(normalize(images, mean, std))
             hook.remove()
             f = torch.cat([features[0], torch.ones(len(images), 1)], 1)

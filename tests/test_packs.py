@@ -5,10 +5,9 @@ from collections import Counter
 
 import pytest
 
-from sweeps import options
-
 from sweeps import run as launcher
-from sweeps.packs import form_packs, pack_of, pack_size
+from sweeps.launch import options
+from sweeps.launch.packs import form_packs, pack_of, pack_size
 
 
 def _args(*argv):
@@ -66,7 +65,7 @@ def test_trials_resuming_from_different_epochs_never_share_a_pack():
 
 
 def test_compiled_trials_pack_with_compiled_trials_only():
-    """A pack's vmapped forward compiles (trainables/compiled.py): compile=True trials pack; `compile`
+    """A pack's vmapped forward compiles (trainables/model/compiled.py): compile=True trials pack; `compile`
     is in the pack key, so they never share a pack with eager trials."""
     configs = options.build_trials(_args("study_l", "--seeds", "5", "--datasets", "cifar10"))
     compiled = [c.with_overrides({"compile": True}) for c in configs[:6]]
@@ -101,8 +100,8 @@ def test_resume_epochs_are_the_checkpoints_not_the_epochs_table(tmp_path):
     import torch
 
     from records import files, layout, tables
-    from sweeps.packs import resume_epochs
-    from trainables import checkpoints
+    from sweeps.launch.packs import resume_epochs
+    from trainables.loop import checkpoints
 
     results, storage = str(tmp_path / "results"), str(tmp_path / "storage")
     for trial_id, ran in (("a", 5), ("b", 5), ("c", 2), ("d", 1)):

@@ -9,8 +9,10 @@ import pytest
 from PIL import Image
 
 import sweeps
-from sweeps import options, pilot, run as launcher
-from sweeps.study_l import LEE_RECIPE
+from sweeps import run as launcher
+from sweeps.launch import options
+from sweeps.studies import pilot
+from sweeps.studies.study_l import LEE_RECIPE
 
 CLASSES = tuple(f"class{k}" for k in range(10))
 
@@ -22,7 +24,8 @@ def _folder(root: Path, size: int = 32) -> Path:
         for c in CLASSES:
             (root / split / c).mkdir(parents=True)
             for i in range(2):
-                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                    root / split / c / f"{i}.png")
     return root
 
 
@@ -73,8 +76,8 @@ def test_pilot_one_recipe_lees_for_every_condition(root):
 
 
 def test_pilot_measures_every_snapshot_on_the_same_thousand_test_images():
-    from sweeps.study import of
-    from trainables.train import snapshot_epochs
+    from sweeps.studies.study import of
+    from trainables.loop.train import snapshot_epochs
 
     study = of("pilot")  # the hooks as the launcher reads them
     assert (study.checkpoints, study.eval_size) == ("all", 1000) == ("all", pilot.EPOCH_EVAL_IMAGES)

@@ -5,12 +5,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from analysis.job import pool_size
+from analysis.measuring.job import pool_size
 from records import tables
-from trainables.config import RunConfig
-from trainables.images import TensorImages
-from trainables.inputs import EpochEval
-from trainables.train import train
+from trainables.data.images import TensorImages
+from trainables.data.inputs import EpochEval
+from trainables.loop.train import train
+from trainables.config.run_config import RunConfig
 
 
 def _split(n: int = 200, classes: int = 10) -> TensorImages:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from records import tables
-from sweeps import pilot
-from trainables.config import RunConfig
-from trainables.train import snapshot_epochs
-from conftest import load_script
+from sweeps.studies import pilot
+from trainables.loop.train import snapshot_epochs
+from trainables.config.run_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = tuple(snapshot_epochs(pilot.EPOCHS))
@@ -28,11 +28,11 @@ PAGE = load_script(ROOT / "bench" / "pilot_page.py")
 
 def _write_pilot(results: str, cutmix_drop: float, cutmix_acc: float, fall: float = 0.008,
                  seeds: int = 5) -> None:
-    """A finished pilot's tables: 2 protocols x ``seeds`` seeds; the minimum MAD falls from uniform by ``fall`` an epoch,
-    CutMix's by ``cutmix_drop`` more than the baseline's at the last (seed noise 0.005); CutMix's test accuracy
+    """A finished pilot's tables: 2 protocols x ``seeds`` seeds; the minimum MAD falls from uniform by ``fall`` an
+    epoch, CutMix's by ``cutmix_drop`` more than the baseline's at the last (seed noise 0.005); CutMix's test accuracy
     ``cutmix_acc`` away from the baseline's."""
     rng = np.random.default_rng(0)
-    start = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.timezone.utc)
+    start = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
     for protocol in pilot.PROTOCOLS:
         for seed in range(seeds):
             cfg = RunConfig.for_dataset("cifar10", data_root="/data/cifar10-jpeg", preset="tiny", study="pilot",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from records import tables
-from sweeps import progress
+from sweeps.launch import progress
 
 
 def test_trial_lines_say_score_or_failure():
@@ -14,7 +14,8 @@ def test_trial_lines_say_score_or_failure():
     holdout = {"status": "finished", "test_acc": None, "eval_acc": 0.5, "wall_time_s": 4000.0, "did_not_learn": True}
     assert progress.trial_line(1, 2, holdout, "h") == "[1/2] h: holdout 0.500 (did not learn) in 67 min"
     bad = {"status": "failed", "epochs_completed": 12, "error": "loss is nan at epoch 12", "wall_time_s": 30.0}
-    assert progress.trial_line(4, 60, bad, "t4") == "[4/60] t4: FAILED after 12 epoch(s) (loss is nan at epoch 12) in 30 s"
+    assert (progress.trial_line(4, 60, bad, "t4")
+            == "[4/60] t4: FAILED after 12 epoch(s) (loss is nan at epoch 12) in 30 s")
     assert "without a record" in progress.trial_line(5, 60, None, "t5")
 
 
@@ -36,7 +37,7 @@ def test_a_pack_prints_each_member_once_with_an_eta(tmp_path):
 
 
 def test_a_restart_and_a_retry_are_each_said_once(tmp_path):
-    from trainables.lifecycle import RESTART_KEYS
+    from trainables.trial.lifecycle import RESTART_KEYS
 
     out = io.StringIO()
     p = progress.TrialProgress(str(tmp_path), "s", total=2, members={"pack-1": ["a", "b"]}, stream=out)
@@ -78,7 +79,8 @@ def test_the_summary_comes_from_the_trials_table_not_from_what_the_callback_coun
     results = str(tmp_path)
     for tid, state in (("a", "finished"), ("b", "failed")):
         tables.write_trial(results, "s", {}, {"trial_id": tid, "study": "s", "status": state})
-    p = progress.TrialProgress(results, "s", total=3, members={"a": ["a"], "b": ["b"], "c": ["c"]}, stream=io.StringIO())
+    p = progress.TrialProgress(results, "s", total=3, members={"a": ["a"], "b": ["b"], "c": ["c"]},
+                               stream=io.StringIO())
     assert p.summary().startswith("s: 2 of 3 trials ended") and "(1 failed, 1 finished, 1 not started)" in p.summary()
 
 
@@ -102,7 +104,7 @@ def _demo_like_schedule(n=4, slots=2, startup=20.0, epochs=8, epoch_s=6.0, close
 
 
 def _fake_reader(plan, epochs, clock):
-    from sweeps import live
+    from sweeps.launch import live
 
     def read(names, running=()):
         now, out = clock[0], []
@@ -122,7 +124,7 @@ def _fake_reader(plan, epochs, clock):
 
 
 def test_live_eta_is_within_30_percent_of_the_truth_by_the_second_line():
-    from sweeps import live
+    from sweeps.launch import live
 
     epochs = 8
     plan, truth_end = _demo_like_schedule(epochs=epochs)
@@ -148,7 +150,7 @@ def test_live_eta_is_within_30_percent_of_the_truth_by_the_second_line():
 
 
 def test_live_eta_accounts_for_the_slots():
-    from sweeps import live
+    from sweeps.launch import live
 
     one = live.Unit("a", 1, 10, "s", done=1, started=0.0, last_at=15.0, loop_s=10.0, epoch_s=10.0)
     waiting = [live.Unit(n, 1, 10, "s") for n in "bcd"]
@@ -160,7 +162,7 @@ def test_live_eta_accounts_for_the_slots():
 
 
 def test_a_unit_still_starting_says_so_after_five_quiet_minutes():
-    from sweeps import live
+    from sweeps.launch import live
 
     def read(names, running=()):
         return [live.Unit(n, 8, 100, "s", started=0.0) for n in names]
@@ -172,7 +174,7 @@ def test_a_unit_still_starting_says_so_after_five_quiet_minutes():
 
 
 def test_epoch_fields_take_the_latest_training_loop():
-    from sweeps import live
+    from sweeps.launch import live
 
     rows = [{"epoch": 1, "wall_time_s": 10.0, "images_per_s": 5.0}, {"epoch": 2, "wall_time_s": 20.0},
             {"epoch": 3, "wall_time_s": 4.0}, {"epoch": 4, "wall_time_s": 8.0, "images_per_s": 7.0}]  # resumed at 3
@@ -181,7 +183,7 @@ def test_epoch_fields_take_the_latest_training_loop():
 
 
 def test_the_analysis_eta_leaves_out_the_pools_start_up_and_counts_its_actors():
-    from analysis.job import eta_s
+    from analysis.measuring.job import eta_s
 
     # 60 s of start-up, then 12 checkpoints of 5 s each on 2 actors (two end every 5 s).
     ended = [60 + 5 * (i // 2 + 1) for i in range(12)]
@@ -232,8 +234,8 @@ def test_the_console_keeps_vitsweeps_lines_and_moves_ray_tune_and_mlflow_ones(tm
 
 def test_each_batch_of_trials_that_starts_gets_one_line(tmp_path):
     out = io.StringIO()
-    p = progress.TrialProgress(str(tmp_path), "s", total=5, members={"pack-1": ["a", "b"], "pack-2": ["c", "d"], "e": ["e"]},
-                               stream=out)
+    p = progress.TrialProgress(str(tmp_path), "s", total=5,
+                               members={"pack-1": ["a", "b"], "pack-2": ["c", "d"], "e": ["e"]}, stream=out)
     p.tick(["pack-1", "pack-2"])
     p.tick(["pack-1", "pack-2"])  # still running: nothing new
     p.tick(["pack-2", "e"])

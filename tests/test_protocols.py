@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
-from reference import Augmented, SeededSampler, eval_transform, prepare_batch, train_transform
+from reference import Augmented, SeededSampler, cutmix_batch, eval_transform, prepare_batch, train_transform
 from torch.utils.data import DataLoader
 
-from trainables.images import TensorImages
-from trainables.protocol_spec import LABEL_SMOOTHING, Protocol
-from trainables.images import normalize
-from trainables.protocols import PROTOCOLS, cutmix_batch, soft_targets
-from trainables.shapes import make_shapes
+from trainables.data.images import TensorImages, normalize
+from trainables.data.protocols import PROTOCOLS, soft_targets
+from trainables.data.shapes import make_shapes
+from trainables.config.switches import LABEL_SMOOTHING, Protocol
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 

@@ -1,6 +1,7 @@
 """A launch interrupted, killed and out of storage mid-sweep on a real local Ray, each launcher a real
 process with its own Ray, then the analysis stage under the same faults. The faults of one sweep take
-turns in one test (each launch of it costs a Ray start and Train workers).
+turns as named phases over one module fixture (``sweep``; each launch of it costs a Ray start and Train
+workers), each phase skipped if the one before it failed.
 
 A real SIGTERM mid-training ends the launch as Ctrl-C does: exit code 130, every unfinished trial
 ``failed`` with the reason, no MLflow run RUNNING, the closing lines, and ``vitsweep status`` says
@@ -49,7 +50,7 @@ def lagging(results: Path) -> dict[str, int]:
     """Unfinished trials whose epochs table runs ahead of their stored checkpoint (epoch >= 2):
     trial id -> the checkpoint's epoch."""
     from records import files, layout
-    from trainables import checkpoints
+    from trainables.loop import checkpoints
 
     table = tables.read_table(str(results), "demo", "epochs")
     if table is None:
@@ -112,7 +113,7 @@ def _forget_measurements(folder: Path, units: set[tuple[str, int]]) -> None:
 
 
 def _launcher_of(keeper: subprocess.Popen) -> int:
-    """The pid of the launch process that ``sweeps.supervise`` keeps (the keeper's one child)."""
+    """The pid of the launch process that ``sweeps.launch.supervise`` keeps (the keeper's one child)."""
     import psutil
 
     (child,) = psutil.Process(keeper.pid).children()
@@ -123,123 +124,160 @@ def _output(out: Path) -> str:
     return out.with_suffix(".out").read_text() + out.with_suffix(".err").read_text()
 
 
-def test_sigterm_sigkill_and_a_full_disk_mid_sweep_then_a_packed_resume_finishes_each_trial_once(tmp_path):
-    """One sweep, four launches, each fault in its own: SIGTERM, SIGKILL while a checkpoint lags the
-    epochs table, a full disk; then a resume in packs finishes exactly the unfinished trials."""
-    from sweeps import status
+class Sweep:
+    """One sweep's state across its launches (the phases below run in file order, each after the last)."""
 
-    results = tmp_path / "results"
-    fault = results / ".fault"
-    temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(5)]
-    try:
-        # 1. SIGTERM (what `timeout`, systemd and SLURM send) once trials train (their rows say running).
-        proc = _launch(results, ray_tmp=temps[0], out=tmp_path / "term")
-        deadline = time.time() + 420
-        while proc.poll() is None and time.time() < deadline and not _written_after(results, "trials", 0):
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=300) == 130, (tmp_path / "term.err").read_text()[-3000:]
-        err = (tmp_path / "term.err").read_text()
-        assert "Traceback" not in err and "the launch was interrupted (SIGTERM)" in err, err[-3000:]
-        assert "vitsweep demo: results in" in (tmp_path / "term.out").read_text()  # the closing lines
-        _no_run_running(results)
-        rows = tables.read_table(str(results), "demo", "trials").to_pylist()
-        assert "running" not in {r["status"] for r in rows}
-        assert all(r["error"] == "the launch was interrupted (SIGTERM)" for r in rows if r["status"] == "failed")
-        assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
-            status.study_status(str(results), "demo"))
+    def __init__(self, folder: Path):
+        self.folder, self.results = folder, folder / "results"
+        self.fault = self.results / ".fault"
+        self.temps = [tempfile.mkdtemp(prefix="vsf-", dir="/tmp") for _ in range(5)]
+        self.passed: set[str] = set()
 
-        # 2. Resumed, then SIGKILLed once a trial finished and a running trial's checkpoint (epoch 2) lags its
-        # epochs table (epoch 3): every process of the launch at once, keeper, launcher and Ray, as a
-        # scheduler's cgroup kill does (a SIGKILL of the keeper alone is a signal to the launcher).
-        deadline = time.time() + 420
-        proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp_path / "killed")
-        while not finished(results) and proc.poll() is None and time.time() < deadline:
-            time.sleep(1)
-        assert proc.poll() is None, f"it ended before it could be killed:\n{_output(tmp_path / 'killed')[-3000:]}"
-        # While it runs: a second launch of the study is refused at once, before its Ray...
-        second = _launch(results, ray_tmp=temps[2], out=tmp_path / "refused")
-        assert second.wait(timeout=120) == 2, _output(tmp_path / "refused")[-3000:]
-        out = _output(tmp_path / "refused")
-        launcher = _launcher_of(proc)
-        assert f"another launch of study 'demo' into {results} is running" in out and f"pid {launcher}," in out
-        assert not Path(temps[2], "ray").exists()  # no Ray was started
-        # ...and every socket the launch's Ray listens on is bound to loopback.
-        assert_listens_on_loopback_only(proc.pid)
-        assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
-        while not lagging(results) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        for group in (proc.pid, launcher):
-            os.killpg(group, signal.SIGKILL)
-        proc.wait()
-        killed = launcher
-        kill_ray_under(temps[1])
-        done_before, lag = finished(results), lagging(results)
-        assert 1 <= len(done_before) < 4 and lag, (done_before.keys(), lag)
-        stamps = {t: row["ended_at"] for t, row in done_before.items()}  # (their files get compacted)
-        trained = pq.read_table(results / "demo" / "epochs").to_pandas().set_index(["trial_id", "epoch"])
+    def after(self, phase: str) -> None:
+        if phase not in self.passed:
+            pytest.skip(f"the phase before ({phase}) did not pass")
 
-        # 3. Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
-        started = time.time()
-        proc = _launch(results, "--resume", ray_tmp=temps[3], out=tmp_path / "full")
-        while proc.poll() is None and time.time() < deadline + 300:
-            if _written_after(results, "trials", started):
-                fault.write_text("ENOSPC")
-                break
-            time.sleep(0.2)
-        assert proc.wait(timeout=420) == 1
-        _assert_one_fault_line(tmp_path / "full", "No space left on device")
-        _no_run_running(results)
-        assert f"pid {killed} is no longer running" in _output(tmp_path / "full")  # the killed launch's lock, taken
 
-        # 4. Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
-        fault.unlink()
-        states = list((results / "storage" / "demo").glob("tune-*/experiment_state-*.json"))
-        assert states
-        for state in states:
-            state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 3])
-        # ... and so is Ray Train's checkpoint list of a trial that did not finish (it would fail every retry).
-        unfinished = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
-                      if r["status"] != "finished"}
-        lists = [p for p in (results / "storage" / "demo" / "train").glob("*/checkpoint_manager_snapshot.json")
-                 if p.parent.name in unfinished]
-        for cut in lists[:1]:
-            cut.write_bytes(b"")
-        before = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
-                  if r["status"] == "finished"}
-        # Resumed in packs of two: the unfinished trials, trained alone so far, re-form by the epoch of
-        # their checkpoints (not of the epochs table) and each finds its own checkpoint.
-        proc = _launch(results, "--resume", "--pack", "2", ray_tmp=temps[4], out=tmp_path / "fixed")
-        assert proc.wait(timeout=600) == 0, (tmp_path / "fixed.err").read_text()[-3000:]
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    state = Sweep(tmp_path_factory.mktemp("faults"))
+    yield state
+    for temp in state.temps:
+        kill_ray_under(temp)
 
-    finally:
-        for temp in temps:
-            kill_ray_under(temp)
-    err = (tmp_path / "fixed.err").read_text()
+
+def test_sigterm_mid_sweep_exits_130_with_every_unfinished_trial_failed_and_why(sweep):
+    # SIGTERM (what `timeout`, systemd and SLURM send) once trials train (their rows say running).
+    from sweeps.launch import status
+
+    results, tmp = sweep.results, sweep.folder
+    proc = _launch(results, ray_tmp=sweep.temps[0], out=tmp / "term")
+    deadline = time.time() + 420
+    while proc.poll() is None and time.time() < deadline and not _written_after(results, "trials", 0):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 130, (tmp / "term.err").read_text()[-3000:]
+    err = (tmp / "term.err").read_text()
+    assert "Traceback" not in err and "the launch was interrupted (SIGTERM)" in err, err[-3000:]
+    assert "vitsweep demo: results in" in (tmp / "term.out").read_text()  # the closing lines
+    _no_run_running(results)
+    rows = tables.read_table(str(results), "demo", "trials").to_pylist()
+    assert "running" not in {r["status"] for r in rows}
+    assert all(r["error"] == "the launch was interrupted (SIGTERM)" for r in rows if r["status"] == "failed")
+    assert "in its train stage: the launch was interrupted (SIGTERM)" in status.format_status(
+        status.study_status(str(results), "demo"))
+    sweep.passed.add("sigterm")
+
+
+def test_a_second_launch_is_refused_and_a_sigkill_leaves_a_checkpoint_lagging_its_epochs_table(sweep):
+    # Resumed, then SIGKILLed once a trial finished and a running trial's checkpoint (epoch 2) lags its
+    # epochs table (epoch 3): every process of the launch at once, keeper, launcher and Ray, as a
+    # scheduler's cgroup kill does (a SIGKILL of the keeper alone is a signal to the launcher).
+    sweep.after("sigterm")
+    results, tmp, temps = sweep.results, sweep.folder, sweep.temps
+    sweep.deadline = deadline = time.time() + 420
+    proc = _launch(results, "--resume", ray_tmp=temps[1], out=tmp / "killed")
+    while not finished(results) and proc.poll() is None and time.time() < deadline:
+        time.sleep(1)
+    assert proc.poll() is None, f"it ended before it could be killed:\n{_output(tmp / 'killed')[-3000:]}"
+    # While it runs: a second launch of the study is refused at once, before its Ray...
+    second = _launch(results, ray_tmp=temps[2], out=tmp / "refused")
+    assert second.wait(timeout=120) == 2, _output(tmp / "refused")[-3000:]
+    out = _output(tmp / "refused")
+    launcher = _launcher_of(proc)
+    assert f"another launch of study 'demo' into {results} is running" in out and f"pid {launcher}," in out
+    assert not Path(temps[2], "ray").exists()  # no Ray was started
+    # ...and every socket the launch's Ray listens on is bound to loopback.
+    assert_listens_on_loopback_only(proc.pid)
+    assert not (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o077  # the token is private
+    while not lagging(results) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    for group in (proc.pid, launcher):
+        os.killpg(group, signal.SIGKILL)
+    proc.wait()
+    sweep.killed = launcher
+    kill_ray_under(temps[1])
+    done_before, sweep.lag = finished(results), lagging(results)
+    assert 1 <= len(done_before) < 4 and sweep.lag, (done_before.keys(), sweep.lag)
+    sweep.stamps = {t: row["ended_at"] for t, row in done_before.items()}  # (their files get compacted)
+    sweep.trained = pq.read_table(results / "demo" / "epochs").to_pandas().set_index(["trial_id", "epoch"])
+    sweep.passed.add("sigkill")
+
+
+def test_a_full_disk_ends_the_resumed_launch_in_one_line_and_it_took_the_killed_launchs_lock(sweep):
+    # Resumed; the disk fills up once a trial of this launch has opened its row (the next write fails).
+    sweep.after("sigkill")
+    results, tmp = sweep.results, sweep.folder
+    started = time.time()
+    proc = _launch(results, "--resume", ray_tmp=sweep.temps[3], out=tmp / "full")
+    while proc.poll() is None and time.time() < sweep.deadline + 300:
+        if _written_after(results, "trials", started):
+            sweep.fault.write_text("ENOSPC")
+            break
+        time.sleep(0.2)
+    assert proc.wait(timeout=420) == 1
+    _assert_one_fault_line(tmp / "full", "No space left on device")
+    _no_run_running(results)
+    assert f"pid {sweep.killed} is no longer running" in _output(tmp / "full")  # the killed launch's lock, taken
+    sweep.passed.add("full disk")
+
+
+def test_with_the_storage_fixed_a_packed_resume_finishes_exactly_the_unfinished_trials(sweep):
+    sweep.after("full disk")
+    results, tmp = sweep.results, sweep.folder
+    # Fixed; Tune's own experiment state is truncated as a full disk leaves it: --resume needs none.
+    sweep.fault.unlink()
+    states = list((results / "storage" / "demo").glob("tune-*/experiment_state-*.json"))
+    assert states
+    for state in states:
+        state.write_bytes(state.read_bytes()[: len(state.read_bytes()) // 3])
+    # ... and so is Ray Train's checkpoint list of a trial that did not finish (it would fail every retry).
+    unfinished = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
+                  if r["status"] != "finished"}
+    lists = [p for p in (results / "storage" / "demo" / "train").glob("*/checkpoint_manager_snapshot.json")
+             if p.parent.name in unfinished]
+    for cut in lists[:1]:
+        cut.write_bytes(b"")
+    before = {r["trial_id"] for r in tables.read_table(str(results), "demo", "trials").to_pylist()
+              if r["status"] == "finished"}
+    # Resumed in packs of two: the unfinished trials, trained alone so far, re-form by the epoch of
+    # their checkpoints (not of the epochs table) and each finds its own checkpoint.
+    proc = _launch(results, "--resume", "--pack", "2", ray_tmp=sweep.temps[4], out=tmp / "fixed")
+    assert proc.wait(timeout=600) == 0, (tmp / "fixed.err").read_text()[-3000:]
+    kill_ray_under(sweep.temps[4])
+
+    err = (tmp / "fixed.err").read_text()
     assert all(f"set aside as {cut}.truncated-" in err for cut in lists[:1])
     assert f"--resume: {4 - len(before)} of 4 trials unfinished" in err
-    assert f"demo: {4 - len(before)} of {4 - len(before)} trials ended" in (tmp_path / "fixed.out").read_text()
+    assert f"demo: {4 - len(before)} of {4 - len(before)} trials ended" in (tmp / "fixed.out").read_text()
     trials = pq.read_table(results / "demo" / "trials").to_pandas()
     assert len(trials) == 4 and set(trials["status"]) == {"finished"}
-    for t, stamp in stamps.items():  # trials finished before the kill were not run again
+    for t, stamp in sweep.stamps.items():  # trials finished before the kill were not run again
         assert trials.set_index("trial_id").loc[t, "ended_at"] == stamp
     epochs = pq.read_table(results / "demo" / "epochs").to_pandas()
     assert not epochs.duplicated(["trial_id", "epoch"]).any()
     assert epochs.groupby("trial_id")["epoch"].apply(sorted).map(list).tolist() == [[1, 2, 3, 4]] * 4
     by_epoch = epochs.set_index(["trial_id", "epoch"])
-    for trial_id, stored in lag.items():  # nothing restarted from epoch 1: the checkpointed epochs stay as run
+    for trial_id, stored in sweep.lag.items():  # nothing restarted from epoch 1: the checkpointed epochs stay
         for epoch in range(1, stored + 1):
-            assert by_epoch.loc[(trial_id, epoch), "wall_time_s"] == trained.loc[(trial_id, epoch), "wall_time_s"]
-    uri = stores.default_tracking_uri(str(results))
-    runs = search_trial_runs(uri, "demo")
-    assert sorted(runs["trial_id"]) == sorted(trials["trial_id"]) and set(runs["status"]) == {"FINISHED"}
+            assert by_epoch.loc[(trial_id, epoch), "wall_time_s"] == sweep.trained.loc[(trial_id, epoch),
+                                                                                       "wall_time_s"]
+    sweep.trial_ids = sorted(trials["trial_id"])
+    sweep.passed.add("resume")
+
+
+def test_each_mlflow_step_is_logged_once_across_the_four_launches_and_no_lock_is_left(sweep):
+    sweep.after("resume")
     import mlflow
 
+    uri = stores.default_tracking_uri(str(sweep.results))
+    runs = search_trial_runs(uri, "demo")
+    assert sorted(runs["trial_id"]) == sweep.trial_ids and set(runs["status"]) == {"FINISHED"}
     client = mlflow.MlflowClient(tracking_uri=uri)
     for run_id in runs["run_id"]:  # each step once, across the four launches (concurrent trials on SQLite)
         assert [m.step for m in client.get_metric_history(run_id, "epochs/eval_acc")] == [1, 2, 3, 4]
         assert [m.step for m in client.get_metric_history(run_id, "Headline/test_acc")] == [4]
-    assert not list((results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
+    assert not list((sweep.results / "demo").glob(".launch.lock*"))  # no lock, no half-written lock file
 
 
 def test_the_analysis_of_a_copy_on_a_full_disk_ends_in_one_line_and_the_rerun_measures_each_checkpoint_once(
@@ -294,10 +332,10 @@ def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_loca
     from ray import tune
 
     from records import tables
-    from trainables.config import RunConfig
-    from trainables.lifecycle import LaunchSettings
-    from trainables.ray_start import DRIVER_RESOURCES
-    from trainables.ray_trial import UNRETRIABLE, run_trial
+    from trainables.config.run_config import RunConfig
+    from trainables.trial.lifecycle import LaunchSettings
+    from trainables.trial.ray_start import DRIVER_RESOURCES
+    from trainables.trial.ray_trial import UNRETRIABLE, run_trial
 
     not_a_folder = tmp_path / "data"
     not_a_folder.write_text("")
@@ -329,10 +367,10 @@ def test_a_trial_whose_workers_cannot_be_placed_ends_failed_with_why_instead_of_
     from ray import tune
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from trainables.config import RunConfig
-    from trainables.lifecycle import LaunchSettings
-    from trainables.ray_start import DRIVER_RESOURCES
-    from trainables.ray_trial import run_trial
+    from trainables.config.run_config import RunConfig
+    from trainables.trial.lifecycle import LaunchSettings
+    from trainables.trial.ray_start import DRIVER_RESOURCES
+    from trainables.trial.ray_trial import run_trial
 
     cfg = RunConfig.for_dataset("shapes", preset="tiny", study="demo", epochs=1, warmup_epochs=0)
     results = str(tmp_path / "results")

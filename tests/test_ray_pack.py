@@ -12,9 +12,9 @@ from mlflow_runs import search_trial_runs
 from test_ray_resume import ROOT, kill_ray_under
 
 from records import stores, tables
-from sweeps import options
 from sweeps import run as launcher
-from trainables import checkpoints
+from sweeps.launch import options
+from trainables.loop import checkpoints
 
 pytestmark = pytest.mark.ray
 SWEEP = ["demo", "--seeds", "1", "--pack", "4", "--set", "epochs=3", "--set", "max_train_images=256"]

@@ -45,8 +45,8 @@ def assert_listens_on_loopback_only(pid: int) -> None:
 
 
 def test_hparam_search_writes_a_best_config_that_other_studies_pick_up(ray_local, tmp_path):
-    from sweeps import options
     from sweeps import run as sweep_launcher
+    from sweeps.launch import options
 
     results = tmp_path / "results"
     parser = sweep_launcher.argparse.ArgumentParser()

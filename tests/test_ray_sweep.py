@@ -8,7 +8,7 @@ from conftest import FAST_DEMO, FAST_EVAL_SIZE
 from mlflow_runs import search_trial_runs
 
 from records import stores, tables
-from trainables import checkpoints
+from trainables.loop import checkpoints
 
 pytestmark = pytest.mark.ray
 
@@ -31,7 +31,8 @@ def test_checkpoints_and_snapshots_are_on_storage(demo_results):
     trials = tables.read_table(str(demo_results), "demo", "trials").to_pylist()
     for t in trials:
         assert Path(checkpoints.checkpoint_file(t["checkpoint_path"])).exists()
-        snaps = sorted(p.name for p in Path(t["snapshot_dir"]).iterdir() if checkpoints.snapshot_epoch(p.name) is not None)
+        snaps = sorted(p.name for p in Path(t["snapshot_dir"]).iterdir()
+                       if checkpoints.snapshot_epoch(p.name) is not None)
         assert snaps == ["epoch_0000.pt", "epoch_0001.pt", "epoch_0002.pt"]
 
 
@@ -51,7 +52,8 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     assert run.data.tags["study"] == "demo"
     # Per-layer curves: the layer is the step, the checkpoint epoch is in the key, one per snapshot.
     for epoch in (0, 1, 2):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi_epoch_{epoch:04d}")] == [0, 1]
+        history = client.get_metric_history(run.info.run_id, f"layers/ssdc_rpi_epoch_{epoch:04d}")
+        assert [m.step for m in history] == [0, 1]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "layers/mad_min_epoch_0002")] == [0, 1]
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
     assert figures == {"figures/layers_epoch_0002.png", "figures/layers_epoch_0002.svg"}  # the final checkpoint's only
@@ -59,7 +61,8 @@ def test_each_trial_is_one_finished_mlflow_run(demo_results):
     # runs' charts), linked from the study's.
     reports = client.get_experiment_by_name("demo-reports").experiment_id
     (report,) = client.search_runs([reports], "attributes.run_name = 'demo-report'")
-    assert client.get_experiment(run.info.experiment_id).tags["vitsweep.report_run"] == f"{reports}/{report.info.run_id}"
+    assert (client.get_experiment(run.info.experiment_id).tags["vitsweep.report_run"]
+            == f"{reports}/{report.info.run_id}")
     # Each run's input is its data set, with its split sizes; its device is a tag.
     (given,) = run.inputs.dataset_inputs
     assert given.dataset.name == "shapes" and json.loads(given.dataset.profile)["train_images"] == 1024
@@ -108,9 +111,9 @@ def test_report_was_built(demo_results):
 
 
 def test_rerun_skips_finished_trials_and_measured_checkpoints(demo_results, ray_local):
-    from analysis.job import analyze
-    from sweeps import options
+    from analysis.measuring.job import analyze
     from sweeps import run as launcher
+    from sweeps.launch import options
 
     parser = launcher.argparse.ArgumentParser()
     options.add_arguments(parser)
@@ -160,7 +163,7 @@ def test_readme_mlflow_query_gives_the_runs_table_with_factors_and_headline_metr
 
 
 def test_status_and_experiment_description_after_the_sweep(demo_results):
-    from sweeps import status
+    from sweeps.launch import status
 
     got = status.study_status(str(demo_results), "demo")
     assert got["planned"] == 4 and got["counts"]["finished"] == 4 and got["counts"]["pending"] == 0
@@ -196,13 +199,15 @@ def test_the_console_holds_vitsweep_lines_only_with_progress_while_trials_run(de
 
     out = [line for line in (demo_results / "console.txt").read_text().splitlines() if line.strip()]
     err = [line for line in (demo_results / "console-err.txt").read_text().splitlines() if line.strip()]
-    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] (shapes-|pack )|MLflow: |demo: \d+ of \d+ trials|"
+    ours = re.compile(r"^(\[\d+/\d+\] (shapes-|checkpoints: )|\[train\] (shapes-|pack )|MLflow: |"
+                      r"demo: \d+ of \d+ trials|"
                       r"vitsweep demo: results in |  \S|Ray: |\[train\] started \d+ trial)")
     assert [line for line in out if not ours.match(line)] == []
     logged = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} vitsweep(\.\w+)*: ")
     assert err and [line for line in err if not logged.match(line)] == []
     for line in out + err:  # nothing of theirs, whatever its shape
-        assert not re.search(r"\(raylet\)|core_worker|\bpid=|\bmlflow\.(?!db\b)|worker\.py|fontTools|\x1b\[", line), line
+        assert not re.search(r"\(raylet\)|core_worker|\bpid=|\bmlflow\.(?!db\b)|worker\.py|fontTools|\x1b\[",
+                             line), line
     assert out[0].startswith("MLflow: mlflow ui --backend-store-uri ") and "?workflowType=machine_learning" in out[0]
     assert out[1] == "Ray: starting a local Ray (loopback only)" and out[2].startswith("Ray: up, 1 node(s), ")
     assert sum(line.startswith("demo: 4 of 4 trials ended") for line in out) == 1  # one training summary

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import trainables.train as loop
+import trainables.loop.train as loop
 from records import files, stores, tables, tracking
-from trainables import lifecycle
-from trainables.config import RunConfig
-from trainables.ray_trial import PackWorker
+from trainables.config.run_config import RunConfig
+from trainables.trial import lifecycle
+from trainables.trial.ray_trial import PackWorker
 
 
 def test_an_oom_retry_records_each_epoch_once_and_uploads_retrained_snapshots(tmp_path, monkeypatch):

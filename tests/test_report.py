@@ -24,10 +24,10 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from analysis import claim_tests, claims, paper_numbers, seedstats
-from analysis.figures import FIGURES
-from analysis.report import build_report, main
-from analysis.study_data import StudyData
+from analysis.reporting.figures import FIGURES
+from analysis.reporting.report import build_report, main
+from analysis.statistics import claim_tests, claims, paper_numbers, seedstats
+from analysis.statistics.study_data import StudyData
 from records import vocab
 from records.tables import write_epochs, write_measurements, write_trial
 
@@ -53,7 +53,8 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
             mad = 0.45 * (1 - progress) + progress * (0.005 + 0.01 * rng.random())
         ent = min(1.0, 0.25 + 1.6 * mad + 0.02 * rng.random())
         sink = 0.9 if (layer, head) == (LAYERS - 1, 0) else 0.05  # one CLS-sink head per trial, in the last layer
-        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "mad", "value": mad},
+        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "mad",
+                  "value": mad},
                  {"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "entropy",
                   "value": ent},
                  {"intervention": "clean", "level": None, "layer": layer, "head_index": head, "metric": "cls_mass",
@@ -69,7 +70,8 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
         else:
             r = 0.0
         rpi.append(r + 0.01 * rng.standard_normal())
-        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": None, "metric": "ssdc", "value": clean},
+        rows += [{"intervention": "clean", "level": None, "layer": layer, "head_index": None, "metric": "ssdc",
+                  "value": clean},
                  {"intervention": "rpi", "level": None, "layer": layer, "head_index": None, "metric": "ssdc",
                   "value": rpi[-1]}]
     rows.append({"intervention": "rpi", "level": None, "layer": None, "head_index": None, "metric": "dssdc",
@@ -88,14 +90,15 @@ def _measure(pe: str, rpt: bool, protocol: str, rng, progress: float, full: bool
     for sigma in (0.5, 1.0, 2.5):
         rows.append({"intervention": "blur", "level": sigma, "layer": None, "head_index": None, "metric": "fs",
                      "value": 0.5 * base * sigma / 2.5 + 0.01 * rng.standard_normal()})
-    scaling = "rope_scale" if pe.startswith("rope") else "pe_scale"  # as analysis.evaluate names them
+    scaling = "rope_scale" if pe.startswith("rope") else "pe_scale"  # as analysis.measuring.evaluate names them
     for alpha in np.round(np.arange(0, 1.01, 0.1), 1):
         scale = alpha if pe != "none" else 1.0
         for metric, v in (("dssdc", 0.47 * scale**3 * anchored), ("fs_jpeg", 0.65 - (0.65 - base) * scale),
                           ("fs_blur", 0.5 * (0.65 - (0.65 - base) * scale))):
             rows.append({"intervention": scaling, "level": float(alpha), "layer": None, "head_index": None,
                          "metric": metric, "value": v + 0.01 * rng.standard_normal()})
-    rows.append({"intervention": "clean", "level": None, "layer": None, "head_index": None, "metric": "acc", "value": 0.5})
+    rows.append({"intervention": "clean", "level": None, "layer": None, "head_index": None, "metric": "acc",
+                 "value": 0.5})
     return [{**r, "n_images": N_IMAGES} for r in rows]
 
 
@@ -109,8 +112,8 @@ def write_study(results: str, study: str, *, seeds: int = 5, protocols=PROTOCOLS
         trial_id = f"{dataset}-{pe}{'-rpt' if rpt else ''}-{protocol}-s{seed}"
         acc = 0.50 + 0.06 * sw["cutmix"] + 0.06 * sw["autoaugment"] + 0.01 * rng.standard_normal()
         config = {"dataset": dataset, "pe": pe, "rpt": rpt, **sw, "protocol": protocol, "seed": seed,
-                  "img_size": img_size, "patch_size": img_size // 8, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": checkpoints[-1],
-                  "code_version": "abc1234"}
+                  "img_size": img_size, "patch_size": img_size // 8, "depth": LAYERS, "heads": HEADS, "lr": 1e-3,
+                  "epochs": checkpoints[-1], "code_version": "abc1234"}
         if "trials" in tables:
             write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
                                                  "test_acc": acc, "epochs_completed": checkpoints[-1]})
@@ -149,8 +152,8 @@ def write_collapsed_trial(results: str, study: str) -> str:
     MAD far below every CutMix run: counted in a claim, it would break the CutMix separation."""
     trial_id = "cifar100-ape-baseline-s5-collapsed"
     config = {"dataset": "cifar100", "pe": "ape", "rpt": False, **vocab.protocol_switches("baseline"),
-              "protocol": "baseline", "seed": 5, "img_size": 32, "patch_size": 4, "depth": LAYERS, "heads": HEADS, "lr": 1e-3, "epochs": 10,
-              "code_version": "abc1234"}
+              "protocol": "baseline", "seed": 5, "img_size": 32, "patch_size": 4, "depth": LAYERS, "heads": HEADS,
+              "lr": 1e-3, "epochs": 10, "code_version": "abc1234"}
     write_trial(results, study, config, {"trial_id": trial_id, "study": study, "status": "finished",
                                          "test_acc": 0.011, "eval_acc": 0.011, "did_not_learn": True,
                                          "epochs_completed": 10})
@@ -314,7 +317,7 @@ def test_missing_tables_give_notes_not_errors(tmp_path, tables):
 
 def test_rope_scale_rows_stay_off_the_pe_scaling_axes_and_claims():
     """RoPE angle scaling is position interpolation: its own figure, never Study P's PE scaling."""
-    from analysis import figures, plotting
+    from analysis.reporting import figures, plotting
 
     trials = pd.DataFrame({"trial_id": ["r0", "r1"], "dataset": "cifar10", "pe": "rope2d", "rpt": False,
                            "protocol": "baseline", "seed": [0, 1], "status": "finished", "test_acc": 0.5})
@@ -357,7 +360,7 @@ def test_fragility_se_from_paired_counts_by_hand_and_by_bootstrap():
 
 
 def test_paired_comparison_uses_each_seed_once_and_states_its_interval():
-    from analysis import seedstats
+    from analysis.statistics import seedstats
 
     a, b = np.array([0.51, 0.62, 0.55, 0.58]), np.array([0.50, 0.60, 0.52, 0.57])  # seeds 0-3, shared offsets
     c = seedstats.compare(a, [0, 1, 2, 3], b, [3, 2, 1, 0][::-1], "greater")

@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from analysis import seedstats
+from analysis.statistics import seedstats
 from sweeps import cli
 
 

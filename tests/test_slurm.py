@@ -136,15 +136,16 @@ def test_each_ray_node_holds_the_cpus_it_advertises_joins_the_head_by_its_cluste
     that address, each `ray start` step holds the CPUs it advertises, every port Ray and MLflow open
     lies in the job's block, curl and the sweep reach the head past the proxy, and the sweep the job
     launches parses and plans (`--dry-run`) on a GPU per trial at the head's explicit address."""
-    from sweeps import options
     from sweeps import run as launcher
+    from sweeps.launch import options
 
     done, _, state = run_job(tmp_path)
     assert done.returncode == 0, done.stderr
     ray_steps = [s for s in steps(state) if s["argv"][:2] == ["ray", "start"]]
     head, *workers = ray_steps
     assert "--head" in head["argv"] and head["node"] == "gpu-01"
-    assert option(head["argv"], "--node-ip-address") == "10.0.0.1" and option(head["argv"], "--dashboard-host") == "127.0.0.1"
+    assert (option(head["argv"], "--node-ip-address") == "10.0.0.1"
+            and option(head["argv"], "--dashboard-host") == "127.0.0.1")
     port = int(option(head["argv"], "--port"))
     assert sorted(w["node"] for w in workers) == ["gpu-02", "gpu-03"]
     assert all(option(w["argv"], "--address") == f"10.0.0.1:{port}" for w in workers)

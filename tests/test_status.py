@@ -8,7 +8,8 @@ import json
 import pytest
 
 from records import files, manifest, tables
-from sweeps import cli, status
+from sweeps import cli
+from sweeps.launch import status
 
 
 def _row(trial_id: str, state: str) -> None:
@@ -52,7 +53,7 @@ def test_a_killed_launcher_on_this_machine_is_not_running_whatever_its_heartbeat
 
 
 def test_on_another_machine_status_says_the_heartbeats_age(partial):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     files.write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
                          {"time": (now - datetime.timedelta(seconds=42)).isoformat(), "host": "gpu-node-7",
                           "pid": 1, "ended": False})
@@ -63,7 +64,7 @@ def test_on_another_machine_status_says_the_heartbeats_age(partial):
 
 
 def test_running_rows_of_a_dead_launcher_are_stale(partial):
-    old = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=10 * manifest.STALE_AFTER_S)
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=10 * manifest.STALE_AFTER_S)
     files.write_json(f"{partial}/s/{manifest.HEARTBEAT_FILE}",
                          {"time": old.isoformat(), "host": "h", "pid": 1, "ended": False})
     got = status.study_status(partial, "s")
@@ -155,4 +156,5 @@ def test_a_launch_cut_short_after_every_trial_finished_is_not_called_training_un
         beat.outcome = "the launch was interrupted (SIGTERM)"
     text = status.format_status(status.study_status(results, "s"))
     assert "training unfinished" not in text
-    assert f"training finished (all 2 trials): `vitsweep analyze s --results {results}` measures their checkpoints" in text
+    assert (f"training finished (all 2 trials): `vitsweep analyze s --results {results}` measures their checkpoints"
+            in text)

@@ -1,4 +1,4 @@
-"""The launch's keeper (``sweeps.supervise``), with real processes and a real MLflow store, no Ray: a
+"""The launch's keeper (``sweeps.launch.supervise``), with real processes and a real MLflow store, no Ray: a
 launch that dies without a word (as Ray's core ends it when the local raylet dies) is closed by its
 keeper, and a keeper killed by SIGKILL still tells its launch to stop."""
 
@@ -19,9 +19,9 @@ import os, signal, sys, time
 from pathlib import Path
 from records import manifest, stores, tracking
 from sweeps import supervise
-from sweeps.lock import LaunchLock
-from trainables.config import RunConfig
-from trainables.lifecycle import LaunchSettings, open_trials
+from sweeps.launch.lock import LaunchLock
+from trainables.config.run_config import RunConfig
+from trainables.trial.lifecycle import LaunchSettings, open_trials
 
 results, mode = sys.argv[1], sys.argv[2]
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import options
-
 from sweeps import run as launcher
+from sweeps.launch import options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +46,8 @@ def test_study_l_conditions_and_recipe():
     assert len(by_dataset["cifar100"]) == 8
     c = configs[0]
     assert (c.model.depth, c.model.dim, c.model.heads, c.model.mlp_ratio, c.model.grid) == (8, 192, 8, 2.0, 8)
-    assert (c.optimizer, c.lr, c.weight_decay, c.batch_size, c.epochs, c.warmup_epochs) == ("adamw", 1e-3, 0.05, 128, 100, 10)
+    assert (c.optimizer, c.lr, c.weight_decay, c.batch_size, c.epochs, c.warmup_epochs) == (
+        "adamw", 1e-3, 0.05, 128, 100, 10)
     tiny = next(c for c in configs if c.dataset == "tinyimagenet")
     assert (tiny.model.img_size, tiny.model.patch_size, tiny.model.num_classes) == (64, 8, 200)
 
@@ -57,7 +57,7 @@ def test_study_l_conditions_and_recipe():
 def test_study_l_and_factorial_follow_lees_script_where_study_l_is_silent(argv):
     """Lee et al.'s main.py: AdamW(model.parameters(), weight_decay=0.05), RandomCrop(size, padding=4) at every
     size, mix_prob 0.5; test-scored runs train on the whole training split."""
-    from trainables.augment import augmentation
+    from trainables.data.augment import augmentation
 
     configs = dry(*argv)
     assert {c.dataset for c in configs} >= {"cifar10", "tinyimagenet"}
@@ -72,8 +72,8 @@ def test_study_l_and_factorial_follow_lees_script_where_study_l_is_silent(argv):
 def test_factorial_trains_each_image_size_with_its_studys_recipe(capsys):
     """224 px: Study P's optimiser, exemptions, epochs and random resized crop; 32 / 64 px: Lee's. CutMix
     keeps Lee's probability everywhere (it is part of the protocol); --epochs still sets every trial's."""
-    from sweeps import study_p
-    from trainables.augment import augmentation
+    from sweeps.studies import study_p
+    from trainables.data.augment import augmentation
 
     configs = dry("factorial", "--datasets", "cifar10,tinyimagenet,imagenet100", "--seeds", "1")
     sizes = {c.model.img_size for c in configs}
@@ -112,7 +112,8 @@ def test_study_p_conditions_and_recipe():
                      ("ape", True), ("sincos2d", True), ("rope2d", True)}
     c = configs[0]
     assert (c.model.img_size, c.model.patch_size, c.model.dim, c.model.depth, c.model.heads) == (224, 16, 384, 12, 8)
-    assert (c.optimizer, c.weight_decay, c.epochs, c.model.num_classes, c.model.ape_init) == ("adamw", 0.05, 60, 100, "normal")
+    assert (c.optimizer, c.weight_decay, c.epochs, c.model.num_classes, c.model.ape_init) == (
+        "adamw", 0.05, 60, 100, "normal")
     # bench/recipe_pilot.py: the literal Adam + L2 on every parameter stays at chance; AdamW with timm's
     # exemptions learns (README, "Protocol choices")
     assert c.decay_exempt == "timm"
@@ -167,7 +168,7 @@ def test_trial_ids_are_pinned(argv):
 
 
 def test_dry_run_starts_with_conditions_x_seeds_and_lists_one_short_line_per_trial(capsys, monkeypatch, tmp_path):
-    from sweeps import estimate
+    from sweeps.launch import estimate
 
     monkeypatch.setattr(estimate, "TABLE", tmp_path / "missing.json")
     assert launcher.main(["study_l", "--dry-run"]) == 0
@@ -309,4 +310,5 @@ def test_gpu_trials_checkpoint_by_wall_time_under_the_same_ids():
     cpu, gpu = dry("demo"), dry("demo", "--gpus-per-trial", "1")
     assert {c.checkpoint_interval_s for c in cpu} == {0.0} and {c.checkpoint_interval_s for c in gpu} == {120.0}
     assert [c.trial_id for c in cpu] == [c.trial_id for c in gpu]
-    assert {c.checkpoint_interval_s for c in dry("demo", "--gpus-per-trial", "1", "--set", "checkpoint_interval_s=0")} == {0.0}
+    assert {c.checkpoint_interval_s
+            for c in dry("demo", "--gpus-per-trial", "1", "--set", "checkpoint_interval_s=0")} == {0.0}

@@ -1,4 +1,5 @@
-"""records/ (stores, client, tracking, provenance, server) against real MLflow stores: SQLite files and a real `mlflow server`.
+"""records/ (stores, client, tracking, provenance, server) against real MLflow stores: SQLite files and a real
+`mlflow server`.
 
 No mocks: every test writes through MLflow and reads back what MLflow stored.
 The module-scoped ``uri`` store is shared (one schema migration for the file);
@@ -50,7 +51,7 @@ def _run(uri: str, run_id: str):
 
 
 # Test-only shorthands over records.tracking: the product opens and closes a trial's run in
-# trainables.lifecycle and logs a checkpoint's measurements through analysis.trial_record.
+# trainables.trial.lifecycle and logs a checkpoint's measurements through analysis.measuring.trial_record.
 @dataclasses.dataclass(frozen=True)
 class TrialRun:
     """One trial's run with its uri and run_id bound."""
@@ -405,9 +406,9 @@ WRITERS, STEPS, METRICS = 4, 30, 5
 def _writer(uri: str, trial_id: str, barrier) -> None:
     """One trial process: all start together on a fresh SQLite file, so the schema
     migration, the experiment creation and every metric write contend."""
-    from records import tracking
-
     import mlflow.tracking  # noqa: F401  (import before the barrier: contend on writes, not imports)
+
+    from records import tracking
 
     barrier.wait()
     experiment_id = tracking.ensure_experiment(uri, "concurrent")
@@ -579,7 +580,7 @@ def test_a_hung_tracking_server_fails_each_call_within_the_budget(monkeypatch):
 
 
 def test_a_full_or_read_only_store_is_not_retried_but_a_lock_is():
-    from sweeps import faults
+    from sweeps.launch import faults
 
     full = sqlite3.OperationalError("database or disk is full")
     assert not client._is_transient(full) and client._is_transient(sqlite3.OperationalError("database is locked"))
@@ -633,7 +634,7 @@ def test_the_run_charts_open_on_the_headline_numbers_then_the_training_curves_th
     sorted by code point, then the unprefixed keys ("Model metrics"), each section's charts by key: the
     headline numbers must come first, the training curves next with no count or time among them, every
     per-layer curve in one section after them, and the counts and times last."""
-    from analysis.trial_record import layer_profiles, summarize
+    from analysis.measuring.trial_record import layer_profiles, summarize
 
     run_id = tracking.start_trial_run(uri, tracking.ensure_experiment(uri, "charts"), "t-1", params={})
     epoch = {"train_loss": 2.0, "train_acc": 0.2, "eval_loss": 2.1, "eval_acc": 0.1, "eval_images": 500, "lr": 1e-3,

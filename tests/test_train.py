@@ -3,14 +3,10 @@
 import pytest
 import torch
 
-from trainables.config import RunConfig
-from trainables.checkpoints import SNAPSHOT_DIR, load, load_model, local_checkpoint
-from trainables.optim import lr_factor
-from trainables.train import (
-    random_permutation,
-    snapshot_epochs,
-    train,
-)
+from trainables.loop.checkpoints import SNAPSHOT_DIR, load, load_model, local_checkpoint
+from trainables.loop.optim import lr_factor
+from trainables.loop.train import random_permutation, snapshot_epochs, train
+from trainables.config.run_config import RunConfig
 
 
 def tiny(**overrides):
@@ -80,7 +76,8 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     f = [lr_factor(s, warmup_steps=10, total_steps=100, schedule="cosine") for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
-    assert f[55] == pytest.approx(0.5, abs=0.02) and lr_factor(100, warmup_steps=10, total_steps=100, schedule="cosine") == 0
+    assert (f[55] == pytest.approx(0.5, abs=0.02)
+            and lr_factor(100, warmup_steps=10, total_steps=100, schedule="cosine") == 0)
     assert lr_factor(50, warmup_steps=10, total_steps=100, schedule="constant") == 1.0
 
 
@@ -111,8 +108,8 @@ def test_holdout_runs_never_report_test_accuracy(tmp_path):
 @pytest.mark.parametrize("optimizer,kind", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
 @pytest.mark.parametrize("exempt", ["timm", "none"])
 def test_decay_rule_per_decay_exempt_for_each_optimizer(optimizer, kind, exempt):
-    from trainables.optim import build_optimizer
-    from trainables.vit import ViT
+    from trainables.loop.optim import build_optimizer
+    from trainables.model.vit import ViT
 
     cfg = tiny(optimizer=optimizer, decay_exempt=exempt)
     model = ViT(cfg.model)
@@ -151,7 +148,7 @@ def test_decay_exempt_rejects_unknown_rules():
 
 
 def test_cutmix_prob_mixes_that_share_of_batches():
-    from trainables.train import mix_draw
+    from trainables.loop.train import mix_draw
 
     for prob, low, high in ((1.0, 1.0, 1.0), (0.5, 0.4, 0.6), (0.0, 0.0, 0.0)):
         cfg, gen = tiny(cutmix=True, cutmix_prob=prob), torch.Generator().manual_seed(0)

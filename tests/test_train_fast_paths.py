@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainables import optim, packed, train
-from trainables.compiled import compile_forward
-from trainables.config import RunConfig
-from trainables.packed import PackedViT
-from trainables.pos_embed import POS_EMBEDS
+from trainables.loop import optim, train
+from trainables.model import packed
+from trainables.model.compiled import compile_forward
+from trainables.model.packed import PackedViT
+from trainables.model.pos_embed import POS_EMBEDS
+from trainables.config.run_config import RunConfig
 
 BATCH = 8
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,18 +192,18 @@ def test_a_compile_that_fails_on_the_first_step_falls_back_to_eager_with_one_lin
 
 def test_an_eager_training_run_never_imports_the_compiler(tmp_path):
     """A real `train_pack` with compile off, in a fresh process (other tests' imports would leak):
-    neither `trainables.compiled` nor inductor's compiler (its lowering, code generation and CUDA
+    neither `trainables.model.compiled` nor inductor's compiler (its lowering, code generation and CUDA
     graph trees) is loaded. (`torch._inductor` itself and its config are: torchvision, through timm,
     imports them at import time.)"""
     code = textwrap.dedent(f"""
         import sys
-        from trainables.config import RunConfig
-        from trainables.train import train_pack
+        from trainables.config.run_config import RunConfig
+        from trainables.loop.train import train_pack
         cfgs = [RunConfig.for_dataset("shapes", preset="tiny", seed=seed, max_train_images=64, batch_size=32,
                                       epochs=1, warmup_epochs=1, lr=1e-3) for seed in (0, 1)]
         finals = train_pack(cfgs, [{str(tmp_path)!r} + "/" + c.trial_id for c in cfgs], log=lambda *_: None)
         assert [f["epochs_completed"] for f in finals] == [1, 1], finals
-        compiler = ("trainables.compiled", "torch._inductor.compile_fx", "torch._inductor.graph",
+        compiler = ("trainables.model.compiled", "torch._inductor.compile_fx", "torch._inductor.graph",
                     "torch._inductor.codegen", "torch._inductor.cudagraph_trees")
         print(sorted(m for m in compiler if m in sys.modules))
     """)

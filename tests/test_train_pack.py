@@ -5,11 +5,11 @@ import shutil
 import pytest
 import torch
 
-import trainables.train as loop
-from trainables import oom
-from trainables.config import RunConfig
-from trainables.checkpoints import SNAPSHOT_DIR, load, local_checkpoint
-from trainables.train import train, train_pack
+import trainables.loop.train as loop
+from trainables.loop import oom
+from trainables.loop.checkpoints import SNAPSHOT_DIR, load, local_checkpoint
+from trainables.loop.train import train, train_pack
+from trainables.config.run_config import RunConfig
 
 
 def member(seed, protocol="baseline", **fields):
@@ -35,7 +35,8 @@ def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack")
     workdirs = [root / c.trial_id for c in MEMBERS]
     reports = []
-    finals = train_pack(MEMBERS, workdirs, report=lambda ms: reports.extend((t, m["epoch"], d) for t, m, d in ms), **QUIET)
+    finals = train_pack(MEMBERS, workdirs, report=lambda ms: reports.extend((t, m["epoch"], d) for t, m, d in ms),
+                        **QUIET)
     return workdirs, finals, reports
 
 
@@ -198,8 +199,8 @@ def test_compile_wraps_the_ddp_module_and_compiles_a_packs_vmapped_forward(monke
     """Compiling the bare module after wrapping it in DDP replaced the DDP wrap: no gradient
     all-reduce, each rank trained on its own. A pack compiles its vmapped forward (no CUDA graphs:
     its inputs are the stacked leaves); the compile is CUDA-only and can be taken down again."""
-    from trainables.fast_paths import wrap_forward
-    from trainables.packed import PackedViT
+    from trainables.model.fast_paths import wrap_forward
+    from trainables.model.packed import PackedViT
 
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids=None: ("ddp", m))
     monkeypatch.setattr(torch, "compile", lambda m, mode=None, backend=None: ("compiled", mode, m))

@@ -1,4 +1,4 @@
-"""A pack's per-epoch records leave the training thread (`trainables.epoch_records`): `add` returns
+"""A pack's per-epoch records leave the training thread (`trainables.trial.epoch_records`): `add` returns
 while the Parquet and MLflow writes block, every row lands once and in order once they go on, and a
 failed write reaches the training thread as the very exception the loop used to raise."""
 
@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from records import tracking
-from trainables import epoch_records
-from trainables.epoch_records import EpochRecords
+from trainables.trial import epoch_records
+from trainables.trial.epoch_records import EpochRecords
 
 
 def metrics(epoch: int, loss: float) -> dict:

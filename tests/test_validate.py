@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import validate
+from sweeps.launch import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "torchvision", "ray", "mlflow")
@@ -34,19 +34,19 @@ BAD_SETS = {
 
 
 def test_every_field_the_run_config_flattens_is_checked_and_its_default_is_valid():
-    from trainables import config
+    from trainables.config import run_config
 
-    flat = config.RunConfig().to_flat()
-    assert set(config.FIELD_SPECS) == set(flat)
+    flat = run_config.RunConfig().to_flat()
+    assert set(run_config.FIELD_SPECS) == set(flat)
     for key, value in flat.items():  # every default is valid, and keeps its type
         assert validate.check_value(key, value) == value, key
         assert validate.check_value(key, str(value).lower() if isinstance(value, bool) else str(value)) == value
 
 
 def test_the_run_config_refuses_what_the_pre_torch_check_refuses():
-    from trainables.config import RunConfig
+    from trainables.config.run_config import RunConfig
 
-    for pair, message in BAD_SETS.items():
+    for pair in BAD_SETS:
         key, _, value = pair.partition("=")
         if "," in value or key == "nosuchfield":
             continue
@@ -54,7 +54,7 @@ def test_the_run_config_refuses_what_the_pre_torch_check_refuses():
             RunConfig().with_overrides({key: value})
 
 
-PROBE = r"""
+PROBE = rf"""
 import contextlib, io, json, sys
 from sweeps import cli
 out = []
@@ -65,10 +65,10 @@ for argv in json.loads(sys.argv[1]):
             rc = cli.main(argv)
         except SystemExit as exc:
             rc = exc.code
-    out.append({"rc": rc, "err": err.getvalue()})
-heavy = sorted(m for m in %r if m in sys.modules)
-print(json.dumps({"runs": out, "heavy": heavy}))
-""" % (HEAVY,)
+    out.append({{"rc": rc, "err": err.getvalue()}})
+heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print(json.dumps({{"runs": out, "heavy": heavy}}))
+"""
 
 
 def _probe(argvs: list[list[str]]) -> dict:
@@ -79,7 +79,7 @@ def _probe(argvs: list[list[str]]) -> dict:
 
 
 def test_bad_values_and_a_refused_launch_answer_in_one_line_before_torch(tmp_path):
-    from sweeps.lock import LaunchLock
+    from sweeps.launch.lock import LaunchLock
 
     results = str(tmp_path / "results")
     argvs = [["sweep", "demo", "--set", pair, "--results", results] for pair in BAD_SETS]
@@ -103,8 +103,8 @@ def test_bad_values_and_a_refused_launch_answer_in_one_line_before_torch(tmp_pat
 
 
 def test_defaults_from_values_are_checked_too(tmp_path, capsys):
-    from sweeps import options
     from sweeps import run as launcher
+    from sweeps.launch import options
 
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"best_config": {"lr": float("nan")}}))

@@ -1,6 +1,6 @@
 """Verdicts that read the evidence right (#40), by simulation: the error rate of every verdict at 3, 5
 and 10 seeds, with per-seed differences drawn and run through ``seedstats.compare``, ``seedstats.holm``
-and ``claim_tests.verdict`` as ``analysis.claims`` calls them (CPU, a few seconds; no figures, no Ray)."""
+and ``claim_tests.verdict`` as ``analysis.statistics.claims`` calls them (CPU, a few seconds; no figures, no Ray)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from test_claims import PAIRS, diffs, evaluate, paired, study
 
-from analysis import claim_tests, claims, seedstats
+from analysis.statistics import claim_tests, claims, seedstats
+from analysis.statistics.study_data import StudyData
 
 REPLICATES = 1000  # per cell: a rate's binomial SE is at most 0.016
 FAMILY = 12  # Study L's Holm family: the claim and 11 others, their p drawn uniform (true nulls)
@@ -138,8 +139,6 @@ def test_study_l_tests_early_layers_apart_from_the_network_minimum():
 def test_an_all_sink_trial_is_counted_and_the_sensitivity_row_keeps_sinks_outside_the_family():
     import pandas as pd
 
-    from analysis.study_data import StudyData
-
     trials, measured = [], []
     for i, (protocol, seed) in enumerate((p, s) for s in range(PAIRS) for p in ("baseline", "cutmix")):
         tid = f"t{i}"
@@ -159,13 +158,14 @@ def test_an_all_sink_trial_is_counted_and_the_sensitivity_row_keeps_sinks_outsid
     main, kept = (table[table["setting"].str.endswith(claims.SINKS_KEPT_MARK) == k].iloc[0] for k in (False, True))
     assert main["n A"] == 4 and kept["n A"] == 5  # the all-sink trial drops out of the minimum, said so
     assert main["CLS sinks (A; B)"] == "6 sink head(s), 1 trial(s) all sinks, left out; 5 sink head(s)"
-    assert kept[claim_tests.STEP_ALPHA] == main[claim_tests.STEP_ALPHA] == 0.05  # a family of one: the repeat is not in it
+    # a family of one: the repeat is not in it
+    assert kept[claim_tests.STEP_ALPHA] == main[claim_tests.STEP_ALPHA] == 0.05
     assert kept[claim_tests.HOLM_FAMILY] == main[claim_tests.HOLM_FAMILY] == 1  # read at its row's step, of its family
     assert kept["p (Holm)"] == pytest.approx(kept["p (raw)"])
 
 
 def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_in_place(tmp_path):
-    from analysis import claims_page, report
+    from analysis.reporting import claims_page, report
 
     rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.40, diffs(-0.2, 0.01))
     table = evaluate(study(rows), "CutMix alone lowers minimum MAD")
@@ -177,12 +177,10 @@ def test_the_page_shows_an_unmet_preconditions_mark_under_the_verdict_it_leaves_
 
 
 # -- the smaller items: the PE-scaling link across alpha, the clean-accuracy ordering -------------------
-def _scaled(sign: float) -> "StudyData":
+def _scaled(sign: float) -> StudyData:
     """Five APE trials measured at every PE scale: FS JPEG falls as dSSDC rises when ``sign`` is -1, a
     seed-dependent swap of two levels keeping the per-trial correlations apart."""
     import pandas as pd
-
-    from analysis.study_data import StudyData
 
     trials, measured = [], []
     for seed in range(PAIRS):
@@ -235,7 +233,7 @@ def test_the_clean_accuracy_ordering_is_one_claim_of_a_per_seed_spearman():
 
 # -- the first screen: what a reader sees of a row (#43) -------------------------------------------------
 def test_one_seed_reads_as_one_pair_with_blank_interval_cells_and_claims_tex_has_the_shown_columns(tmp_path):
-    from analysis import claims_page, report
+    from analysis.reporting import claims_page, report
 
     rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.30, np.array([-0.2]))
     table = evaluate(study(rows), "CutMix alone lowers minimum MAD", sensitivity=True)  # the sinks-kept repeat too
@@ -261,7 +259,7 @@ def test_one_seed_reads_as_one_pair_with_blank_interval_cells_and_claims_tex_has
 def test_seeds_that_pair_once_are_said_so_and_a_category_dot_stays_off_the_axis_spine():
     from matplotlib.figure import Figure
 
-    from analysis import plotting
+    from analysis.reporting import plotting
 
     c = seedstats.compare([0.1, 0.2], [0, 1], [0.3, 0.4], [0, 2], "less")  # one seed in common: no pairing
     assert not c.paired and "unpaired (1 seed(s) in common, a paired test needs 2)" in c.test

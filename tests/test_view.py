@@ -10,13 +10,15 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pandas as pd
 import pytest
-from PIL import Image
 from mlflow_runs import search_trial_runs
+from PIL import Image
 from test_report import _measure, write_study
 
-from analysis import claims, condition_tables, figures, study_data, trial_record
-from analysis.report import build_report
-from analysis.study_data import StudyData
+from analysis.measuring import trial_record
+from analysis.reporting import condition_tables, figures
+from analysis.reporting.report import build_report
+from analysis.statistics import claims, study_data
+from analysis.statistics.study_data import StudyData
 from records import stores, tables, tracking, vocab
 
 
@@ -139,9 +141,9 @@ def test_checkpoint_on_its_run_per_layer_curves_and_figure(tmp_path):
 
 
 def test_trials_table_links_each_run_on_a_tracking_server_and_a_local_store():
-    from analysis import report
-    from analysis.page import trials_html
-    from sweeps import progress
+    from analysis.reporting import report
+    from analysis.reporting.page import trials_html
+    from sweeps.launch import progress
 
     trials = pd.DataFrame({"trial_id": ["a", "b"], "dataset": "cifar10", "pe": "ape", "rpt": False,
                            "protocol": "baseline", "seed": [0, 1], "status": ["finished", "failed"],

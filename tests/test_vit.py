@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
-from trainables.pos_embed import POS_EMBEDS, apply_rotation
-from trainables.vit import ViT
-from trainables.vit_config import PRESETS, ViTConfig
+from trainables.model.pos_embed import POS_EMBEDS, apply_rotation
+from trainables.model.vit import ViT
+from trainables.config.architecture import PRESETS, ViTConfig
 
 ALL_PES = sorted(POS_EMBEDS)
 ROTARY_PES = ["rope2d", "rope2d_mixed"]

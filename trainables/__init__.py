@@ -1,1 +1,1 @@
-"""trainables"""
+"""Training, room by room (docs/operations.md, Layout): config/, data/, model/, loop/ and trial/."""

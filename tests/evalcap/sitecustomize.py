@@ -1,7 +1,7 @@
 """A lower evaluation cap for the demo study, for the cluster test (never on a user's path).
 
 Put this folder on PYTHONPATH with ``VITSWEEP_TEST_EVAL_SIZE=N``: in any process that then imports
-``sweeps.demo`` (the launcher of a ``ray job submit``, where the test cannot patch the module itself),
+``sweeps.studies.demo`` (the launcher of a ``ray job submit``, where the test cannot patch the module itself),
 ``EVAL_SIZE`` is ``N`` right after the module runs, as ``tests/conftest.py`` sets it in-process for the
 session's demo sweep. The analysis stage, linear in these images, is most of a demo sweep's time; the
 rest of the sweep (Ray, Tune, Train, MLflow, Parquet, the report) runs unchanged. Other processes
@@ -18,7 +18,7 @@ if _CAP:
 
     class _CapDemo(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "sweeps.demo":
+            if name != "sweeps.studies.demo":
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None or spec.loader is None:

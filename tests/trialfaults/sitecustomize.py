@@ -26,7 +26,8 @@ DIE = "VITSWEEP_TEST_DIE"
 
 def diverge(trial_id: str, epoch: int, patch=setattr) -> None:
     """Both halves of the divergence, on modules already loaded (``patch``: ``monkeypatch.setattr`` in-process)."""
-    from trainables import inputs, packed
+    from trainables.data import inputs
+    from trainables.model import packed
 
     track_packs(packed, patch)
     poison_epoch(inputs, trial_id, epoch, patch)
@@ -115,11 +116,11 @@ def _install() -> None:
     hooks = {}
     if os.environ.get(DIVERGE):
         member, _, at = os.environ[DIVERGE].rpartition(":")
-        hooks["trainables.packed"] = track_packs
-        hooks["trainables.inputs"] = lambda module: poison_epoch(module, member, int(at))
+        hooks["trainables.model.packed"] = track_packs
+        hooks["trainables.data.inputs"] = lambda module: poison_epoch(module, member, int(at))
     if os.environ.get(DIE):
         victim, when, marker = os.environ[DIE].split(":", 2)
-        hooks["trainables.ray_trial"] = lambda module: die(module, victim, int(when), marker)
+        hooks["trainables.trial.ray_trial"] = lambda module: die(module, victim, int(when), marker)
     if hooks:
         sys.meta_path.insert(0, _AfterImport(hooks))
 

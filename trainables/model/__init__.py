@@ -1,0 +1,1 @@
+"""The ViT, its positional encodings, and K same-shaped ViTs trained as one."""
