@@ -372,7 +372,7 @@ def run_section(data: StudyData, run: dict) -> list[str]:
     lines = [f"- Trials: {finished} finished of {len(raw)}.",
              f"- Code: the trials ran at {', '.join(run['ran']) or 'unknown'} (the trials table's `code_version`); "
              f"the claims they test were registered at {', '.join(run['claims_registered']) or 'unknown'} (the last "
-             f"commit to change {' or '.join(f'`{p}`' for p in CLAIM_CODE)} before the run)."]
+             "commit before the run to change the claims or their tests)."]
     if "started_at" in raw and raw["started_at"].notna().any():
         span = (raw["ended_at"].max() - raw["started_at"].min()).total_seconds() / 60
         lines.append(f"- Training: {raw['started_at'].min():%Y-%m-%d %H:%M} to {raw['ended_at'].max():%H:%M} UTC "
