@@ -75,7 +75,7 @@ def test_every_registry_name_has_its_own_colour_and_new_names_a_stable_one():
     assert pl.colour("ape", False, "modern") == protocols[vocab.MODERN]
     # A name the map has not seen: the same default in another process (no salted hash()).
     here = pl.named_colour("my_new_pe")
-    code = "from analysis import plotting; print(plotting.named_colour('my_new_pe'))"
+    code = "from analysis.reporting import plotting; print(plotting.named_colour('my_new_pe'))"
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": "7"}).stdout.strip()
     assert there == here and here not in pl.COLOURS.values()

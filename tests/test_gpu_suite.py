@@ -16,7 +16,7 @@ SECTIONS = ["packing", "probe", "separate", "augment", "decode", "step", "determ
 def test_gpu_suite_runs_every_section_in_tiny_cpu_mode_without_ray_or_mlflow(tmp_path):
     kept = tmp_path / "measured" / "gpu_suite.json"
     # One packing row fails (crop+flip at K = 2: building its pack raises), injected from here.
-    probe = ("import sys, runpy; from trainables import packed; init = packed.PackedViT.__init__\n"
+    probe = ("import sys, runpy; from trainables.model import packed; init = packed.PackedViT.__init__\n"
              "def failing(self, configs, *a, **kw):\n"
              "    if len(configs) == 2 and not configs[0].cutmix: raise RuntimeError('injected row failure')\n"
              "    init(self, configs, *a, **kw)\n"

@@ -172,7 +172,7 @@ def test_a_launch_log_makes_no_fallback_folder_while_the_results_folder_takes_it
 
 @pytest.mark.parametrize("written", [False, True])
 def test_an_empty_fallback_log_folder_is_removed_at_exit(tmp_path, written):
-    code = "from pathlib import Path; from sweeps import faults; folder = faults.private_log_folder()"
+    code = "from pathlib import Path; from sweeps.launch import faults; folder = faults.private_log_folder()"
     if written:
         code += "; Path(folder, 'x.log').write_text('x')"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)}, check=True)

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import sweeps
 from sweeps import run as launcher
 from sweeps.launch import options
-from sweeps.studies import pilot
+from sweeps.studies import STUDIES, pilot
 from sweeps.studies.study_l import LEE_RECIPE
 
 CLASSES = tuple(f"class{k}" for k in range(10))
@@ -41,7 +40,7 @@ def root(tmp_path_factory):
 
 
 def test_pilot_is_a_registered_study():
-    assert "pilot" in sweeps.STUDIES
+    assert "pilot" in STUDIES
 
 
 def test_pilot_plans_five_seeds_of_baseline_and_cutmix_on_every_batch_on_the_whole_training_split(root):

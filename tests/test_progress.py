@@ -216,7 +216,7 @@ def test_the_console_keeps_vitsweeps_lines_and_moves_ray_tune_and_mlflow_ones(tm
     assert all(progress.classify_line(line) is None for line in ours)
     # Through the file descriptors, as Ray's C++ core writes: a child process with the guard on.
     log = tmp_path / "console.log"
-    code = (f"import os, sys; from sweeps import progress\n"
+    code = (f"import os, sys; from sweeps.launch import progress\n"
             f"with progress.QuietConsole({str(log)!r}):\n"
             f"    for line in {foreign + ours!r}: os.write(2, (line + '\\n').encode())\n"
             f"    os.write(2, b'[2026-12-02 01:18:53,448 E 1 1] raylet.cc:1: something broke\\n')\n"
