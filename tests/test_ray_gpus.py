@@ -18,7 +18,7 @@ PROBE = r"""
 import json, sys, ray
 ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, _temp_dir=sys.argv[2], log_to_driver=False)
 gpus = ray.cluster_resources().get("GPU")
-from sweeps import options
+from sweeps.launch import options
 from sweeps import run as launcher
 parser = launcher.argparse.ArgumentParser()
 options.add_arguments(parser)

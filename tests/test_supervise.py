@@ -18,7 +18,7 @@ LAUNCH = '''
 import os, signal, sys, time
 from pathlib import Path
 from records import manifest, stores, tracking
-from sweeps import supervise
+from sweeps.launch import supervise
 from sweeps.launch.lock import LaunchLock
 from trainables.config.run_config import RunConfig
 from trainables.trial.lifecycle import LaunchSettings, open_trials
