@@ -91,18 +91,41 @@ def _generations(stem: str) -> tuple[int, int] | None:
     return (int(lo), int(hi)) if stem.startswith(f"{COMPACTED}-") and lo.isdigit() and hi.isdigit() else None
 
 
-def _write(table: pa.Table, results: str, study: str, name: str, file: str, **options: Any) -> str:
+@dataclass
+class _Placement:
+    fs: pafs.FileSystem
+    path: str  # where to write
+    final: str
+    keep: bool = True  # False: the file is deleted when the block ends
+
+
+@contextlib.contextmanager
+def _placing(results: str, study: str, name: str, file: str) -> Iterator[_Placement]:
+    """Where to write table ``name``'s file ``file`` so that no reader sees it half written: on a local
+    disk a hidden temp name (leading dot, no .parquet suffix: readers skip it) moved into place when the
+    block ends; elsewhere the final name (an object store's upload lands whole). A block that raises (a
+    full disk, a kill) leaves no file."""
     fs, root = filesystem(table_path(results, study, name))
     fs.create_dir(root, recursive=True)
     final = f"{root}/{file}.parquet"
-    if isinstance(fs, pafs.LocalFileSystem):
-        # Hidden temp name (leading dot, no .parquet suffix): readers skip it.
-        tmp = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp"
-        pq.write_table(table, tmp, filesystem=fs, **options)
-        fs.move(tmp, final)
-    else:
-        pq.write_table(table, final, filesystem=fs, **options)
-    return final
+    local = isinstance(fs, pafs.LocalFileSystem)
+    place = _Placement(fs, f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp" if local else final, final)
+    try:
+        yield place
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(place.path)
+        raise
+    if not place.keep:
+        fs.delete_file(place.path)
+    elif local:
+        fs.move(place.path, final)
+
+
+def _write(table: pa.Table, results: str, study: str, name: str, file: str, **options: Any) -> str:
+    with _placing(results, study, name, file) as place:
+        pq.write_table(table, place.path, filesystem=place.fs, **options)
+    return place.final
 
 
 def _scalar_type(value: Any) -> pa.DataType:
@@ -308,45 +331,36 @@ def _write_streamed(folder: _Folder, results: str, study: str, file: str) -> set
     footer listing the units it holds (``_listed``); those units. No rows: no file."""
     dataset, names, scan, kept = _dataset(folder, None)
     keys, held = _keys(folder.table), set()
-    fs, root = filesystem(table_path(results, study, folder.table))
-    fs.create_dir(root, recursive=True)
-    final = f"{root}/{file}.parquet"
-    local = isinstance(fs, pafs.LocalFileSystem)
-    target = f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp" if local else final  # (``_write``'s hidden temp name)
-    try:
-        with pq.ParquetWriter(target, pa.schema([dataset.schema.field(n) for n in names]), filesystem=fs) as writer:
-            pending: list[pa.Table] = []  # a row group per write: batches (one per unit file) gathered first
-            waiting = 0
-            for batch in dataset.to_batches(columns=scan, batch_readahead=1, fragment_readahead=1):
-                rows = pa.Table.from_batches([batch])
-                rows = rows if kept is None else rows.filter(kept).select(names)
-                if rows.num_rows:
-                    units = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
-                    held |= set(zip(*(units[k] for k in keys)))
-                    pending.append(rows)
-                    waiting += rows.num_rows
-                if waiting >= ROWS_PER_GROUP:
-                    writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
-                    pending, waiting = [], 0
-            if pending:
+    with _placing(results, study, folder.table, file) as place, pq.ParquetWriter(
+            place.path, pa.schema([dataset.schema.field(n) for n in names]), filesystem=place.fs) as writer:
+        pending: list[pa.Table] = []  # a row group per write: batches (one per unit file) gathered first
+        waiting = 0
+        for batch in dataset.to_batches(columns=scan, batch_readahead=1, fragment_readahead=1):
+            rows = pa.Table.from_batches([batch])
+            rows = rows if kept is None else rows.filter(kept).select(names)
+            if rows.num_rows:
+                held |= _units(rows, keys)
+                pending.append(rows)
+                waiting += rows.num_rows
+            if waiting >= ROWS_PER_GROUP:
                 writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
-            writer.add_key_value_metadata({UNITS_KEY: json.dumps(sorted(held))})
-    except BaseException:  # a full disk, a kill: no half-written file is left to be read
-        with contextlib.suppress(OSError):
-            fs.delete_file(target)
-        raise
-    if not held:
-        fs.delete_file(target)
-    elif local:
-        fs.move(target, final)
+                pending, waiting = [], 0
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROWS_PER_GROUP)
+        writer.add_key_value_metadata({UNITS_KEY: json.dumps(sorted(held))})
+        place.keep = bool(held)  # no rows: no file
     return held
+
+
+def _units(rows: pa.Table, keys: list[str]) -> set[tuple]:
+    """The units the rows hold: their distinct ``keys`` tuples."""
+    found = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
+    return set(zip(*(found[k] for k in keys)))
 
 
 def _listed(rows: pa.Table, table: str) -> tuple[pa.Table, set[tuple]]:
     """(``rows`` with the units they hold listed in their footer, those units)."""
-    keys = _keys(table)
-    held = rows.select(keys).group_by(keys).aggregate([]).to_pydict()
-    held = set(zip(*(held[k] for k in keys)))
+    held = _units(rows, _keys(table))
     return rows.replace_schema_metadata({**(rows.schema.metadata or {}), UNITS_KEY: json.dumps(sorted(held))}), held
 
 
@@ -509,8 +523,10 @@ def compacting(results: str, study: str, *, table: str = "trials", every: int = 
             except OSError:
                 continue
             if ready >= every or (ready > 0 and time.monotonic() - last >= interval_s):
-                left = try_compact(results, study, settled_only=True)  # trials still running, their files kept
-                running, last = left if table == "trials" else 0, time.monotonic()
+                try_compact(results, study, settled_only=True)
+                last = time.monotonic()
+                with contextlib.suppress(OSError):  # the files it kept (running trials') wait for no compaction
+                    running = waiting()
 
     thread = threading.Thread(target=loop, name="vitsweep-compact", daemon=True)
     thread.start()
