@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,45 +110,55 @@ def max_concurrent(args: argparse.Namespace) -> int | None:
 
 @dataclass(frozen=True)
 class Launch:
-    """What every step of one launch's train stage shares."""
+    """One launch's checked values, bundled once (``_run``), for every stage."""
 
     args: argparse.Namespace
-    spec: study.Study
-    settings: Any  # trainables.trial.lifecycle.LaunchSettings: where it writes, what each trial may use
-    done: set[str]  # trial ids finished by earlier launches
+    configs: list  # the study's trials (RunConfig), built once
+    results: str
+    storage: str
+    mlflow_uri: str
     interrupts: Interrupts
+    # Set by the train stage (``open_launch``): where it writes and what each trial may use
+    # (``trainables.trial.lifecycle.LaunchSettings``), and the trial ids earlier launches finished.
+    settings: Any = None
+    done: frozenset[str] = frozenset()
+
+    @property
+    def spec(self) -> study.Study:
+        return study.of(self.args.study)
 
 
-def train_stage(args, configs, results, storage, mlflow_uri, interrupts: Interrupts) -> int:
-    """Train the trials of ``configs`` not finished yet on Ray Tune (one Tune trial per pack or trial):
-    0 when every one finished, 1 when one failed or was cut short, ``INTERRUPTED_EXIT`` when a signal
-    stopped it (its trials closed); a storage fault raises StorageFault."""
-    launch = open_launch(args, results, storage, mlflow_uri, interrupts)
-    todo = trials_to_run(launch, configs)
+def train_stage(launch: Launch) -> int:
+    """Train the trials not finished yet on Ray Tune (one Tune trial per pack or trial): 0 when every
+    one finished, 1 when one failed or was cut short, ``INTERRUPTED_EXIT`` when a signal stopped it
+    (its trials closed); a storage fault raises StorageFault."""
+    launch = open_launch(launch)
+    todo = trials_to_run(launch)
     if not todo:
         return 0
-    start_ray(args, mlflow_uri)  # refuses here, before any trial starts
-    members = plan_packs(launch, configs, todo)
-    watch = faults.FaultWatch(mlflow_uri, client.RETRY_BUDGET_S)
-    lines = progress.TrialProgress(results, args.study, total=len(todo), members=members, configs=todo)
+    start_ray(launch.args, launch.mlflow_uri)  # refuses here, before any trial starts
+    members = plan_packs(launch, todo)
+    watch = faults.FaultWatch(launch.mlflow_uri, client.RETRY_BUDGET_S)
+    lines = progress.TrialProgress(launch.results, launch.args.study, total=len(todo), members=members, configs=todo)
     stopped: set[str] = set()  # trials a study's scheduler stopped early: recorded as stopped, not failed
-    tuner = make_tuner(launch, configs, todo, members, watch, lines, stopped)
+    tuner = make_tuner(launch, todo, members, watch, lines, stopped)
     grid, errors = fit(launch, tuner, watch, lines, stopped)  # a storage fault raises StorageFault
-    if interrupts.received:
+    if launch.interrupts.received:
         return INTERRUPTED_EXIT
-    launch.spec.after_sweep(results, grid, configs)
+    launch.spec.after_sweep(launch.results, grid, launch.configs)
     return 1 if errors or (launch.spec.planned and unfinished(launch, todo)) else 0
 
 
-def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> Launch:
-    """The study's MLflow experiment and the launch's settings; runs an earlier launch left open closed."""
+def open_launch(launch: Launch) -> Launch:
+    """The launch with the study's MLflow experiment and its settings; runs an earlier launch left open closed."""
+    args, results, mlflow_uri = launch.args, launch.results, launch.mlflow_uri
     experiment_id = tracking.ensure_experiment(mlflow_uri, args.study)
     print(f"MLflow: {progress.mlflow_view(mlflow_uri, experiment_id)}", flush=True)  # at launch, not only at the end
     # `ray job submit` ships the code without .git: the submitter can pass the commit.
     code_version = os.environ.get("VITSWEEP_CODE_VERSION") or provenance.code_version()
     settings = LaunchSettings(
-        study=args.study, results=results, storage=storage, mlflow_uri=mlflow_uri, experiment_id=experiment_id,
-        workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
+        study=args.study, results=results, storage=launch.storage, mlflow_uri=mlflow_uri,
+        experiment_id=experiment_id, workers_per_trial=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=options.gpus_per_trial(args), max_failures=args.max_failures,
         placement_timeout_s=args.placement_timeout, code_version=code_version,
         provenance={**provenance.provenance(), "code_version": code_version})
@@ -156,12 +166,12 @@ def open_launch(args, results: str, storage: str, mlflow_uri: str, interrupts: I
     # No trial runs now (this launch holds the lock): a run still RUNNING is an earlier launch's
     # orphan, and a finished trial's run that could not be closed then is closed FINISHED now.
     tracking.end_orphaned_runs(mlflow_uri, experiment_id, finished_trial_ids=done)
-    return Launch(args, study.of(args.study), settings, done, interrupts)
+    return replace(launch, settings=settings, done=frozenset(done))
 
 
-def trials_to_run(launch: Launch, configs) -> list:
+def trials_to_run(launch: Launch) -> list:
     """The trials not finished yet, said on the console; a study that cannot resume refuses ``--resume``."""
-    args, spec = launch.args, launch.spec
+    args, spec, configs = launch.args, launch.spec, launch.configs
     todo = [c for c in configs if c.trial_id not in launch.done]
     if args.resume:
         log.info(_resume_line(launch.settings.results, args.study, len(configs), len(todo)))
@@ -266,7 +276,7 @@ def start_ray(args, mlflow_uri: str) -> None:
         log.warning(warning)
 
 
-def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
+def plan_packs(launch: Launch, todo) -> dict[str, list[str]]:
     """Pack the trials to run, set aside the Train state a full disk truncated, record the plan;
     returns pack id -> its trial ids ({} for a search, whose trials are sampled as it goes)."""
     args, settings = launch.args, launch.settings
@@ -283,7 +293,7 @@ def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
         pack = pack_of(packs)
         plan = manifest.write_manifest(
             settings.results, args.study,
-            planned=[{"trial_id": c.trial_id, "pack": pack.get(c.trial_id)} for c in configs],
+            planned=[{"trial_id": c.trial_id, "pack": pack.get(c.trial_id)} for c in launch.configs],
             command=[Path(sys.argv[0]).name, *sys.argv[1:]], code_version=settings.code_version)
         tracking.describe_experiment(settings.mlflow_uri, settings.experiment_id, _describe(plan))
     if any(len(m) > 1 for m in members.values()):
@@ -291,17 +301,17 @@ def plan_packs(launch: Launch, configs, todo) -> dict[str, list[str]]:
     return members
 
 
-def make_tuner(launch: Launch, configs, todo, members, watch, lines, stopped: set[str]):
+def make_tuner(launch: Launch, todo, members, watch, lines, stopped: set[str]):
     """The study's own Tuner (its ``tuner`` hook), or a grid over the packs (or trials) to run."""
     from ray import tune
 
     from trainables.trial.ray_trial import run_trial
 
-    args = launch.args
+    args, configs = launch.args, launch.configs
     # Grid trials look their config up by id; a search's trials apply sampled values to `base`.
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=launch.settings, trials={c.trial_id: c.to_flat() for c in configs},
-                             base=configs[0].to_flat(), packs=members),
+        tune.with_parameters(run_trial, settings=launch.settings, trials={c.trial_id: c for c in configs},
+                             base=configs[0], packs=members),
         DRIVER_RESOURCES,
     )
     # Every launch starts a fresh Tuner over the trials still to run, never Tuner.restore: the trials
@@ -343,8 +353,7 @@ def grid_tuner(setup: study.TuneSetup, todo, members: dict[str, list[str]], prog
 def fit(launch: Launch, tuner, watch, lines, stopped: set[str]):
     """Run the Tuner under the heartbeat, the launch log and the fault watch, then close what did not
     finish; (Tune's results, the failed ones). A storage fault raises StorageFault."""
-    args, settings, interrupts = launch.args, launch.settings, launch.interrupts
-    results = settings.results
+    args, settings, interrupts, results = launch.args, launch.settings, launch.interrupts, launch.results
     t0 = time.perf_counter()
     launch_log = faults.LaunchLog(results, args.study)
     grid, errors = None, []
@@ -408,7 +417,7 @@ def failed(grid, watch) -> list:
 def unfinished(launch: Launch, todo) -> list[str]:
     """Trials of ``todo`` the trials table does not show finished (e.g. Ctrl-C: Tune returns, its
     trials cut short), said in one warning."""
-    table = tables.read_table(launch.settings.results, launch.args.study, "trials", ["trial_id", "status"])
+    table = tables.read_table(launch.results, launch.args.study, "trials", ["trial_id", "status"])
     ended = {r["trial_id"] for r in (table.to_pylist() if table is not None else []) if r["status"] == "finished"}
     left = [c.trial_id for c in todo if c.trial_id not in ended]
     if left:
@@ -467,29 +476,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, interrupts: Interrupts) -> int:
     try:
-        # Names, values and the launch lock before torch, Ray or MLflow is imported: a bad value or a
-        # refused second launch answers in a moment.
-        options.check(args)
+        # Names, values and the trials before torch, Ray or MLflow is imported: a bad value answers in a moment.
+        configs = options.build_trials(args)
         if args.dry_run:
             from sweeps.launch.dry_run import dry_run
 
-            return dry_run(args)
+            return dry_run(args, configs)
         check_address(args.address)  # nothing there: said now, not after Ray's two minutes of retries
         results, storage = resolve_paths(args)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    def prepare():
-        configs = options.build_trials(args)
-        options.build_packs(args, configs)
+    def prepare() -> Launch:
         mlflow_uri = resolve_tracking(args, results)
         if args.stage in ("train", "all"):
             check_data(configs)
-        return configs, mlflow_uri
+        return Launch(args, configs, results, storage, mlflow_uri, interrupts)
 
-    return guarded(results, args.study, args.verbose, prepare,
-                   lambda ready: _stages(args, ready[0], results, storage, ready[1], interrupts))
+    return guarded(results, args.study, args.verbose, prepare, _stages)
 
 
 def guarded(results: str, study_name: str, verbose: bool, prepare, work, *, what: str = "launch",
@@ -550,17 +555,18 @@ def analyze_stage(results: str, study_name: str, mlflow_uri: str | None, **choic
     return statuses
 
 
-def _stages(args, configs, results: str, storage: str, mlflow_uri: str, interrupts: Interrupts) -> int:
+def _stages(launch: Launch) -> int:
+    args, results, mlflow_uri = launch.args, launch.results, launch.mlflow_uri
     status = 0
     if args.stage in ("train", "all"):
         with tables.compacting(results, args.study):  # settled trials' files folded as it trains, all at its end
-            status = train_stage(args, configs, results, storage, mlflow_uri, interrupts)
+            status = train_stage(launch)
     if status == INTERRUPTED_EXIT:  # no later stage: the closing lines say where the launch stopped
         print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_of(results, args.study)),
               flush=True)
         return status
     if args.stage in ("analyze", "all"):
-        spec = study.of(args.study)  # its EVAL_SIZE and CHECKPOINTS hooks
+        spec = launch.spec  # its EVAL_SIZE and CHECKPOINTS hooks
         statuses = analyze_stage(results, args.study, mlflow_uri, address=args.address, eval_size=spec.eval_size,
                                  checkpoints=spec.checkpoints, verbose=args.verbose)
         if any(s["status"] != "ok" for s in statuses):

@@ -346,7 +346,7 @@ def test_a_missing_data_set_in_a_worker_fails_the_trial_without_retries(ray_loca
     settings = LaunchSettings(study="demo", results=results, storage=str(tmp_path / "storage"), mlflow_uri=uri,
                               experiment_id=tracking.ensure_experiment(uri, "demo"), max_failures=2)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg.to_flat()}), DRIVER_RESOURCES)
+        tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg}), DRIVER_RESOURCES)
     grid = tune.Tuner(
         trainable, param_space={"trial_id": cfg.trial_id},
         run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), failure_config=tune.FailureConfig(2)),
@@ -382,7 +382,7 @@ def test_a_trial_whose_workers_cannot_be_placed_ends_failed_with_why_instead_of_
     assert held.wait(30)
     try:
         trainable = tune.with_resources(
-            tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg.to_flat()}), DRIVER_RESOURCES)
+            tune.with_parameters(run_trial, settings=settings, trials={cfg.trial_id: cfg}), DRIVER_RESOURCES)
         (result,) = tune.Tuner(trainable, param_space={"trial_id": cfg.trial_id},
                                run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"))).fit()
     finally:

@@ -6,6 +6,7 @@ import torch
 import trainables.loop.train as loop
 from records import files, stores, tables, tracking
 from trainables.config.run_config import RunConfig
+from trainables.loop import checkpoints
 from trainables.trial import lifecycle
 from trainables.trial.ray_trial import PackWorker
 
@@ -37,7 +38,7 @@ def test_an_oom_retry_records_each_epoch_once_and_uploads_retrained_snapshots(tm
     monkeypatch.setattr(files, "upload", lambda local, dest: uploaded.append(dest.rsplit("/", 2)[-2:]) or
                         real_upload(local, dest))
     worker = PackWorker(settings, {"pack_id": "pack-x", "tag": "pack-x", "solo": False, "run_ids": run_ids,
-                                   "trials": [c.to_flat() for c in cfgs]}, rank=0)
+                                   "trials": cfgs}, rank=0)
     reported = []
     try:
         assert worker.run(reported.append) is None
@@ -92,7 +93,7 @@ def test_a_checkpoint_uploaded_before_its_epoch_rows_failed_to_write_restores_th
             raise OSError(28, "No space left on device")
         real_write(results, study, trial_id, rows)
 
-    loop_config = {"pack_id": "p", "tag": None, "solo": True, "run_ids": run_ids, "trials": [cfg.to_flat()]}
+    loop_config = {"pack_id": "p", "tag": None, "solo": True, "run_ids": run_ids, "trials": [cfg]}
     with monkeypatch.context() as patch:
         patch.setattr(tables, "write_epochs", full_at_epoch_2)
         worker = PackWorker(settings, loop_config, rank=0)
@@ -103,11 +104,14 @@ def test_a_checkpoint_uploaded_before_its_epoch_rows_failed_to_write_restores_th
             worker.cleanup()
     assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()] == [1]
     lifecycle.open_trials(settings, [cfg], None)  # --resume
+    loads, real_load = [], checkpoints.load
+    monkeypatch.setattr(checkpoints, "load", lambda path, **kw: loads.append(path) or real_load(path, **kw))
     worker = PackWorker(settings, loop_config, rank=0)
     try:
         assert worker.run(lambda metrics: None) is None
     finally:
         worker.cleanup()
+    assert len(loads) == 1  # the resumed checkpoint is read once: its epoch and history, then its state
     assert [r["epoch"] for r in tables.read_table(results, "demo", "epochs").to_pylist()] == [1, 2]
     assert sorted(tracking.logged_steps(uri, run_ids[cfg.trial_id], "epochs/eval_acc")) == [1, 2]
     assert tables.read_trial(results, "demo", cfg.trial_id)["status"] == "finished"

@@ -18,7 +18,7 @@ import sys
 from collections import Counter
 
 from sweeps.launch import estimate
-from sweeps.launch.options import build_packs, build_trials
+from sweeps.launch.options import build_packs
 from sweeps.launch.packs import pack_of
 from sweeps.launch.validate import parse_overrides
 
@@ -28,8 +28,8 @@ WIDE = ("trial_id", "dataset", "preset", "pe", "rpt", "protocol", "seed", "epoch
 SHOWN = ("preset", "epochs", "lr")  # beside the id: in the compact list when they differ, else in the summary
 
 
-def dry_run(args: argparse.Namespace) -> int:
-    configs = build_trials(args)
+def dry_run(args: argparse.Namespace, configs) -> int:
+    """Print the plan of ``configs`` (the launch's trials, ``options.build_trials``); 0."""
     packs = build_packs(args, configs)
     rows = [{**c.to_flat(), "trial_id": c.trial_id} for c in configs]  # each trial's config, built once
     pack = pack_of(packs)

@@ -22,6 +22,8 @@ from sweeps.launch.validate import check_args, check_study, check_value
 from sweeps.studies import STUDIES, study
 from sweeps.studies.common import StudyOptions
 from sweeps.studies.hparam import read_defaults
+from trainables.config.architecture import PRESETS
+from trainables.config.data_roots import DATASET_SPECS
 
 # Imports inside functions: the data model (pandas, SciPy) loads only for a selection that reads results.
 
@@ -33,11 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help=f"one of: {', '.join(STUDIES)}")
     g = parser.add_argument_group("what to run")
     g.add_argument("--datasets",
-                   help=f"comma-separated data sets (default: the study's); valid: {', '.join(vocab.DATASETS)}")
+                   help=f"comma-separated data sets (default: the study's); valid: {', '.join(DATASET_SPECS)}")
     g.add_argument("--seeds", type=int, help="run seeds 0..N-1 (default: the study's)")
     g.add_argument("--epochs", type=int, help="epochs per trial (default: the study's)")
     g.add_argument("--preset", help="model preset for every trial (default: the study's / each data set's native "
-                   f"one); valid: {', '.join(vocab.PRESETS)}")
+                   f"one); valid: {', '.join(PRESETS)}")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any run-config field, e.g. --set lr=5e-4 --set depth=6 (repeatable); "
                    "KEY=V1,V2 sweeps it, crossed with the study's grid; "

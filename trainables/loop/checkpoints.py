@@ -22,6 +22,7 @@ import os
 import pickle
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,24 +192,27 @@ def save_snapshot(model_state: dict[str, torch.Tensor], cfg: RunConfig, epoch: i
     save({"model": state, "config": cfg.to_flat(), "epoch": epoch}, Path(workdir) / SNAPSHOT_DIR / snapshot_name(epoch))
 
 
-def resume_point(path: str | os.PathLike, *, name: str | None = None) -> tuple[int, list[dict[str, Any]]]:
-    """(epoch, history) a checkpoint holds: where its trial continues (an earlier version's Train
-    checkpoint of a lone trial may hold no history: its epochs are in the epochs table)."""
+def resume_point(path: str | os.PathLike, *, name: str | None = None) -> tuple[int, list[dict[str, Any]], dict]:
+    """(epoch, history, state) a checkpoint holds: where its trial continues, and the whole state for
+    `restore_pack` (so it is read once). An earlier version's Train checkpoint of a lone trial may hold
+    no history: its epochs are in the epochs table."""
     state = load(path, name=name)
-    return int(state["epoch"]), list(state.get("history", []))
+    return int(state["epoch"]), list(state.get("history", [])), state
 
 
 def restore_pack(pack: PackedViT, optimizer, scheduler, paths: list[Path], device: torch.device,
-                 log=print) -> tuple[int, list[list[dict]]]:
-    """Continue every member from its own checkpoint, or none (a fresh start): (start epoch, histories)."""
-    found = [p.exists() for p in paths]
-    if not any(found):
-        return 1, [[] for _ in paths]
-    if not all(found):
-        missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
-        raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must resume "
-                         "from the same epoch (the launcher packs trials by resume epoch)")
-    states = [load(p) for p in paths]
+                 log=print, states: Sequence[dict[str, Any]] | None = None) -> tuple[int, list[list[dict]]]:
+    """Continue every member from its own checkpoint (``states`` as loaded, else read from ``paths``), or
+    none (a fresh start): (start epoch, histories)."""
+    if states is None:
+        found = [p.exists() for p in paths]
+        if not any(found):
+            return 1, [[] for _ in paths]
+        if not all(found):
+            missing = [c.trial_id for c, f in zip(pack.configs, found) if not f]
+            raise ValueError(f"pack members {missing} have no checkpoint while the others do; members must "
+                             "resume from the same epoch (the launcher packs trials by resume epoch)")
+        states = [load(p) for p in paths]
     epochs = {s["epoch"] for s in states}
     if len(epochs) > 1:
         raise ValueError(f"pack members resume from different epochs {sorted(epochs)}; they must share one")

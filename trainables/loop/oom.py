@@ -16,10 +16,11 @@ from trainables.config.run_config import RunConfig
 
 def train_pack_fitting(cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.PathLike], *,
                        report: train.PackReport | None = None, dropped: train.Dropped | None = None,
-                       log=print) -> list[dict[str, Any]]:
+                       log=print, states: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """`train.train_pack`, retried in halves when the pack runs out of GPU memory: each half resumes
     from the members' own checkpoints, so work done before the error is kept (the epochs after the last
-    checkpoint are trained and reported again: a caller keeps each epoch once). A member that does
+    checkpoint are trained and reported again: a caller keeps each epoch once; ``states``, the members'
+    loaded checkpoints, serve the first attempt only). A member that does
     not fit alone fails with a message naming the batch size; a split pack's message names --pack.
 
     The retry starts outside the ``except`` block, once the failed attempt is gone: its traceback
@@ -33,7 +34,7 @@ def train_pack_fitting(cfgs: Sequence[RunConfig], workdirs: Sequence[str | os.Pa
             dropped(trial_id, final)
 
     try:
-        return train.train_pack(cfgs, workdirs, report=report, dropped=on_drop, log=log)
+        return train.train_pack(cfgs, workdirs, report=report, dropped=on_drop, log=log, states=states)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         if not is_out_of_memory(exc):
             raise

@@ -177,6 +177,7 @@ def train_pack(
     report: PackReport | None = None,
     dropped: Dropped | None = None,
     log=print,
+    states: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Train K trials together in one process (`trainables.model.packed`; K = 1 is the plain module, DDP-able).
 
@@ -188,7 +189,8 @@ def train_pack(
     checkpoint_dir), ...])`` is called once per epoch with every member still in the pack (so a Ray
     layer reports once per epoch); ``dropped(trial_id, final)`` at once when a member leaves (so it
     can be closed before the pack goes on). Returns one final dict per member, in order; a dropped
-    member's has ``error`` set (why and at which epoch) and ``failed_epoch``."""
+    member's has ``error`` set (why and at which epoch) and ``failed_epoch``. ``states``: the members'
+    checkpoints as a caller already loaded them (`checkpoints.load`), else each is read from its workdir."""
     if len(cfgs) != len(workdirs) or not cfgs:
         raise ValueError(f"train_pack needs one workdir per member config, got {len(cfgs)} configs, "
                          f"{len(workdirs)} workdirs")
@@ -206,7 +208,8 @@ def train_pack(
     optimizer = pack.optimizer(build_optimizer, cfg)
     scheduler = lr_scheduler(optimizer, cfg, sources[0], batch_size, world)
     start_epoch, histories = checkpoints.restore_pack(pack, optimizer, scheduler,
-                                                      [checkpoints.local_checkpoint(w) for w in workdirs], device, log)
+                                                      [checkpoints.local_checkpoint(w) for w in workdirs], device, log,
+                                                      states=states)
     if start_epoch == 1 and rank == 0:
         for k in range(pack.k):
             checkpoints.save_snapshot(pack.member_state_dict(k), cfgs[k], 0, workdirs[k])

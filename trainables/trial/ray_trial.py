@@ -49,7 +49,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +72,17 @@ PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's 
 SUMMARY = ("train_loss", "train_acc", "eval_loss", "eval_acc", "epochs_completed", "test_acc", "did_not_learn")
 
 
-def members_of(config: Mapping[str, Any], trials: Mapping[str, dict], base: dict | None,
+def members_of(config: Mapping[str, Any], trials: Mapping[str, RunConfig], base: RunConfig | None,
                packs: Mapping[str, list[str]] | None) -> tuple[str, list[RunConfig]]:
     """(pack id, member configs) of a Tune trial's config. A grid's Tune config holds only a trial id
     (``config["trial_id"]``) or a pack id (``config["pack_id"]``; ``packs``: pack id -> member trial ids):
-    the flat configs travel once, through ``tune.with_parameters`` (``trials``: id -> flat config), which
-    keeps Tune's state and progress output small for thousand-trial sweeps. A searcher's Tune config
-    holds the sampled values, applied to the ``base`` flat config."""
+    the configs travel once, through ``tune.with_parameters`` (``trials``: id -> the launcher's RunConfig),
+    which keeps Tune's state and progress output small for thousand-trial sweeps. A searcher's Tune
+    config holds the sampled values, applied to ``base``."""
     if "pack_id" in config:
         ids = (packs or {}).get(config["pack_id"], [config["pack_id"]])
-        return config["pack_id"], [RunConfig.from_flat(trials[i]) for i in ids]
-    if "trial_id" in config:
-        cfg = RunConfig.from_flat(trials[config["trial_id"]])
-    else:
-        cfg = RunConfig.from_flat(base).with_overrides(dict(config))
+        return config["pack_id"], [trials[i] for i in ids]
+    cfg = trials[config["trial_id"]] if "trial_id" in config else base.with_overrides(dict(config))
     return cfg.trial_id, [cfg]
 
 
@@ -104,8 +100,8 @@ def trainer_class(workers: int) -> type:
     return DataParallelTrainer
 
 
-def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, dict[str, Any]],
-              base: dict[str, Any] | None = None, packs: dict[str, list[str]] | None = None) -> None:
+def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str, RunConfig],
+              base: RunConfig | None = None, packs: dict[str, list[str]] | None = None) -> None:
     """Tune function trainable: the driver of one pack (see the module docstring)."""
     import ray.train
     from ray import tune
@@ -129,8 +125,8 @@ def run_trial(config: dict[str, Any], settings: LaunchSettings, trials: dict[str
     workers = settings.workers_per_trial if solo else 1
     trainer = trainer_class(workers)(
         train_worker,
-        train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": [c.to_flat() for c in todo],
-                           "settings": asdict(settings), "run_ids": run_ids,
+        train_loop_config={"pack_id": pack_id, "tag": tag, "solo": solo, "trials": todo,
+                           "settings": settings, "run_ids": run_ids,
                            "restarts": {c.trial_id: (rows[c.trial_id] or {}).get("restarts") or 0 for c in todo}},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=ray.train.RunConfig(name=pack_id,
@@ -231,7 +227,7 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     import ray.train
 
     os.environ[SHARED_ENV] = str(node_folder())  # the data set decoded once per node (`datasets.shared_splits`)
-    worker = PackWorker(LaunchSettings(**loop_config["settings"]), loop_config,
+    worker = PackWorker(loop_config["settings"], loop_config,
                         ray.train.get_context().get_world_rank())
     try:
         return worker.run(ray.train.report)
@@ -247,7 +243,7 @@ class PackWorker:
         self.pack_id, self.tag, self.solo = loop_config["pack_id"], loop_config["tag"], loop_config["solo"]
         self.run_ids: dict[str, str] = loop_config["run_ids"]
         self.restarts_at_open: dict[str, int] = loop_config.get("restarts") or {}  # none: not started by run_trial
-        self.cfgs = [RunConfig.from_flat(flat) for flat in loop_config["trials"]]
+        self.cfgs: list[RunConfig] = loop_config["trials"]  # the launcher's, unpickled
         self.members = lifecycle.still_open(settings, self.cfgs)  # a retried worker skips closed members
         self.rows = {c.trial_id: row for c, row in self.members}  # as they were when this attempt started
         self.cfg_of = {c.trial_id: c for c, _ in self.members}
@@ -255,6 +251,7 @@ class PackWorker:
         self.workdirs = {c.trial_id: self.root / c.trial_id for c, _ in self.members}
         self.histories: dict[str, list[dict[str, Any]]] = {}
         self.epochs: dict[str, int] = {}
+        self.states: dict[str, dict[str, Any]] = {}  # each resuming member's checkpoint, until its group trains
         self.uploaded: dict[str, dict[str, int]] = {t: {} for t in self.workdirs}
         self.closed: set[str] = set()
         self.faults: list[BaseException] = []
@@ -275,13 +272,14 @@ class PackWorker:
 
     def restore(self) -> None:
         """Each member's stored checkpoint (its own place, or a lone trial's of an earlier version)
-        into its workdir, with the history and epoch it holds."""
+        into its workdir, loaded once: its epoch and history here, its state handed to the loop."""
         for trial_id, workdir in self.workdirs.items():
             uri = checkpoints.find_stored(self.settings.storage, self.settings.study, trial_id)
             local = checkpoints.local_checkpoint(workdir)
-            found = uri is not None and files.download(uri, local)
-            self.epochs[trial_id], self.histories[trial_id] = (
-                checkpoints.resume_point(local, name=uri) if found else (0, []))
+            self.epochs[trial_id], self.histories[trial_id] = 0, []
+            if uri is not None and files.download(uri, local):
+                self.epochs[trial_id], self.histories[trial_id], self.states[trial_id] = \
+                    checkpoints.resume_point(local, name=uri)
             if self.rank == 0 and self.histories[trial_id]:  # its rows may have failed to write after its upload
                 self.records.add(trial_id, self.histories[trial_id][-1])
         if self.rank == 0:
@@ -319,7 +317,8 @@ class PackWorker:
             try:
                 finals = train_pack_fitting(cfgs, [self.workdirs[c.trial_id] for c in cfgs],
                                             report=lambda entries: self.report(entries, report_to_train),
-                                            dropped=self.dropped)
+                                            dropped=self.dropped,
+                                            states=[self.states.pop(c.trial_id) for c in cfgs] if epoch else None)
                 self.settle()  # every member's last checkpoint is on storage before any is closed as finished
             except BaseException:
                 self.settle(quiet=True)
