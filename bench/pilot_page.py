@@ -260,7 +260,7 @@ def claims_section(data: StudyData) -> str:
         "p (Holm) [family]": [f"{fmt(r['p (Holm)'])} [outside; at its row's step]" if r["sinks kept"] else
                               f"{fmt(r['p (Holm)'])} [of {r['family']}]" if r["family"] else "— (no test)"
                               for r in records],
-        "MDE at the verdict's alpha": [f"{fmt(r[MDE])} (alpha {fmt(r[STEP_ALPHA], 4)})" for r in records],
+        MDE: [f"{fmt(r[MDE])} (alpha {fmt(r[STEP_ALPHA], 4)})" for r in records],
         "verdict": [r["verdict"] + (f" ({r['power']})" if r["power"] else "") for r in records],
         "precondition": [("⚠ " + NOT_MET) if r["reading aid"] else ("met" if p else "—")
                          for r, p in zip(records, said)],

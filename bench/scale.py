@@ -250,7 +250,7 @@ def _child(code: Path, program: str, results: Path) -> tuple[float, float, str]:
 def prepare(code: Path, pristine: Path, state: str, n: int) -> Path:
     """A copy of the built folder (hard links: the copy's rewrites replace files, never edit them) as the
     code under ``code`` leaves it in ``state``."""
-    from records import tables
+    from records import layout, tables
 
     folder = pristine.parent / f"{pristine.name}-{state}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -261,8 +261,8 @@ def prepare(code: Path, pristine: Path, state: str, n: int) -> Path:
     tail = [c.trial_id for c in _configs(n)][-min(TAIL, n // 2):] if state == "killed" else []
     for tid in tail:  # not measured yet; the "running" half is written so by the code under test
         for epoch in CHECKPOINTS:
-            (folder / STUDY / "measurements" / f"{tables.unit_file(tid, epoch)}.parquet").unlink(missing_ok=True)
-        (folder / STUDY / "summary" / f"{tables.unit_file(tid)}.parquet").unlink(missing_ok=True)
+            (folder / STUDY / "measurements" / layout.unit_file(tid, epoch)).unlink(missing_ok=True)
+        (folder / STUDY / "summary" / layout.unit_file(tid)).unlink(missing_ok=True)
     if state == "killed":
         for tid in tail[len(tail) // 2:]:
             row = tables.read_trial(str(folder), STUDY, tid)

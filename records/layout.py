@@ -7,6 +7,7 @@ the filesystem behind a path, in this one module.
       hparam/best_config.json         the hparam study's winner (--defaults-from)
       <study>/                        study_dir
         trials/ epochs/ measurements/ summary/   table_path (TABLES; their columns: records.schema)
+          <trial id>[-e<epoch>].parquet, compacted-<lo>-<hi>.parquet   unit_file, compacted_file (records.tables)
         logs/                         logs_dir: the launch's and the console's logs (local results only)
         report/                       report_dir (remote results: ./<study>-report where the command runs)
         .launch.lock                  lock_path (sweeps.launch.lock)
@@ -24,6 +25,7 @@ import: the launch's pre-torch checks and the plain training loop name paths wit
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 TABLES = ("trials", "epochs", "measurements", "summary")
 TRACKING_DB = "mlflow.db"
 LOCK_NAME = ".launch.lock"
+COMPACTED = "compacted"
 
 
 def is_uri(text: str) -> bool:
@@ -74,6 +77,29 @@ def table_path(results: str, study: str, table: str) -> str:
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; valid tables: {list(TABLES)}")
     return _join(results, study, table)
+
+
+# A table's files (records.tables alone writes and deletes them): names built and parsed here only.
+def unit_file(trial_id: str, checkpoint_epoch: int | None = None) -> str:
+    """The file of one writer unit: a trial, or (measurements) a trial's checkpoint."""
+    return f"{trial_id}{'' if checkpoint_epoch is None else f'-e{checkpoint_epoch}'}.parquet"
+
+
+def compacted_file(lo: int, hi: int) -> str:
+    """The file of compaction generations lo..hi (no trial id starts so: it starts with its data set)."""
+    return f"{COMPACTED}-{lo:06d}-{hi:06d}.parquet"
+
+
+def unit_of(name: str, table: str) -> tuple[str, int | None] | None:
+    """(trial_id, checkpoint_epoch) of a ``unit_file`` name of ``table``; None: not one (a hidden temp file)."""
+    found = re.fullmatch(r"([^.].*)-e(\d+)\.parquet" if table == "measurements" else r"([^.].*)\.parquet", name)
+    return (found[1], int(found[2]) if table == "measurements" else None) if found else None
+
+
+def generations(name: str) -> tuple[int, int] | None:
+    """(lo, hi) of a ``compacted_file`` name; None: not one."""
+    found = re.fullmatch(rf"{COMPACTED}-(\d+)-(\d+)\.parquet", name)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def study_file(results: str, study: str, name: str) -> str:

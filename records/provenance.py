@@ -42,9 +42,9 @@ def _git_state(path: Path) -> dict | None:
 
 def code_version(path: str | os.PathLike | None = None) -> str:
     """Short git commit of the checkout containing ``path`` (default: this package), with
-    '-dirty' when tracked files are modified; else the installed vitsweep version
-    ('vitsweep-0.1.0'); else 'unknown'. Compute it on the driver and pass it to trials:
-    workers may run a copy of the code without .git."""
+    '-dirty' when tracked files are modified; else 'vitsweep-<version>', the installed package's (pyproject.toml's
+    as of its install); else 'unknown'. Compute it on the driver and pass it to trials: workers may run a copy of
+    the code without .git."""
     return _code_version(_git_state(Path(path) if path is not None else _CODE_DIR))
 
 

@@ -1,10 +1,5 @@
-"""Parquet tables of a study: their layout on storage and their columns.
-
-Every table lives under ``<results>/<study>/<table>/`` as one Parquet file per
-writer unit (a trial, or a trial x checkpoint for measurements), so concurrent
-trials never write the same file and a resumed sweep overwrites its own file
-instead of appending duplicate rows; settled trials' files are folded into a few compacted files
-(``records.tables``, which reads each row once). Read a whole table as a directory::
+"""The columns of a study's Parquet tables. Their files (one per writer unit, settled ones compacted) are
+``records.layout``'s, written and read, each row once, by ``records.tables``. Read a whole table as a directory::
 
     pyarrow.parquet.read_table("results/demo/trials")
     pandas.read_parquet("results/demo/epochs")

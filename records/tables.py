@@ -1,7 +1,6 @@
-"""The one module that writes Parquet (layout and columns: ``records.schema``).
+"""The one module that writes and deletes Parquet (files' names: ``records.layout``; columns: ``records.schema``).
 
-Each writer unit owns one file: ``trials/<trial_id>.parquet``, ``epochs/<trial_id>.parquet``,
-``measurements/<trial_id>-e<epoch>.parquet`` and ``summary/<trial_id>.parquet``. A retried or resumed
+Each writer unit (a trial; in ``measurements`` a trial's checkpoint) owns one file. A retried or resumed
 trial overwrites its own files, so no table ever holds duplicate rows, concurrent trials never touch
 the same file, and no file is rewritten per *other* trial (nothing grows quadratically with the sweep).
 
@@ -16,7 +15,7 @@ them back rooted in the results folder being read (``records.layout.relative_pat
 so ``vitsweep analyze`` on a moved copy reads the copy's checkpoints, never the original's.
 
 Compaction: thousands of small files cost a file open each on every read, so writer units whose trial
-settled are folded into a few ``compacted-<lo>-<hi>.parquet`` files per table (``compact``: at the end of
+settled are folded into a few compacted files per table (``compact``: at the end of
 a launch's training and every ``COMPACT_EVERY`` settled trials or ``COMPACT_INTERVAL_S`` during it,
 ``compacting``; at an analysis' end). Rows are copied as stored (paths stay relative). Nothing is renamed
 on an object store, so the order of writes alone keeps every read exact, wherever a compaction is killed:
@@ -51,12 +50,12 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from records.layout import TABLES, filesystem, relative_path, rooted_path, table_path
+from records.layout import (TABLES, compacted_file, filesystem, generations, relative_path, rooted_path, table_path,
+                            unit_file, unit_of)
 from records.schema import EPOCHS, MEASUREMENTS, SUMMARY_FIELDS, TRIAL_FIELDS
 
 log = logging.getLogger("vitsweep")
 
-COMPACTED = "compacted"  # a compacted file: compacted-<lo>-<hi>.parquet (a trial id starts with its data set)
 COMPACT_EVERY = 500  # during a launch: compact once this many settled trials' files wait...
 COMPACT_INTERVAL_S = 600.0  # ...or this long has passed with any waiting
 MAX_COMPACTED = 8  # live compacted files of a table before a compaction merges them into one
@@ -65,30 +64,6 @@ ROWS_PER_GROUP = 1 << 18  # compacted epochs and measurements: a few row groups,
 FIXED = {"trials": TRIAL_FIELDS, "epochs": EPOCHS, "measurements": MEASUREMENTS, "summary": SUMMARY_FIELDS}
 UNITS_KEY = b"vitsweep.units"  # a compacted file's footer: its units, [trial_id] ([trial_id, checkpoint_epoch])
 SETTLED = ("finished", "stopped")  # no launch writes such a trial's files again: compacted while others train
-
-
-def unit_file(trial_id: str, checkpoint_epoch: int | None = None) -> str:
-    """The file name (no suffix) of one writer unit: a trial, or a trial's checkpoint (measurements)."""
-    return trial_id if checkpoint_epoch is None else f"{trial_id}-e{checkpoint_epoch}"
-
-
-def _unit_of(stem: str, table: str) -> tuple[str, int | None] | None:
-    """(trial_id, checkpoint_epoch) of a ``unit_file`` name; None: not one of ``table``'s."""
-    if table != "measurements":
-        return stem, None
-    trial_id, _, epoch = stem.rpartition("-e")
-    return (trial_id, int(epoch)) if epoch.isdigit() else None
-
-
-def _compacted_file(lo: int, hi: int) -> str:
-    """The name (no suffix) of a compacted file holding compaction generations lo..hi."""
-    return f"{COMPACTED}-{lo:06d}-{hi:06d}"
-
-
-def _generations(stem: str) -> tuple[int, int] | None:
-    """(lo, hi) of a ``_compacted_file`` name; None: not one."""
-    lo, _, hi = stem.removeprefix(f"{COMPACTED}-").partition("-")
-    return (int(lo), int(hi)) if stem.startswith(f"{COMPACTED}-") and lo.isdigit() and hi.isdigit() else None
 
 
 @dataclass
@@ -107,7 +82,7 @@ def _placing(results: str, study: str, name: str, file: str) -> Iterator[_Placem
     full disk, a kill) leaves no file."""
     fs, root = filesystem(table_path(results, study, name))
     fs.create_dir(root, recursive=True)
-    final = f"{root}/{file}.parquet"
+    final = f"{root}/{file}"
     local = isinstance(fs, pafs.LocalFileSystem)
     place = _Placement(fs, f"{root}/.{file}.{uuid.uuid4().hex[:8]}.tmp" if local else final, final)
     try:
@@ -231,12 +206,11 @@ def _folder(results: str, study: str, table: str) -> _Folder | None:
         return None
     units, compacted = [], []
     for info in infos:
-        stem = info.base_name.removesuffix(".parquet")
-        if info.type != pafs.FileType.File or stem == info.base_name or stem.startswith("."):
+        if info.type != pafs.FileType.File:
             continue
-        if generations := _generations(stem):
-            compacted.append(_Compacted(info.path, *generations))
-        elif unit := _unit_of(stem, table):
+        if held := generations(info.base_name):
+            compacted.append(_Compacted(info.path, *held))
+        elif unit := unit_of(info.base_name, table):
             units.append(_Unit(info.path, *unit))
     inside = {c for c in compacted for o in compacted
               if (o.lo, o.hi) != (c.lo, c.hi) and o.lo <= c.lo and c.hi <= o.hi}
@@ -368,7 +342,7 @@ def read_trial(results: str, study: str, trial_id: str) -> dict[str, Any] | None
     """The ``trials`` row of one trial, or None: one small read, whatever the sweep's size (its own file;
     else the one row group of the compacted files that holds it)."""
     fs, root = filesystem(table_path(results, study, "trials"))
-    path = f"{root}/{unit_file(trial_id)}.parquet"
+    path = f"{root}/{unit_file(trial_id)}"
     if fs.get_file_info(path).type == pafs.FileType.File:
         rows = pq.read_table(path, filesystem=fs).to_pylist()
     else:
@@ -451,7 +425,7 @@ def _compact(results: str, study: str, folder: _Folder, units: tuple[_Unit, ...]
         mine = {(u.trial_id, u.checkpoint_epoch)[:len(_keys(table))] for u in units}
         merge = len(folder.live) >= MAX_COMPACTED or any(mine & _held(folder, part) for part in folder.live)
         merged = replace(folder, units=units, live=folder.live if merge else ())
-        file = _compacted_file(min((c.lo for c in folder.live), default=generation) if merge else generation,
+        file = compacted_file(min((c.lo for c in folder.live), default=generation) if merge else generation,
                                generation)
         if table in ("trials", "summary"):  # sorted, in small row groups: read_trial reads one
             rows = _scan(merged).sort_by("trial_id")
@@ -486,7 +460,7 @@ def retain(results: str, study: str, table: str, trial_ids: set[str]) -> None:
         if kept.num_rows == rows.num_rows:
             continue
         if kept.num_rows:
-            _write(_listed(kept, table)[0], results, study, table, part.path.rsplit("/", 1)[1].removesuffix(".parquet"),
+            _write(_listed(kept, table)[0], results, study, table, part.path.rsplit("/", 1)[1],
                    row_group_size=TRIALS_PER_ROW_GROUP)
         else:
             folder.fs.delete_file(part.path)

@@ -2,30 +2,24 @@
 
 Every floor reads it: `vitsweep --help` and the pre-torch checks (`sweeps/launch/validate.py`) list the
 names from here without waiting 10-40 s for torch; training, the analysis and the report take the
-same names, switches and rules from here, so no two copies can drift.
+same names, switches and rules from here, so no two copies can drift. A data set's or a preset's name
+is its row's key (`trainables.config.data_roots.DATASET_SPECS`, `trainables.config.architecture.PRESETS`).
 
-The real registries (`trainables.model.pos_embed.POS_EMBEDS`, `trainables.data.protocols.PROTOCOLS`,
-`trainables.data.datasets.DATASETS`, `trainables.config.architecture.PRESETS`) call `check_registry` at import: a key
-one of them has and the vocabulary lacks (or the other way round, or another order) fails the import
-with a message naming the key. So a new PE is its subclass, its line in `POS_EMBEDS` and its name in
-`PES` below; a PE defined outside the product (a test, a notebook) by
-`POS_EMBEDS[name] = cls` after import needs no name here: it trains and is measured, and the report
-orders names it does not know after these.
+The PE registry (`trainables.model.pos_embed.POS_EMBEDS`) calls `check_registry` at import: a key it has
+and `PES` lacks (or the other way round, or another order) fails the import with a message naming the
+key. So a new PE is its subclass, its line in `POS_EMBEDS` and its name in `PES` below; a PE defined
+outside the product (a test, a notebook) by `POS_EMBEDS[name] = cls` after import needs no name here:
+it trains and is measured, and the report orders names it does not know after these.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 
 # -- the registries' names ------------------------------------------------------------------------
 PES = ("none", "ape", "sincos2d", "rope2d", "rope2d_mixed")
-PROTOCOLS = (
-    "baseline", "label_smoothing", "cutmix", "cutmix+label_smoothing", "autoaugment",
-    "autoaugment+label_smoothing", "autoaugment+cutmix", "autoaugment+cutmix+label_smoothing", "modern",
-)
-DATASETS = ("shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder")
-PRESETS = ("study_l", "study_p", "vit_s", "tiny")
 
 
 def check_registry(registry: str, keys: Iterable[str], names: tuple[str, ...], vocabulary: str) -> None:
@@ -59,6 +53,11 @@ def protocol_name(autoaugment: bool = False, cutmix: bool = False, label_smoothi
     """The name a trial stores: "baseline", or the switches that are on joined by "+" in `SWITCHES` order."""
     on = [s for s, value in zip(SWITCHES, (autoaugment, cutmix, label_smoothing)) if value]
     return "+".join(on) if on else "baseline"
+
+
+# Every on/off setting of the switches, baseline first and all three last (the report's order), then the aliases.
+SETTINGS = tuple(protocol_name(*on) for on in itertools.product((False, True), repeat=len(SWITCHES)))
+PROTOCOLS = (*SETTINGS, *ALIASES)
 
 
 def canonical_protocol(name: str) -> str:
@@ -110,3 +109,13 @@ CLS_SINK_MASS = 0.5
 # Gaussian blur of kernel 5 at sigma 2.5 (the harshest levels of `analysis.measuring.interventions`' grids).
 JPEG_HEADLINE = 5  # quality
 BLUR_HEADLINE = (5, 2.5)  # (kernel, sigma)
+
+
+# -- the console's durations -----------------------------------------------------------------------
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``1.5 h``: every console line's durations (a launch's, an analysis', status)."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -9,7 +9,7 @@
     vitsweep compare results-a results-b demo   # what changed between two results folders (claims, conditions)
 
 `--help` imports no torch, Ray, MLflow or matplotlib (the valid names come from
-`records.vocab`); each command imports what it needs when it runs.
+`records.vocab` and the torch-free rows' keys); each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from sweeps.launch.interrupt import INTERRUPTED_EXIT, Interrupts
 from sweeps.launch.lock import AGAIN
 from sweeps.launch.validate import OneLineParser, check_ascii_paths
 from sweeps.studies import STUDIES, study
+from trainables.config.architecture import PRESETS
+from trainables.config.data_roots import DATASET_SPECS
 
 COMMANDS = {  # name -> (help, description, example)
     "demo": ("run the demo study end to end on a local Ray (a few minutes on a laptop CPU)",
@@ -52,9 +54,9 @@ COMMANDS = {  # name -> (help, description, example)
 
 
 def valid_names() -> str:
-    """The names a user types, one kind a line (from the torch-free ``records.vocab``), for ``--help``."""
-    kinds = (("studies", STUDIES), ("data sets", vocab.DATASETS), ("PEs", vocab.PES),
-             ("protocols", vocab.PROTOCOLS), ("presets", vocab.PRESETS))
+    """The names a user types, one kind a line (torch-free: ``records.vocab``, the rows' keys), for ``--help``."""
+    kinds = (("studies", STUDIES), ("data sets", DATASET_SPECS), ("PEs", vocab.PES),
+             ("protocols", vocab.PROTOCOLS), ("presets", PRESETS))
     return "\n".join(textwrap.fill(", ".join(valid), width=100, initial_indent=f"  {kind + ':':<12}",
                                     subsequent_indent=" " * 14) for kind, valid in kinds)
 

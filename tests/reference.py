@@ -13,9 +13,10 @@ transforms only ever see one image, and augment.py draws per image too.
 Seeding. A transform takes an optional `torch.Generator`: with one, every draw comes from it
 (torchvision's own draws run under the default CPU generator seeded from it, which is restored
 afterwards); without one, draws use torch's global RNG as torchvision does. `SeededSampler` +
-`Augmented` give every (seed, epoch, index) its own generator (`protocols.item_seed`), so
-augmentations are the same for any number of DataLoader workers, persistent or not, and after a
-resume. The epoch's order is `protocols.epoch_order`, the device input path's.
+`Augmented` give every (seed, epoch, index) its own generator (`item_seed`: splitmix64 one key at a
+time in plain Python, the reference for `augment.item_keys`), so augmentations are the same for any
+number of DataLoader workers, persistent or not, and after a resume. The epoch's order is
+`inputs.epoch_order`, the device input path's.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from torchvision.transforms import v2
 
 from trainables.data.images import eval_view, normalize
 from trainables.data.images import to_device
-from trainables.data.protocols import (COLOR_JITTER, CUTMIX_BETA, augmentation_for, cutmix_draw, epoch_order, item_seed,
-                                       soft_targets)
+from trainables.data.inputs import epoch_order
+from trainables.data.protocols import COLOR_JITTER, CUTMIX_BETA, augmentation_for, cutmix_draw, soft_targets
 from trainables.config.data_roots import LARGE_IMAGE_SIZE
 from trainables.config.switches import Protocol
 
@@ -212,6 +213,19 @@ class Augmented(Dataset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_generator": None}
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A well-mixed 63-bit seed per (seed, epoch, index) (splitmix64 finaliser over the three), one at a time."""
+    x = 0
+    for v in (seed, epoch, index):
+        x = (x ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 30
+        x = x * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 27
+        x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    return x >> 1
 
 
 class SeededSampler(Sampler):

@@ -14,9 +14,9 @@ from trainables.data import augment
 from trainables.data.augment import (Augmentation, StepDraws, apply, draw, item_keys, resized_crop, resized_crop_params,
                                      step_batch, uniforms)
 from trainables.data.images import normalize
-from reference import cutmix_batch
+from reference import cutmix_batch, item_seed
 
-from trainables.data.protocols import COLOR_JITTER, cutmix_draw, item_seed, soft_targets
+from trainables.data.protocols import COLOR_JITTER, cutmix_draw, soft_targets
 from trainables.data.shapes import make_shapes
 
 N = 64  # images per equality test: small, but every op of both policies shows up (checked)
@@ -158,10 +158,15 @@ def test_uniforms_are_uniform_and_independent_across_slots():
 # -- keying --------------------------------------------------------------------------------------
 
 
-def test_keys_are_protocols_item_seed():
+def test_keys_are_the_scalar_splitmix64_and_order_an_epoch_as_before():
     seeds, epochs, index = np.array([0, 3, 7]), np.array([1, 2, 9]), np.array([5, 0, 49_999])
     assert item_keys(seeds, epochs, index).tolist() == [item_seed(*map(int, t)) for t in zip(seeds, epochs, index)]
     assert int(item_keys(4, 2, -1)) == item_seed(4, 2, -1)
+    # The epoch's shuffle is seeded by the key of index -1: a changed hash would change every data order.
+    from trainables.data.inputs import epoch_order
+
+    assert torch.equal(epoch_order(50, seed=4, epoch=2), torch.randperm(50, generator=torch.Generator().manual_seed(
+        item_seed(4, 2, -1))))
 
 
 def test_two_images_of_one_chunk_get_different_draws(images):

@@ -282,6 +282,15 @@ def test_an_unmet_precondition_marks_the_row_and_keeps_its_tests_verdict():
         "precondition not met: local heads: baseline's minimum MAD 0.406, needs <= 0.368, 0.038 too high")
 
 
+def test_an_unknown_precondition_is_refused_naming_it_and_the_valid_ones():
+    # (was: any key but "APE frame" read as "local heads", silently)
+    assert {claim.needs for claim in claims.CLAIMS} - {None} == set(claim_tests.Needs)
+    rows = paired({"protocol": "cutmix"}, {"protocol": "baseline"}, "min_mad", 0.30, diffs(-0.2, 0.01))
+    with pytest.raises(ValueError, match=r"unknown precondition 'local head'; valid preconditions: "
+                                         r"\['APE frame', 'local heads'\]"):
+        claim_tests.precondition("local head", study(rows), "cifar100")
+
+
 def test_no_precondition_is_computed_from_the_claims_own_outcome():
     # The dSSDC claims' result is dSSDC: they carry no precondition (an APE frame gate read on dSSDC
     # would turn a failure to replicate into "untestable"). The APE frame of the fragility claims is

@@ -26,10 +26,14 @@ def test_model_fits_the_dataset():
     assert c.model.num_classes == 10
 
 
-def test_string_overrides_are_parsed_to_field_types():
-    c = cfg().with_overrides({"lr": "5e-4", "depth": "3", "rpt": "true", "protocol": "modern"})
+def test_overrides_take_typed_values_and_refuse_strings_for_other_types():
+    c = cfg().with_overrides({"lr": 5e-4, "depth": 3, "rpt": True, "protocol": "modern"})
     assert c.lr == 5e-4 and c.model.depth == 3 and c.rpt is True
     assert (c.autoaugment, c.cutmix, c.label_smoothing) == (True, True, True)
+    # The command line's strings are typed at its edge (sweeps.launch.validate): one reaching here is refused.
+    for key, text in (("lr", "5e-4"), ("depth", "3"), ("rpt", "false"), ("lr", True)):
+        with pytest.raises(ValueError, match=f"^{key} must be .*, got {text!r}"):
+            cfg().with_overrides({key: text})
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,8 @@ import torch
 from torchvision.io import decode_image, write_jpeg, write_png
 
 from trainables.data import shapes
-from trainables.data.datasets import DATASETS, SHARED_ENV, capped_subset, holdout_split, load_dataset
-from trainables.data.formats import IMAGENET100_WNIDS, link_imagenet100
+from trainables.data.datasets import SHARED_ENV, capped_subset, holdout_split, load_dataset
+from trainables.data.formats import IMAGENET100_WNIDS, LOADERS, link_imagenet100
 from trainables.data.images import ImageFiles, TensorImages
 from trainables.config.data_roots import DATASET_SPECS, DataRootError, check_root, dataset_spec, patch_size_for
 
@@ -215,7 +215,8 @@ def test_folder_info_reads_root(tmp_path):
         dataset_spec("folder")
     info = dataset_spec("folder", root)
     assert (info.num_classes, info.img_size, info.patch_size) == (3, 24, 3)
-    assert set(DATASETS) == {"shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100", "folder"}
+    assert set(LOADERS) == set(DATASET_SPECS) == {"shapes", "cifar10", "cifar100", "tinyimagenet", "imagenet100",
+                                                  "folder"}
 
 
 def test_patch_size_rule():
@@ -253,8 +254,8 @@ def test_a_node_shared_copy_is_decoded_once_mapped_by_every_load_and_rebuilt_whe
     shared = tmp_path / "node"
     monkeypatch.setenv(SHARED_ENV, str(shared))
     decodes = []
-    loader = DATASETS["cifar10"]
-    monkeypatch.setitem(DATASETS, "cifar10", lambda *a, **kw: decodes.append(1) or loader(*a, **kw))
+    loader = LOADERS["cifar10"]
+    monkeypatch.setitem(LOADERS, "cifar10", lambda *a, **kw: decodes.append(1) or loader(*a, **kw))
 
     def load():
         return load_dataset("cifar10", tmp_path / "root", holdout_fraction=0.25)

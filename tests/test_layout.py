@@ -401,16 +401,16 @@ def test_the_checkpoint_layout_is_named_in_one_module():
 
 
 # -- one vocabulary --------------------------------------------------------------------------------
-# The registries' names (PE, protocol, data set, preset), the protocol switches, the did-not-learn rule,
-# the headline severities live in records/vocab.py only (a data set's sizes: its one row,
-# trainables/config/data_roots.py; the results-path rule: records/layout.py).
+# The PE and protocol names, the protocol switches, the did-not-learn rule, the headline severities live in
+# records/vocab.py only; a data set's or a preset's name is its row's key (trainables/config/data_roots.py,
+# trainables/config/architecture.py); the results-path rule: records/layout.py.
 VOCABULARY = ROOT / "records" / "vocab.py"
 # The studies' grids pick names from the vocabulary: that is what a study is.
 GRIDS = {ROOT / "sweeps" / "studies" / f"{name}.py"
          for name in ("study_l", "study_p", "factorial", "hparam", "demo", "pilot")}
 # Literals that are a registry or the registry's own per-entry contents, keyed by the name they are assigned to.
 OWNED = {
-    ("trainables/model/pos_embed.py", "POS_EMBEDS"), ("trainables/data/datasets.py", "DATASETS"),
+    ("trainables/model/pos_embed.py", "POS_EMBEDS"), ("trainables/data/formats.py", "LOADERS"),
     ("trainables/config/architecture.py", "PRESETS"),
     ("trainables/config/architecture.py", "PE_QUARTERS"),  # each PE's geometry rule, torch-free
     # A data set's file format, how to obtain it and its published statistics: the loaders' own facts.
@@ -428,7 +428,7 @@ PENDING_LITERALS: set = set()
 PENDING_DEFINITIONS: set = set()
 # Defined in records/vocab.py, nowhere else (a second definition is a copy that can drift).
 VOCABULARY_DEFINITIONS = (
-    "PES", "PROTOCOLS", "DATASETS", "PRESETS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol",
+    "PES", "PROTOCOLS", "SETTINGS", "SWITCHES", "MODERN", "CLS_SINK_MASS", "canonical_protocol",
     "protocol_switches", "protocol_name", "EXECUTION_FIELDS", "CHANCE_MARGIN", "did_not_learn", "JPEG_HEADLINE",
     "BLUR_HEADLINE", "HEADLINE_JPEG_QUALITY", "HEADLINE_BLUR_SIGMA", "DATASET_SIZES", "TEST_SPLIT_IMAGES",
     "TRAIN_IMAGES",
@@ -443,8 +443,11 @@ def _vocabulary():
 
 def _registry_names() -> tuple[set[str], set[str]]:
     """(every registry name, the switch names): a switch name is also a run-config field's name."""
+    from trainables.config.architecture import PRESETS
+    from trainables.config.data_roots import DATASET_SPECS
+
     vocab = _vocabulary()
-    return {*vocab.PES, *vocab.PROTOCOLS, *vocab.DATASETS, *vocab.PRESETS}, set(vocab.SWITCHES)
+    return {*vocab.PES, *vocab.PROTOCOLS, *DATASET_SPECS, *PRESETS}, set(vocab.SWITCHES)
 
 
 def _owners(tree: ast.AST) -> dict[int, str]:
@@ -479,7 +482,7 @@ def _name_collections(path: Path) -> list[tuple[int, str | None, list[str]]]:
 
 
 def test_registry_names_are_listed_in_the_vocabulary_only():
-    """A new PE, protocol, data set or preset: its registry line and its vocabulary name, no other list."""
+    """A new PE or protocol: its registry line and its vocabulary name; a data set or preset: its row; no other list."""
     bad = []
     for package in PACKAGES:
         for path in _modules(package):
@@ -488,7 +491,7 @@ def test_registry_names_are_listed_in_the_vocabulary_only():
             rel = str(path.relative_to(ROOT))
             bad += [f"{rel}:{line} {owner}: {names}" for line, owner, names in _name_collections(path)
                     if (rel, owner) not in OWNED | PENDING_LITERALS and owner not in PAPER_TABLES]
-    assert not bad, "registry names listed outside records/vocab.py (read them from there):\n" + "\n".join(bad)
+    assert not bad, "registry names listed outside records/vocab.py and the rows (read them there):\n" + "\n".join(bad)
 
 
 def test_the_name_walk_sees_copies_and_not_field_lists(tmp_path):
@@ -544,9 +547,8 @@ def test_the_vocabulary_is_defined_once():
 
 
 def _is_registry(rel: str, name: str) -> bool:
-    """The registries share their vocabulary's name (`PROTOCOLS`, `DATASETS`, `PRESETS`): the real table."""
-    return (rel, name) in {("trainables/data/protocols.py", "PROTOCOLS"), ("trainables/data/datasets.py", "DATASETS"),
-                           ("trainables/config/architecture.py", "PRESETS")}
+    """The protocol registry shares its vocabulary's name (`PROTOCOLS`): the real table."""
+    return (rel, name) == ("trainables/data/protocols.py", "PROTOCOLS")
 
 
 # -- one storage layout ----------------------------------------------------------------------------

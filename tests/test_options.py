@@ -61,7 +61,7 @@ def test_a_studys_own_flags_and_checks_come_from_its_hooks():
     assert _args("hparam", "--samples", "3").samples == 3
     with pytest.raises(ValueError, match="the hparam study searches one condition"):
         options.check(_args("hparam", "--set", "lr=1e-3,5e-4"))
-    assert options.check(_args("demo", "--set", "lr=1e-3,5e-4")) == {"lr": ["1e-3", "5e-4"]}
+    assert options.check(_args("demo", "--set", "lr=1e-3,5e-4")) == {"lr": [1e-3, 5e-4]}
 
 
 # Planning a sweep (trial ids, packs, the estimate) is data: a dry run, in a fresh interpreter as a user

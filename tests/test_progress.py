@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from records import tables
+from records.vocab import format_duration
 from sweeps.launch import progress
 
 
@@ -140,7 +141,7 @@ def test_live_eta_is_within_30_percent_of_the_truth_by_the_second_line():
     now, second = lines[1]
     truth = truth_end - now
     assert abs(second.eta_s - truth) <= 0.3 * truth, (second.text, truth)
-    assert f"ETA {progress.format_duration(second.eta_s)}" in second.text
+    assert f"ETA {format_duration(second.eta_s)}" in second.text
     assert second.text.startswith("[train] t") and "epoch 1/8" in second.text and "1,000 images/s" in second.text
     # Throttled: a unit's lines at least 30 s apart, and one at least every 5 minutes while it runs.
     for name in plan:

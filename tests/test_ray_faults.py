@@ -31,7 +31,7 @@ from conftest import FAST_EVAL_SIZE
 from mlflow_runs import search_trial_runs
 from test_ray_resume import assert_listens_on_loopback_only, kill_ray_under
 
-from records import stores, tables, tracking
+from records import layout, stores, tables, tracking
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def _forget_measurements(folder: Path, units: set[tuple[str, int]]) -> None:
     import json
 
     for trial_id, epoch in units:
-        (folder / f"{tables.unit_file(trial_id, epoch)}.parquet").unlink(missing_ok=True)
+        (folder / layout.unit_file(trial_id, epoch)).unlink(missing_ok=True)
     for part in folder.glob("compacted-*.parquet"):
         rows = pq.read_table(part)
         pairs = zip(rows["trial_id"].to_pylist(), rows["checkpoint_epoch"].to_pylist())

@@ -44,14 +44,21 @@ def test_every_field_the_run_config_flattens_is_checked_and_its_default_is_valid
 
 
 def test_the_run_config_refuses_what_the_pre_torch_check_refuses():
-    from trainables.config.run_config import RunConfig
+    from trainables.config.run_config import FIELD_SPECS, RunConfig
 
     for pair in BAD_SETS:
         key, _, value = pair.partition("=")
         if "," in value or key == "nosuchfield":
             continue
+        typed = value if FIELD_SPECS[key].kind in (str, bool) else float(value)  # as a JSON value would come
         with pytest.raises(ValueError, match=f"^{key} must be"):
-            RunConfig().with_overrides({key: value})
+            RunConfig().with_overrides({key: typed})
+
+
+def test_the_overrides_come_back_typed():
+    overrides = validate.check_overrides(["lr=5e-4,1e-3", "depth=3", "rpt=true", "protocol=modern", "pe=rope2d"])
+    assert overrides == {"lr": [5e-4, 1e-3], "depth": [3], "rpt": [True], "protocol": ["modern"], "pe": ["rope2d"]}
+    assert [type(v[0]) for v in overrides.values()] == [float, int, bool, str, str]
 
 
 PROBE = rf"""

@@ -41,13 +41,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import pyarrow.dataset as pads
 
 from analysis.measuring.plan import CHECKPOINT_CHOICES, missing_line, plan_checkpoints
 from analysis.measuring.trial_record import FIGURE_CHOICES, record_checkpoint
 from records import files, manifest, stores, tables, tracking
 from records.client import storage_exception, storage_fault
-from records.layout import filesystem, is_uri, logs_dir, results_location, table_path
+from records.layout import is_uri, logs_dir, results_location, table_path
+from records.vocab import format_duration
 from trainables.config.data_roots import DATASET_SPECS
 from trainables.trial.ray_start import init_ray
 
@@ -302,10 +302,9 @@ def _write_details(results: str, study: str, statuses: list[dict[str, Any]]) -> 
 def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_size: int | None) -> None:
     """Refuse to measure ``rows`` on another number of images than the study's measured rows of the
     same data set: one table would mix n_images (``force`` measures every checkpoint again)."""
-    fs, root = filesystem(table_path(results, study, "measurements"))
-    if not rows or fs.get_file_info(root).type.name != "Directory":
+    had = tables.read_table(results, study, "measurements", ["trial_id", "n_images"]) if rows else None
+    if had is None:
         return
-    had = pads.dataset(root, filesystem=fs, format="parquet").to_table(columns=["trial_id", "n_images"])
     dataset_of = {r["trial_id"]: r["dataset"] for r in rows}
     trials = tables.read_table(results, study, "trials").select(["trial_id", "dataset"]).to_pylist()
     dataset_of.update({t["trial_id"]: t["dataset"] for t in trials})
@@ -340,16 +339,12 @@ def eta_s(ended: list[float], seconds: list[float], total: int, actors: int) -> 
 def _progress_line(status: dict[str, Any], k: int, total: int, eta: float | None) -> str:
     """``[k/M] checkpoints: <trial> epoch E in 12 s, 830 images/s; ETA 3 min`` (or why it was skipped)."""
     left = total - k
-    eta = f"; ETA {_duration(eta)}" if left and eta is not None else ""
+    eta = f"; ETA {format_duration(eta)}" if left and eta is not None else ""
     head = f"[{k}/{total}] checkpoints: {status['trial_id']} epoch {status['epoch']}"
     if status["status"] != "ok":
         return f"{head} skipped ({status['status']}){eta}"
     rate = status["images"] / status["seconds"] if status["seconds"] else float("nan")
     return f"{head} in {status['seconds']:.0f} s, {rate:,.0f} images/s{eta}"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

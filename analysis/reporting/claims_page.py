@@ -13,7 +13,7 @@ import html
 
 import pandas as pd
 
-from analysis.statistics.claim_tests import TWO_SIDED
+from analysis.statistics.claim_tests import MDE, TWO_SIDED
 from analysis.statistics.seedstats import ALPHA
 
 # What a reader scans (7 columns, fits a 1,400-px window); NOTE goes under the verdict on the page.
@@ -146,10 +146,10 @@ def _how_to_read() -> str:
         "<b>Not enough seeds</b>: a directional claim whose exact sign-flip check cannot reach alpha at these sizes "
         "(fewer than 5 pairs), or a claim of no effect without an interval (one seed). A blank cell: no interval "
         "or no p at these sizes.",
-        "<b>Power</b> (details): <i>MDE</i> is the effect the test detects with 80% power at the alpha of its "
-        "verdict (Holm's step, alpha / (m - k + 1) for the row ranked k of m by raw p), from the observed sd; "
-        "<i>underpowered</i> marks a row that did not find the effect where the MDE exceeds the paper's effect "
-        "(for a claim of no effect, its margin).",
+        f"<b>Power</b> (details): <i>{MDE}</i> is the effect the test detects, from the observed sd; the alpha of "
+        "a verdict is Holm's step, alpha / (m - k + 1) for the row ranked k of m by raw p; <i>underpowered</i> "
+        "marks a row that did not find the effect where the MDE exceeds the paper's effect (for a claim of no "
+        "effect, its margin).",
         "<b>Preconditions</b> are this project's choices, not the papers': a reading aid. An unmet one adds a mark "
         "under the verdict, what was measured against what it needs and by how much it misses, and never replaces "
         "the verdict.",

@@ -8,6 +8,7 @@ its precondition as a reading aid beside the verdict, and the paper's numbers be
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import TYPE_CHECKING
 
@@ -46,10 +47,12 @@ HOLM_FAMILY = "Holm family (m: tested rows of its paper and data set)"
 # would gate them on their result).
 APE_FRAME_MIN_DSSDC = 0.10  # "APE frame": on the paper's estimator, where the paper's APE falls to 0.098 at alpha 0.6
 MAD_BELOW_UNIFORM = 0.05  # "local heads": baseline's minimum MAD this far below uniform attention's MAD
+# A claim's precondition (``Claim.needs``); its value is the words the tables and pages print.
+Needs = enum.StrEnum("Needs", {"APE_FRAME": "APE frame", "LOCAL_HEADS": "local heads"})
 PRECONDITIONS = {
-    "APE frame": f"the trained APE (fixed order, reference protocol) has mean dSSDC under RPI on the paper's "
-                 f"estimator (dssdc_per_batch) >= {APE_FRAME_MIN_DSSDC}",
-    "local heads": f"the baseline's mean minimum MAD is at least {MAD_BELOW_UNIFORM} below uniform attention's MAD",
+    Needs.APE_FRAME: f"the trained APE (fixed order, reference protocol) has mean dSSDC under RPI on the paper's "
+                     f"estimator (dssdc_per_batch) >= {APE_FRAME_MIN_DSSDC}",
+    Needs.LOCAL_HEADS: f"the baseline's mean minimum MAD is at least {MAD_BELOW_UNIFORM} below uniform attention's MAD",
 }
 NOT_MET = "precondition not met"
 
@@ -161,31 +164,33 @@ def reading_aid(met: bool | None, measured: str | None) -> str:
 
 
 # -- preconditions ------------------------------------------------------------------------------
-def precondition(needs: str | None, data: StudyData, dataset: str) -> tuple[bool | None, str | None]:
+def precondition(needs: Needs | str | None, data: StudyData, dataset: str) -> tuple[bool | None, str | None]:
     """(met, what was measured against what it needs) of a claim's precondition (``PRECONDITIONS``) on
     one data set, from the trials that learned, other factors pinned to the reference; met None where
     it was not measured."""
     if needs is None:
         return None, None
+    if needs not in PRECONDITIONS:  # a typo is never read as the other one
+        raise ValueError(f"unknown precondition {needs!r}; valid preconditions: {list(map(str, Needs))}")
     t = data.per_trial
     t = t[(t["dataset"] == dataset) & ~t["did_not_learn"].astype(bool)]
-    if needs == "APE frame":
+    if needs == Needs.APE_FRAME:
         rows, _ = data.pin(t[(t["pe"] == "ape") & ~t["rpt"].astype(bool) & t["dssdc_per_batch"].notna()], set())
         if rows.empty:
-            return None, "APE frame: the APE's dSSDC under RPI (paper's estimator) is not measured"
+            return None, f"{needs}: the APE's dSSDC under RPI (paper's estimator) is not measured"
         v = float(rows["dssdc_per_batch"].mean())
         met = v >= APE_FRAME_MIN_DSSDC
-        return met, (f"APE frame: trained APE's dSSDC under RPI (paper's estimator, per 1,000 images) {v:.3f}, "
+        return met, (f"{needs}: trained APE's dSSDC under RPI (paper's estimator, per 1,000 images) {v:.3f}, "
                      f"needs >= {APE_FRAME_MIN_DSSDC:.2f}{'' if met else f', {APE_FRAME_MIN_DSSDC - v:.3f} short'}: "
                      f"{'met' if met else 'not met'}")
     rows, _ = data.pin(t[(t["protocol"] == "baseline") & t["min_mad"].notna()], set())
     grid = grid_size(data, dataset)
     if rows.empty or grid is None:
-        return None, "local heads: the baseline's minimum MAD or the patch grid is not known"
+        return None, f"{needs}: the baseline's minimum MAD or the patch grid is not known"
     v, uniform = float(rows["min_mad"].mean()), uniform_mad(grid)
     need = uniform - MAD_BELOW_UNIFORM
     met = v <= need
-    return met, (f"local heads: baseline's minimum MAD {v:.3f}, needs <= {need:.3f}"
+    return met, (f"{needs}: baseline's minimum MAD {v:.3f}, needs <= {need:.3f}"
                  f"{'' if met else f', {v - need:.3f} too high'} (uniform attention {uniform:.3f} on {grid} x {grid}, "
                  f"less {MAD_BELOW_UNIFORM}): {'met' if met else 'not met'}")
 

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.statistics.claim_tests import (HOLM_FAMILY, MDE, STEP_ALPHA, TWO_SIDED, claim_stats, decides, is_null,
-                                             paper_numbers, power_mark, precondition, reading_aid, verdict)
+from analysis.statistics.claim_tests import (HOLM_FAMILY, MDE, STEP_ALPHA, TWO_SIDED, Needs, claim_stats, decides,
+                                             is_null, paper_numbers, power_mark, precondition, reading_aid, verdict)
 from analysis.statistics.labels import METRIC_LABELS, group_label
 from analysis.statistics.paper_numbers import PAPER_P_MODELS
 from analysis.statistics.seedstats import ALPHA, holm, holm_step_alpha, mde
@@ -46,7 +46,7 @@ class Claim:
     margin: the largest |A - B| that counts as no effect, in the metric's units: a null claim is
     "consistent with no effect" only when the effect's 95% t interval lies inside [-margin, margin].
     separation: the claim is that *every* trial of A lies below every trial of B, and the means differ.
-    needs: the key of the claim's precondition in ``PRECONDITIONS`` (None: it has none).
+    needs: the claim's precondition (``claim_tests.Needs``, ``PRECONDITIONS``; None: it has none).
     order: a ranking claim: groups from the highest ``metric`` to the lowest; per seed, the Spearman
     correlation of the metric with that order (seeds with every group once), tested > 0 across seeds
     (``a`` and ``b`` unused).
@@ -61,7 +61,7 @@ class Claim:
     alternative: str = "less"
     separation: bool = False
     margin: float = math.nan
-    needs: str | None = None
+    needs: Needs | None = None
     order: tuple[dict, ...] = ()
 
 
@@ -87,9 +87,9 @@ PAPER_CLEAN_ORDER = tuple(sorted((pe for pe in PAPER_P_MODELS if "RPT" not in pe
 
 CLAIMS = (
     _claim("Study L", "CutMix alone lowers minimum MAD", "min_mad", {"protocol": "cutmix"}, {"protocol": "baseline"},
-           needs="local heads"),
+           needs=Needs.LOCAL_HEADS),
     _claim("Study L", "modern lowers minimum MAD (0.316 -> 0.008)", "min_mad", {"protocol": MODERN},
-           {"protocol": "baseline"}, needs="local heads"),
+           {"protocol": "baseline"}, needs=Needs.LOCAL_HEADS),
     # Study L's own words: "more local and concentrated attention in early layers". A minimum over every
     # layer and head can stay put while the early layers change, so layers 0-1 are tested on their own.
     _claim("Study L", "CutMix alone makes early layers more local (mean MAD of layers 0-1)", "mad_early",
@@ -101,11 +101,11 @@ CLAIMS = (
     _claim("Study L", "modern concentrates early-layer attention (mean entropy of layers 0-1)", "entropy_early",
            {"protocol": MODERN}, {"protocol": "baseline"}),
     _claim("Study L", "every CutMix run has lower minimum MAD than every run without", "min_mad",
-           {"cutmix": True}, {"cutmix": False}, separation=True, needs="local heads"),
+           {"cutmix": True}, {"cutmix": False}, separation=True, needs=Needs.LOCAL_HEADS),
     _claim("Study L", "AutoAugment alone leaves minimum MAD at baseline", "min_mad", {"protocol": "autoaugment"},
-           {"protocol": "baseline"}, "two-sided", needs="local heads"),
+           {"protocol": "baseline"}, "two-sided", needs=Needs.LOCAL_HEADS),
     _claim("Study L", "label smoothing alone leaves minimum MAD at baseline", "min_mad",
-           {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided", needs="local heads"),
+           {"protocol": "label_smoothing"}, {"protocol": "baseline"}, "two-sided", needs=Needs.LOCAL_HEADS),
     _claim("Study L", "CutMix adds accuracy", "test_acc", {"protocol": "cutmix"}, {"protocol": "baseline"}, "greater"),
     _claim("Study L", "AutoAugment adds accuracy", "test_acc", {"protocol": "autoaugment"}, {"protocol": "baseline"},
            "greater"),
@@ -122,19 +122,19 @@ CLAIMS = (
     _claim("Study P", "none is more fragile to JPEG than ape", "fs_jpeg", {"pe": "none", "rpt": False}, APE,
            "greater"),
     _claim("Study P", "ape + RPT is more fragile to JPEG than ape", "fs_jpeg", APE_RPT, APE, "greater",
-           needs="APE frame"),
+           needs=Needs.APE_FRAME),
     _claim("Study P", "ape + RPT is more fragile to blur than ape", "fs_blur", APE_RPT, APE, "greater",
-           needs="APE frame"),
+           needs=Needs.APE_FRAME),
     _claim("Study P", "ape + RPT is as fragile to JPEG as none", "fs_jpeg", APE_RPT, {"pe": "none", "rpt": False},
-           "two-sided", margin=RPT_AS_NONE_MARGIN, needs="APE frame"),
+           "two-sided", margin=RPT_AS_NONE_MARGIN, needs=Needs.APE_FRAME),
     _claim("Study P", "scaling the APE to 0.4 raises FS JPEG (FS at 0.4 - FS at 1.0 > 0)", "fs_jpeg_pe_scale_rise",
-           APE, None, "greater", margin=MARGINS["fs_jpeg"], needs="APE frame"),
+           APE, None, "greater", margin=MARGINS["fs_jpeg"], needs=Needs.APE_FRAME),
     _claim("Study P", "scaling the APE to 0.4 collapses dSSDC (dSSDC at 1.0 - at 0.4 > 0)", "dssdc_pe_scale_drop",
            APE, None, "greater", margin=MARGINS["dssdc"]),
     # The link itself, across every level rather than at two endpoints: as alpha falls dSSDC falls and
     # FS rises, so within a trial their rank correlation over alpha is negative.
     _claim("Study P", "scaling the APE links dSSDC and FS JPEG (per-trial Spearman over alpha 0.1-1.0 < 0)",
-           "pe_scale_link", APE, None, margin=MARGINS["spearman"], needs="APE frame"),
+           "pe_scale_link", APE, None, margin=MARGINS["spearman"], needs=Needs.APE_FRAME),
     _claim("Study P", "clean accuracy ranks rope2d > sincos2d > ape > none (per-seed Spearman > 0)", "test_acc",
            {}, None, "greater", margin=MARGINS["spearman"],
            order=tuple({"pe": pe, "rpt": False} for pe in PAPER_CLEAN_ORDER)),

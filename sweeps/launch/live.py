@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from records import layout, tables
+from records.vocab import format_duration
 
 MIN_INTERVAL_S = 30.0
 MAX_INTERVAL_S = 300.0
@@ -143,15 +144,6 @@ def sweep_eta(units: Sequence[Unit], slots: int, now: float) -> float | None:
         free[0] += r  # into the slot that frees first
         free.sort()
     return max(free) if free else 0.0
-
-
-def format_duration(seconds: float) -> str:
-    """``42 s``, ``7 min``, ``1.5 h``: the console's durations (live lines, trial lines, status)."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def format_rate(unit: Unit) -> str:
@@ -296,7 +288,7 @@ class RecordReader:
             ended = max(ends) if ends else None
         probe = (open_ids or [r["trial_id"] for r in live])[0]
         fs, root = layout.filesystem(layout.table_path(self.results, self.study, "epochs"))
-        path = f"{root}/{probe}.parquet"
+        path = f"{root}/{layout.unit_file(probe)}"
         info = fs.get_file_info(path)
         fields = {}
         if info.size is not None:

@@ -15,6 +15,7 @@ import itertools
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from records import layout, vocab
 from sweeps.launch.packs import form_packs, pack_size
@@ -85,7 +86,7 @@ def gpus_per_trial(args: argparse.Namespace) -> float:
     return getattr(args, "gpus_per_trial", None) or 0.0
 
 
-def check(args: argparse.Namespace) -> dict[str, list[str]]:
+def check(args: argparse.Namespace) -> dict[str, list[Any]]:
     """Every flag and ``--set`` value, then what the study itself refuses; before torch is imported.
     Returns the ``--set`` overrides, {field: [values]}."""
     check_study(args.study)

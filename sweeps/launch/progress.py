@@ -43,9 +43,9 @@ from typing import Any, TextIO
 
 from records import manifest, stores, tables, tracking
 from records.layout import TABLES, is_uri, logs_dir, study_dir
+from records.vocab import format_duration
 from sweeps.launch import live
 from sweeps.launch.faults import private_log_folder
-from sweeps.launch.live import format_duration
 from sweeps.launch.status import study_status
 from trainables.trial.lifecycle import RESTART_KEYS
 

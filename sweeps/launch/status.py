@@ -22,7 +22,7 @@ from typing import Any
 
 from records import manifest, tables
 from records.layout import results_location
-from sweeps.launch.live import format_duration
+from records.vocab import format_duration
 from sweeps.studies import STUDIES
 
 STATES = ("finished", "running", "stale", "failed", "stopped", "pending")

@@ -3,7 +3,7 @@
 A bad value must answer in a moment with one line naming it and what is valid,
 not after the 10-40 s those imports cost cold, and never inside Ray (``lr=nan``
 there fails every trial deterministically, and Tune retries it). So the names
-(``records.vocab``), the flags and every ``--set`` field are checked here, each
+(``records.vocab``, the rows' keys), the flags and every ``--set`` field are checked here, each
 field by the spec it declares in ``RunConfig`` or ``ViTConfig`` (torch-free;
 ``trainables.config.fields``), which checks the same spec again when it is built; what
 needs two fields at once (warm-up <= epochs, dim divisible by heads) is left to it. A name close to
@@ -19,10 +19,11 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from records import vocab
 from records.layout import is_uri
 from sweeps.studies import STUDIES
-from trainables.config.run_config import FIELD_SPECS  # torch-free
+from trainables.config.architecture import PRESETS  # torch-free, as the two below
+from trainables.config.data_roots import DATASET_SPECS
+from trainables.config.run_config import FIELD_SPECS
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
@@ -62,14 +63,10 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, list[str]]:
     return overrides
 
 
-def check_overrides(pairs: Iterable[str]) -> dict[str, list[str]]:
-    """``--set`` pairs parsed, every key and every value checked (the strings are kept: the run
-    config parses them to its own types)."""
-    overrides = parse_overrides(pairs)
-    for key, values in overrides.items():
-        for value in values:
-            check_value(key, value)
-    return overrides
+def check_overrides(pairs: Iterable[str]) -> dict[str, list[Any]]:
+    """``--set`` pairs parsed, every key checked and every value typed (``check_value``): from here on the
+    values are the fields' types, as the run config takes them."""
+    return {key: [check_value(key, value) for value in values] for key, values in parse_overrides(pairs).items()}
 
 
 # (flag, attribute, smallest valid value, whether the value may equal it, integer?)
@@ -116,9 +113,9 @@ def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
 
 def _expected(flag: str) -> str:
     if flag == "--datasets":
-        return f"pass comma-separated data sets from {list(vocab.DATASETS)}"
+        return f"pass comma-separated data sets from {list(DATASET_SPECS)}"
     if flag == "--preset":
-        return f"pass one of {list(vocab.PRESETS)}"
+        return f"pass one of {list(PRESETS)}"
     return "pass a value"
 
 
@@ -147,16 +144,15 @@ def check_ascii_paths(args: argparse.Namespace, flags=PATH_FLAGS) -> None:
 def check_names(args: argparse.Namespace) -> None:
     """``--datasets`` and ``--preset`` name things that exist."""
     for dataset in (d.strip() for d in (getattr(args, "datasets", None) or "").split(",") if d.strip()):
-        if dataset not in vocab.DATASETS:
-            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(vocab.DATASETS)}"
-                             f"{did_you_mean(dataset, vocab.DATASETS)}")
+        if dataset not in DATASET_SPECS:
+            raise ValueError(f"unknown data set {dataset!r}; valid data sets: {list(DATASET_SPECS)}"
+                             f"{did_you_mean(dataset, DATASET_SPECS)}")
     preset = getattr(args, "preset", None)
-    if preset is not None and preset not in vocab.PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(vocab.PRESETS)}"
-                         f"{did_you_mean(preset, vocab.PRESETS)}")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {list(PRESETS)}{did_you_mean(preset, PRESETS)}")
 
 
-def check_args(args: argparse.Namespace) -> dict[str, list[str]]:
+def check_args(args: argparse.Namespace) -> dict[str, list[Any]]:
     """All of the above for a launch; returns the parsed ``--set`` overrides."""
     check_study(args.study)
     check_numbers(args)

@@ -1,9 +1,9 @@
 """What every study file (``sweeps/studies/study.py``) shares: the options a user may change and the grid helper.
 
-Importing a study imports nothing of ``trainables`` (``RunConfig`` and the protocols are imported
-when trials are built), and building trials imports no torch (``RunConfig``, ``ViTConfig``, ``Protocol``
-and the data-set sizes are torch-free): ``vitsweep sweep --help`` shows every study's own flags, a bad
-name is refused and ``--dry-run`` lists the trials, in a moment.
+Importing a study imports nothing of ``trainables`` (``RunConfig`` is imported when trials are built),
+and building trials imports no torch (``RunConfig``, ``ViTConfig`` and the data-set sizes are torch-free):
+``vitsweep sweep --help`` shows every study's own flags, a bad name is refused and ``--dry-run`` lists the
+trials, in a moment.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 from trainables.config.run_config import RunConfig
 from trainables.config.data_roots import dataset_spec
-from trainables.config.switches import Protocol
 
 
 @dataclass(frozen=True)
@@ -31,11 +30,6 @@ class StudyOptions:
 
 # Native preset per image size: Study L's model at 32 and 64 px, Study P's at 224 px.
 NATIVE_PRESETS = {32: "study_l", 64: "study_l", 224: "study_p"}
-
-
-def all_protocols() -> tuple[Protocol, ...]:
-    """Study L's eight on/off combinations of its three switches, baseline first, all three last."""
-    return tuple(Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True))
 
 
 def native_preset(dataset: str, data_root: str | None = None) -> str:

@@ -23,8 +23,9 @@ cross-study questions become answerable: does CutMix change SSDC? Does RPT
 destroy locality? Is RoPE's low fragility stable across protocols?
 """
 
+from records.vocab import SETTINGS
 from sweeps.studies import study_l, study_p
-from sweeps.studies.common import StudyOptions, all_protocols, make_trials, native_preset
+from sweeps.studies.common import StudyOptions, make_trials, native_preset
 from sweeps.studies.study_p import conditions as pe_conditions
 
 DEFAULTS = StudyOptions(datasets=("cifar100",), seeds=1, epochs=None, preset=None)  # epochs: each recipe's
@@ -48,9 +49,8 @@ def trial_options(args) -> dict:  # hook: trials()'s keywords from the flag abov
 def trials(options: StudyOptions, *, include_none_rpt: bool = False):
     configs = []
     for dataset in options.datasets:
-        cells = [{**pe_cond, "protocol": p.name}  # the cell's protocol wins over Study P's baseline
-                 for pe_cond in pe_conditions((dataset,), include_none_rpt=include_none_rpt)
-                 for p in all_protocols()]
+        cells = [{**pe_cond, "protocol": p}  # the cell's protocol wins over Study P's baseline
+                 for pe_cond in pe_conditions((dataset,), include_none_rpt=include_none_rpt) for p in SETTINGS]
         recipe = RECIPES[native_preset(dataset, options.data_root)]
         configs += make_trials("factorial", options, cells, base=recipe)
     return configs

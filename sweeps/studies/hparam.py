@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from records import layout
 from sweeps.studies.common import StudyOptions, make_trials
@@ -43,7 +44,7 @@ def add_arguments(group) -> None:
     group.add_argument("--samples", type=int, help=f"hparam: number of Optuna trials (default {DEFAULT_SAMPLES})")
 
 
-def check_launch(args, swept: dict[str, list[str]]) -> None:
+def check_launch(args, swept: dict[str, list[Any]]) -> None:
     if any(len(values) > 1 for values in swept.values()):
         raise ValueError("the hparam study searches one condition; --set KEY=V1,V2 sweeps are for grid studies")
 

@@ -67,7 +67,7 @@ class Study:
     unpacked: str | None
     resume_refused: str | None
     add_arguments: Callable[[Any], None]
-    check_launch: Callable[[argparse.Namespace, dict[str, list[str]]], None]
+    check_launch: Callable[[argparse.Namespace, dict[str, list[Any]]], None]
     trial_options: Callable[[argparse.Namespace], dict[str, Any]]
     tuner: Callable[[TuneSetup], Any] | None
     after_sweep: Callable[[str, Any, list], None]

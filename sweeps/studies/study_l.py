@@ -24,7 +24,8 @@ Expected (paper, one seed): CIFAR-100 minimum MAD 0.316 (baseline) -> 0.008
 AutoAugment each add ~6-7 accuracy points.
 """
 
-from sweeps.studies.common import StudyOptions, all_protocols, make_trials
+from records.vocab import SETTINGS
+from sweeps.studies.common import StudyOptions, make_trials
 
 # 5 seeds: the fewest at which a claim's exact sign-flip check can reach p < 0.05 (1/32) beside its t test.
 DEFAULTS = StudyOptions(datasets=("cifar10", "cifar100", "tinyimagenet"), seeds=5, epochs=100, preset="study_l")
@@ -36,9 +37,8 @@ CHECKPOINTS = "all"
 
 
 def trials(options: StudyOptions):
-    every = all_protocols()
     conditions = []
     for dataset in options.datasets:
-        protocols = every if dataset == ABLATION_DATASET else (every[0], every[-1])
-        conditions += [{"dataset": dataset, "protocol": p.name, "pe": "ape"} for p in protocols]
+        protocols = SETTINGS if dataset == ABLATION_DATASET else (SETTINGS[0], SETTINGS[-1])  # baseline, modern
+        conditions += [{"dataset": dataset, "protocol": p, "pe": "ape"} for p in protocols]
     return make_trials("study_l", options, conditions, base=LEE_RECIPE)

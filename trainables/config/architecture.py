@@ -49,7 +49,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(img_size=32, patch_size=4, num_classes=10, dim=64, depth=2, heads=4, mlp_ratio=2.0,
                  ape_init="trunc_normal", **_NO_DROPOUT),
 }
-vocab.check_registry("trainables.config.architecture.PRESETS", PRESETS, vocab.PRESETS, "PRESETS")
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,11 +1,11 @@
 """Each data set as one row (`DATASET_SPECS`), without torch: classes, split sizes, image and patch
 size, normalisation statistics, how to obtain its files and how its root is checked.
 
-The registry (`trainables.data.datasets`, which adds each set's loader), the planning (a trial's model
+The loading (`trainables.data.datasets`, each set's loader in `formats.LOADERS`), the planning (a trial's model
 shape, the dry run's GPU-hours) and the report (the n behind an accuracy) read these rows; a launch
 refuses a missing or malformed root (`check_root`) and plans a `folder` sweep (`dataset_spec`) before
-torch is imported. A new data set is one row here (its name in `records.vocab.DATASETS`) and one
-loader (`trainables/data/formats.py`, its line in `trainables.data.datasets.DATASETS`). Class folders are listed
+torch is imported. A new data set is one row here (its key is its name, for every reader) and one loader
+(a function in `trainables/data/formats.py` and its line in `formats.LOADERS`). Class folders are listed
 as torchvision's `find_classes` lists them and image sizes read from the file header (PIL), as
 decoding would give.
 """
@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
-
-from records import vocab
 
 DEFAULT_DATA_ROOT = os.environ.get("VITSWEEP_DATA_ROOT", "data")
 LARGE_IMAGE_SIZE = 128  # from this size on: random resized crops from the full image (ImageNet practice)
@@ -207,7 +205,6 @@ DATASET_SPECS: dict[str, DataSpec] = {
         None, None, None, None, check=check_folder,
         obtain="Put one folder per class of image files under train/ and test/ (or val/) in the root."),
 }
-vocab.check_registry("trainables.config.data_roots.DATASET_SPECS", DATASET_SPECS, vocab.DATASETS, "DATASETS")
 
 
 def dataset_spec(name: str, root: str | os.PathLike | None = None, *, img_size: int | None = None) -> DataSpec:

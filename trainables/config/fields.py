@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,15 +21,15 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class Spec:
-    """A field's type and what is valid: bounds (``ge``/``gt``/``le``/``lt``) or ``choices``. ``open``
-    choices may grow at run time (a PE registered in a test): the class's own check decides there."""
+    """A field's type and what is valid: bounds (``ge``/``gt``/``le``/``lt``) or ``choices`` (a registry's live
+    keys see a row added at run time). ``open``: the class's own check decides (a PE registered in a test)."""
 
     kind: type
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
-    choices: tuple[str, ...] | None = None
+    choices: Collection[str] | None = None
     open: bool = False
     help: str = ""
 
@@ -44,13 +44,14 @@ class Spec:
         return f"{what} {' and '.join(bounds)}" if bounds else what
 
     def valid(self, value: Any) -> bool:
-        """Whether a value of the field's type is in range (or among the choices)."""
+        """Whether a value of the field's type is in range (or among the choices); a number's field refuses a
+        string (the command line's are typed at its edge, by `parse`) and a bool."""
         if self.kind is bool:
             return isinstance(value, bool)
         if self.kind is str:
             return self.open or self.choices is None or value in self.choices
         try:
-            number = float(value)
+            number = math.nan if isinstance(value, (str, bool)) else float(value)
         except (TypeError, ValueError):
             return False
         return (math.isfinite(number) and (self.kind is float or number.is_integer())
@@ -75,8 +76,8 @@ class Spec:
                 parsed = self.kind(number) if self.kind is float or float(number).is_integer() else None
             except (TypeError, ValueError, OverflowError):
                 parsed = None
-        if parsed is None or (self.kind is str and self.open and parsed not in (self.choices or ())) \
-                or not self.valid(parsed) or isinstance(parsed, bool) != (self.kind is bool):
+        if parsed is None or not self.valid(parsed) or (
+                self.kind is str and self.open and parsed not in (self.choices or ())):
             raise self.error(name, value)
         return parsed
 

@@ -25,14 +25,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
 from records import vocab
 from records.vocab import EXECUTION_FIELDS
 from trainables.config import data_roots
-from trainables.config.architecture import ViTConfig
+from trainables.config.architecture import PRESETS, ViTConfig
 from trainables.config.fields import Spec, check_fields, spec, specs
 from trainables.config.switches import Protocol
 
@@ -56,9 +56,9 @@ _ID_FIELDS_V1 = frozenset((
 @dataclass(frozen=True)
 class RunConfig:
     study: str = spec("adhoc")
-    dataset: str = spec("shapes", choices=vocab.DATASETS)
+    dataset: str = spec("shapes", choices=data_roots.DATASET_SPECS.keys())  # live: a row added later is valid
     data_root: str = spec("data")
-    preset: str = spec("study_l", choices=vocab.PRESETS)
+    preset: str = spec("study_l", choices=PRESETS.keys())
     model: ViTConfig = field(default_factory=ViTConfig)
     rpt: bool = spec(False, help="RPT: shuffle the patch tokens at every forward pass")
     rpt_per_image: bool = spec(False, help="one permutation per image instead of per batch")
@@ -177,22 +177,10 @@ class RunConfig:
         return cfg
 
     def with_overrides(self, overrides: dict[str, Any]) -> RunConfig:
-        """Apply flat ``key=value`` overrides (run or model fields); values given as strings are parsed
-        to the field's type. ``protocol=NAME`` sets the switches."""
-        flat = self.to_flat()
-        overrides = dict(overrides)
-        if "protocol" in overrides:
-            p = Protocol.from_name(str(overrides.pop("protocol")))
-            flat.update(autoaugment=p.autoaugment, cutmix=p.cutmix, label_smoothing=p.label_smoothing)
-        flat.pop("protocol")
-        flat.setdefault("swept", "")
-        for key, value in overrides.items():
-            if key not in flat:
-                raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(flat)}")
-            if isinstance(value, str) and key in FIELD_SPECS and FIELD_SPECS[key].kind is not str:
-                value = FIELD_SPECS[key].parse(key, value)
-            flat[key] = value
-        return RunConfig.from_flat(flat)
+        """Apply flat ``key=value`` overrides (run or model fields), each of its field's type (a ``--set``
+        string is typed at the command line's edge, and refused here); ``protocol=NAME`` sets the switches."""
+        run, model = _split(overrides)
+        return replace(self, **run, model=replace(self.model, **model) if model else self.model)
 
     @classmethod
     def for_dataset(cls, dataset: str, *, preset: str, **overrides: Any) -> RunConfig:
@@ -200,17 +188,36 @@ class RunConfig:
         set's image size, patch size (the study's 8x8 or 14x14 grid) and class count (its row,
         ``trainables.config.data_roots.DATASET_SPECS``; a ``folder`` set's read from ``data_root``)."""
         info = data_roots.dataset_spec(dataset, overrides.get("data_root"))
-        model = ViTConfig.preset(preset, img_size=info.img_size, patch_size=info.patch_size,
-                                 num_classes=info.num_classes)
-        base = cls(dataset=dataset, preset=preset, model=model)
-        return base.with_overrides(overrides) if overrides else base
+        run, model = _split(overrides)
+        vit = ViTConfig.preset(preset, **{"img_size": info.img_size, "patch_size": info.patch_size,
+                                          "num_classes": info.num_classes, **model})
+        return cls(**{"dataset": dataset, "preset": preset, **run}, model=vit)
 
 
 # Every key of `to_flat()` a user may set, with its spec: the run fields, the derived protocol, the ViT's.
 FIELD_SPECS: dict[str, Spec] = {**specs(RunConfig), "protocol": Spec(str, choices=vocab.PROTOCOLS), **specs(ViTConfig)}
 
 # Fields the trial id names already (a sweep over them adds no label).
+_MODEL_FIELDS = frozenset(f.name for f in fields(ViTConfig))
 _NAMED = frozenset(("dataset", "pe", "rpt", "protocol", "autoaugment", "cutmix", "label_smoothing", "seed", "swept"))
+
+
+def _split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(run fields, model fields) of flat overrides, each checked by its spec and cast to its type (Tune
+    samples numpy numbers); ``protocol`` becomes its switches; an unknown key raises ValueError."""
+    run: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    for key, value in overrides.items():
+        spec = FIELD_SPECS.get(key)
+        if spec is None and key != "swept":  # (`swept`, set by the launcher, has no spec)
+            raise ValueError(f"unknown run-config field {key!r}; valid fields: {sorted(FIELD_SPECS)}")
+        if spec is not None and not spec.valid(value):
+            raise spec.error(key, value)
+        if key == "protocol":
+            run.update(vocab.protocol_switches(value))
+        else:
+            (model if key in _MODEL_FIELDS else run)[key] = value if spec is None else spec.kind(value)
+    return run, model
 
 
 def _id_value(value: Any) -> str:

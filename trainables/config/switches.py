@@ -1,6 +1,6 @@
 """Study L's protocol as data: the three switches (`Protocol`) and its name, without torch.
 
-What each switch does to the data is `trainables/data/protocols.py` (which re-exports these names);
+What each switch does to the data is `trainables/data/protocols.py` (its `PROTOCOLS`: one per name);
 kept apart so that a run config, a trial id and a sweep's plan (`vitsweep sweep ... --dry-run`)
 import no torch. The names and their parser are `records.vocab`'s.
 """

@@ -5,8 +5,8 @@
     params = draw(spec, keys)                                  # small host arrays: offsets, flips, sub-policies ...
     out = apply(spec, images, params)                          # uint8 (n, 3, S, S) on any device -> same
 
-Every random choice is made per image from its own key, as torchvision makes it for one image
-(`TrainTransform` of tests/reference.py): crop offsets and flip, AutoAugment's sub-policy, each op's
+Every random choice is made per image from its own key, as torchvision's transforms make it for one
+image (its per-image pipeline is the reference): crop offsets and flip, AutoAugment's sub-policy, each op's
 apply flag and sign, ColorJitter's three factors and their order. A key depends only on (seed, epoch,
 image index), so the draws do not depend on batch size, chunking, DDP ranks or resumption; a draw is a
 counter-based hash of the key (splitmix64), so a chunk of 1,024 images takes a few vectorised numpy calls.
@@ -75,8 +75,8 @@ class Augmentation:
 
 
 def augmentation(protocol: Protocol | str, dataset_name: str, img_size: int, crop_padding: int = 0) -> Augmentation:
-    """The batched counterpart of `train_transform(protocol, dataset_name, img_size)` of tests/reference.py;
-    crop_padding: the run config's (0: img_size // 8)."""
+    """What `protocol` does to a `dataset_name` training image of side `img_size`, batched (torchvision's
+    per-image transforms are the reference); crop_padding: the run config's (0: img_size // 8)."""
     protocol = Protocol.from_name(protocol) if isinstance(protocol, str) else protocol
     strong = augmentation_for(dataset_name, img_size) if protocol.autoaugment else None
     return Augmentation(img_size, strong, crop_padding)
@@ -95,8 +95,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def item_keys(seed, epoch, index) -> np.ndarray:
-    """`protocols.item_seed` vectorised: uint64 keys, broadcasting seed, epoch and index
-    (ints or integer arrays), equal to item_seed(seed, epoch, index) element by element."""
+    """A well-mixed 63-bit key per (seed, epoch, index) (splitmix64's finaliser over the three), as uint64,
+    broadcasting seed, epoch and index (ints or integer arrays). Fixed: data orders and resumes depend on it."""
     x = np.zeros(np.broadcast(np.asarray(seed), np.asarray(epoch), np.asarray(index)).shape, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for v in (seed, epoch, index):
@@ -455,8 +455,8 @@ def step_batch(batches, draws, *, num_classes: int, mean, std):
     the member's own in a list (the plain module's `perm`), else (K, B, N) (the identity for members
     without RPT), or None when no member permutes.
 
-    Member k's slice is its lone step bit for bit (CutMix on its batch alone, tests/reference.py's
-    `cutmix_batch`, then `images.normalize`), with device work that does not grow with K: the host's
+    Member k's slice is its lone step bit for bit (CutMix on its batch alone with its `cutmix_draw`,
+    then `images.normalize`), with device work that does not grow with K: the host's
     numbers (CutMix partners, box rows and columns, target weights, permutations) travel in one copy,
     CutMix is one gather and one masked blend over the pack (a member not mixing this step has an empty
     box and target weights (1, 0): itself), normalisation one call."""

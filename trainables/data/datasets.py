@@ -1,5 +1,4 @@
-"""Data sets: one registry (`DATASETS`, each set's loader in `trainables/data/formats.py`), one entry point
-(`load_dataset`).
+"""Data sets: one entry point (`load_dataset`), each set's loader its line in `trainables.data.formats.LOADERS`.
 
     splits = load_dataset("cifar100", "data", seed=0, holdout_fraction=0.05)
     image, label = splits.train[0]          # uint8 (3, 32, 32), int
@@ -49,9 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from records import vocab
 from trainables.data import formats, images, shapes
-from trainables.data.formats import Loaded
 from trainables.data.images import TensorImages
 from trainables.config import data_roots
 from trainables.config.data_roots import dataset_spec, patch_size_for
@@ -107,7 +104,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
     path = data_roots.check_root(name, root)
 
     def load() -> DatasetSplits:
-        loaded = DATASETS[name](path, img_size=img_size, download=download)
+        formats.check_loaders()  # a row added at run time needs its loader too
+        loaded = formats.LOADERS[name](path, img_size=img_size, download=download)
         train_idx, holdout_idx = holdout_split(loaded.train.labels, holdout_fraction, seed=seed)
         return DatasetSplits(name, len(loaded.classes), loaded.img_size, patch_size_for(loaded.img_size), loaded.mean,
                              loaded.std, train=loaded.train.subset(train_idx) if len(holdout_idx) else loaded.train,
@@ -262,15 +260,3 @@ def capped_subset(labels: torch.Tensor, max_images: int, *, seed: int = 0) -> to
         keep[donor[torch.randint(len(donor), (1,), generator=g)]] = False
     return keep.nonzero().squeeze(1)
 
-
-# Each data set's loader (`trainables/data/formats.py`); what the set is, by the numbers, is its row in
-# `trainables.config.data_roots.DATASET_SPECS`.
-DATASETS: dict[str, Callable[..., Loaded]] = {
-    "shapes": formats.load_shapes,
-    "cifar10": formats.load_cifar("cifar10"),
-    "cifar100": formats.load_cifar("cifar100"),
-    "tinyimagenet": formats.load_tinyimagenet,
-    "imagenet100": formats.load_imagenet100,
-    "folder": formats.load_folder,
-}
-vocab.check_registry("trainables.data.datasets.DATASETS", DATASETS, vocab.DATASETS, "DATASETS")

@@ -1,8 +1,8 @@
 """The data set formats: for each, a loader into `trainables.data.images` containers.
 
-Each loader returns a `Loaded` (classes, train and test splits, size, channel statistics);
-`trainables.data.datasets.DATASETS` wires them into the registry. What each set is (sizes, published
-statistics, how to obtain it, its root check) is its torch-free row, `trainables.config.data_roots.DATASET_SPECS`.
+Each loader returns a `Loaded` (classes, train and test splits, size, channel statistics) and has its line
+in `LOADERS`, keyed by the set's name: its torch-free row's key in `trainables.config.data_roots.DATASET_SPECS`
+(sizes, published statistics, how to obtain it, its root check), checked at import and at each load.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ IMAGENET100_WNIDS = (
 )
 
 
-# -- registry --------------------------------------------------------------------------------
+# -- what a loader returns ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -244,3 +244,19 @@ def load_folder(root: Path, *, img_size: int | None, download: bool) -> Loaded:
     return Loaded(tuple(classes), train_set, test_set, size, mean, std)
 
 
+# -- the loaders, by data set ---------------------------------------------------------------------
+LOADERS: dict[str, Callable[..., Loaded]] = {
+    "shapes": load_shapes, "cifar10": load_cifar("cifar10"), "cifar100": load_cifar("cifar100"),
+    "tinyimagenet": load_tinyimagenet, "imagenet100": load_imagenet100, "folder": load_folder,
+}
+
+
+def check_loaders() -> None:
+    """Raise ValueError naming a data set with a row (`DATASET_SPECS`) but no loader here, or the reverse."""
+    for name in sorted(DATASET_SPECS.keys() ^ LOADERS.keys()):
+        has, lacks = ("a loader in LOADERS", "row") if name in LOADERS else ("a row in DATASET_SPECS", "loader")
+        raise ValueError(f"data set {name!r} has {has} but no {lacks}: a data set is one row in "
+                         "trainables.config.data_roots.DATASET_SPECS and one loader in trainables.data.formats.LOADERS")
+
+
+check_loaders()

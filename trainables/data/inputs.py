@@ -35,7 +35,6 @@ from trainables.data.augment import (CHUNK_IMAGES, Augmentation, apply, draw, it
                                      resized_crop_params)
 from trainables.data.datasets import capped_subset
 from trainables.data.images import ImageFiles, TensorImages, decode, eval_view, resize_center_crop, to_device
-from trainables.data.protocols import epoch_order
 
 
 def default_workers(requested: int = -1) -> int:
@@ -45,6 +44,22 @@ def default_workers(requested: int = -1) -> int:
         return requested
     held = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
     return max(0, held - 1)
+
+
+def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,
+                drop_last: bool = False) -> torch.Tensor:
+    """This rank's image indices of `epoch`, int64: the shuffle from (seed, epoch) (seeded by index -1's key),
+    sharded like DistributedSampler (padded by repetition so every rank gets the same count, or the tail dropped)."""
+    if shuffle:
+        g = torch.Generator().manual_seed(int(item_keys(seed, epoch, -1)))
+        order = torch.randperm(length, generator=g)
+    else:
+        order = torch.arange(length)
+    per_rank = length // num_replicas if drop_last else -(-length // num_replicas)
+    total = per_rank * num_replicas
+    if total > length:
+        order = order.repeat(1 + total // max(length, 1))
+    return order[:total][rank::num_replicas]
 
 
 class TrainSource:

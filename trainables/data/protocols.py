@@ -1,4 +1,4 @@
-"""Study L's training protocols: the switches, CutMix, label smoothing, soft targets, the epoch's order.
+"""Study L's training protocols: the switches, CutMix, label smoothing, soft targets.
 
 A protocol is three switches (Study L, arXiv 2605.16390; recipe of Lee et al. 2021, "Vision Transformer
 for Small-Size Datasets"), written torch-free in trainables/config/switches.py (`Protocol`, `LABEL_SMOOTHING`):
@@ -20,8 +20,8 @@ Per batch, on the device (uint8 until the model; B batch, C classes, S image sid
 images (trainables/data/augment.py: drawn per image on the host, applied batched; trainables/data/inputs.py) ->
 soft targets, CutMix (drawn per member, `cutmix_draw`) and normalisation for a pack's members at once
 (`augment.step_batch`) -> float (K, B, 3, S, S), (K, B, C). Every (seed, epoch, index) has
-its own 63-bit key (`item_seed`), so an image's augmentation is the same whatever the number of workers
-and after a resume; the epoch's order is `epoch_order`.
+its own 63-bit key (`augment.item_keys`), so an image's augmentation is the same whatever the number of
+workers and after a resume.
 """
 
 from __future__ import annotations
@@ -40,12 +40,8 @@ CUTMIX_BETA = 1.0
 COLOR_JITTER = 0.4  # brightness, contrast and saturation: Study L's AutoAugment stand-in on Tiny-ImageNet
 COLOR_JITTER_DATASETS = ("tinyimagenet",)
 
-
-# Every combination of the switches, and the aliases: the vocabulary's names, checked at import.
-_ALL = [Protocol(aa, cm, ls) for aa in (False, True) for cm in (False, True) for ls in (False, True)]
-PROTOCOLS: dict[str, Protocol] = {p.name: p for p in _ALL} | {
-    alias: Protocol.from_name(name) for alias, name in vocab.ALIASES.items()}
-vocab.check_registry("trainables.data.protocols.PROTOCOLS", PROTOCOLS, vocab.PROTOCOLS, "PROTOCOLS")
+# Every protocol by its name (the vocabulary's, aliases too), in the report's order.
+PROTOCOLS: dict[str, Protocol] = {name: Protocol.from_name(name) for name in vocab.PROTOCOLS}
 
 
 # -- which strong augmentation ------------------------------------------------------------------
@@ -90,34 +86,3 @@ def cutmix_draw(batch: int, height: int, width: int, generator: torch.Generator 
         lam = float(np.random.default_rng(int(torch.randint(2**62, (), generator=generator))).beta(beta, beta))
     return cutmix_box(height, width, lam, generator), torch.randperm(batch, generator=generator)
 
-
-# -- per-image seeds and the epoch's order ---------------------------------------------------------
-
-
-def item_seed(seed: int, epoch: int, index: int) -> int:
-    """A well-mixed 63-bit seed per (seed, epoch, index) (splitmix64 finaliser over the three)."""
-    x = 0
-    for v in (seed, epoch, index):
-        x = (x ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 30
-        x = x * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 27
-        x = x * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-    return x >> 1
-
-
-def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num_replicas: int = 1, rank: int = 0,
-                drop_last: bool = False) -> torch.Tensor:
-    """This rank's image indices of `epoch`, int64: the shuffle from (seed, epoch), sharded like
-    DistributedSampler (padded by repetition so every rank gets the same count, or the tail dropped)."""
-    if shuffle:
-        g = torch.Generator().manual_seed(item_seed(seed, epoch, -1))
-        order = torch.randperm(length, generator=g)
-    else:
-        order = torch.arange(length)
-    per_rank = length // num_replicas if drop_last else -(-length // num_replicas)
-    total = per_rank * num_replicas
-    if total > length:
-        order = order.repeat(1 + total // max(length, 1))
-    return order[:total][rank::num_replicas]

@@ -50,7 +50,7 @@ from trainables.loop import checkpoints
 from trainables.loop.optim import build_optimizer, lr_scheduler
 from trainables.model.fast_paths import wrap_forward
 from trainables.model.packed import PackedViT, mixed_precision
-from trainables.config.run_config import RunConfig
+from trainables.config.run_config import FIELD_SPECS, RunConfig
 
 Report = Callable[[dict[str, Any], "str | None"], None]
 # Once per epoch, every member still in the pack: [(trial id, metrics, checkpoint dir or None), ...]
@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     fields = {name: getattr(args, name) for name in ("data_root", "pe", "protocol", "rpt", "epochs", "seed")}
     fields["warmup_epochs"] = min(args.epochs, RunConfig.warmup_epochs)
-    fields.update(kv.split("=", 1) for kv in args.set)  # any run-config field, these included
+    for key, _, value in (kv.partition("=") for kv in args.set):  # any run-config field, these included
+        fields[key] = FIELD_SPECS[key].parse(key, value) if key in FIELD_SPECS else value
     cfg = RunConfig.for_dataset(args.dataset, preset=args.preset, **fields)
     final = train(cfg, Path(args.workdir) / cfg.trial_id)
     print(f"final {cfg.eval_split} accuracy {final['eval_acc']:.4f}")
