@@ -190,12 +190,10 @@ def _is_transient(exc: BaseException) -> bool:
             return True
         # Entity errors (run exists / param changed / bad value) are final; only the
         # infrastructure wording below is retried.
-        if exc.error_code in ("RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE",
-                              "RESOURCE_DOES_NOT_EXIST"):
+        if exc.error_code in ("RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"):
             return "database is locked" in text
     return isinstance(exc, (MlflowException, sqlalchemy.exc.SQLAlchemyError)) and any(
-        s in text for s in _TRANSIENT_TEXT
-    )
+        s in text for s in _TRANSIENT_TEXT)
 
 
 def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
@@ -206,9 +204,7 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
     ``fn`` must be safe to repeat: metric points carry fixed timestamps (MLflow drops exact
     duplicates), params/tags are set to the same values, runs are looked up before created.
     """
-    start = time.monotonic()
-    cap = 0.05
-    attempt = 0
+    start, cap, attempt = time.monotonic(), 0.05, 0
     # An attempt on a server can take a whole request timeout: none starts that could end past the budget.
     longest = REQUEST_TIMEOUT_S if scheme(uri) in ("http", "https") else 0.0
     while True:
@@ -228,16 +224,7 @@ def with_retries(what: str, uri: str, fn: Callable[[Any], _T]) -> _T:
             cap = min(2.0, cap * 2)
 
 
-def chunks(items: list, size: int) -> Iterator[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 def to_str(value: Any) -> str:
     """MLflow params and tags are strings: lists/dicts as JSON, everything else by str()."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return str(value)
+    return json.dumps(value) if isinstance(value, (list, tuple, dict)) else str(value)
 

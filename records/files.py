@@ -38,12 +38,10 @@ def upload(local: str | os.PathLike, uri: str) -> None:
     resume after a kill mid-upload) never sees half a file."""
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    if is_uri(uri):
-        pafs.copy_files(os.fspath(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-        return
-    tmp = f"{path}.tmp"
-    pafs.copy_files(os.fspath(local), tmp, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-    fs.move(tmp, path)
+    target = path if is_uri(uri) else f"{path}.tmp"
+    pafs.copy_files(os.fspath(local), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    if target != path:
+        fs.move(target, path)
 
 
 def upload_new(paths: Iterable[Path], uri: str, uploaded: MutableMapping[str, int]) -> list[str]:

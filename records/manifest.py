@@ -3,11 +3,10 @@
 ``<results>/<study>/sweep.json``: the plan of the latest launch (planned trial ids and their packs, the
 launch command, code version, start time, host and pid). ``<results>/<study>/analysis.json``: the plan of
 the latest analysis (every checkpoint it set out to measure, and those whose file is gone).
-``<results>/<study>/heartbeat.json``: rewritten
-every ``HEARTBEAT_INTERVAL_S`` while a launcher runs, naming its stage (``train``, ``analyze``,
-``report``) and that stage's progress (``report_progress``), and stamped ``ended`` only when the process
-closed its records (with ``outcome``: why it ended early, e.g. interrupted); a process that died with
-records open leaves it unstamped. With both, ``vitsweep status`` tells from the results folder alone
+``<results>/<study>/heartbeat.json``: rewritten every ``HEARTBEAT_INTERVAL_S`` while a launcher runs, naming its
+stage (``train``, ``analyze``, ``report``) and that stage's progress (``report_progress``), and stamped ``ended``
+only when the process closed its records (with ``outcome``: why it ended early, e.g. interrupted); a process
+that died with records open leaves it unstamped. With both, ``vitsweep status`` tells from the results folder alone
 which trials are pending, which stage runs, and whether ``running`` rows are live or left behind by a
 launcher that died (stale). Both are small JSON files (``records.files``), local or on object storage.
 """
@@ -88,11 +87,7 @@ def beat(results: str, study: str, *, ended: bool = False, stage: str | None = N
 
 def proc_start(pid: int) -> str | None:
     """Start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces
+    return _stat(pid, 19)
 
 
 def boot_id() -> str | None:
@@ -124,15 +119,16 @@ def process_alive(record: Mapping[str, Any]) -> tuple[bool | None, str]:
         return False, f"pid {pid} is not a process id"
     if record.get("proc_start") and proc_start(pid) not in (None, record["proc_start"]):
         return False, f"pid {pid} now belongs to another process"
-    if _state(pid) == "Z":  # killed, not yet reaped (an orphan waits for init, which in a container may be slow)
+    if _stat(pid, 0) == "Z":  # killed, not yet reaped (an orphan waits for init, which in a container may be slow)
         return False, f"pid {pid} is no longer running"
     return True, ""
 
 
-def _state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` (Linux: ``R``, ``S``, ``Z`` for a zombie, ...), None when unknown."""
+def _stat(pid: int, index: int) -> str | None:
+    """Field ``index + 3`` of ``/proc/<pid>/stat`` (Linux; counted after the command name, which may hold
+    spaces): 0 the state (``R``, ``S``, ``Z`` for a zombie, ...), 19 the start time; None when unknown."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[index]
     except (OSError, IndexError):
         return None
 
@@ -217,10 +213,9 @@ def heartbeat(results: str, study: str, interval_s: float = HEARTBEAT_INTERVAL_S
 
 def report_progress(results: str, study: str, *, done: int, total: int, unit: str,
                     eta_s: float | None = None, **more: Any) -> None:
-    """The progress of the stage this process beats for (``done`` of ``total`` ``unit``, an ETA in
-    seconds or None): in the heartbeat file at once (the first, the last, and at most every
-    ``PROGRESS_WRITE_S`` between) and with
-    every beat. Without a live heartbeat of (results, study) in this process it does nothing."""
+    """The progress of the stage this process beats for (``done`` of ``total`` ``unit``, an ETA in seconds or
+    None): in the heartbeat file at once (the first, the last, and at most every ``PROGRESS_WRITE_S`` between)
+    and with every beat. Without a live heartbeat of (results, study) in this process it does nothing."""
     state = _LIVE.get(study_file(results, study, HEARTBEAT_FILE))
     if state is None:
         return

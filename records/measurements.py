@@ -19,15 +19,14 @@ from records.tracking import log_batches
 # Imports inside functions: MLflow loads on the first write (see records/client.py).
 
 
-def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]],
-                      *, timestamp_ms: int | None = None) -> int:
+def log_metric_series(uri: str, run_id: str, series: Mapping[str, Mapping[int, Any]]) -> int:
     """Log ``{key: {step: number}}``: several steps of each key in one batched call, e.g. a
     per-layer profile with the layer as the step (``layers/ssdc_rpi_epoch_0100``: step l = layer l),
     which the MLflow UI plots as a curve over depth. None values are skipped; returns the
     number of points logged."""
     from mlflow.entities import Metric
 
-    timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    timestamp = int(time.time() * 1000)
     points = [Metric(str(key), float(value), timestamp, int(step))
               for key, values in series.items() for step, value in values.items() if value is not None]
     log_batches(uri, run_id, "metrics", points, "log_metric_series")

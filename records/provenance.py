@@ -66,10 +66,8 @@ def _installed_packages() -> dict[str, str]:
     return dict(sorted(packages.items(), key=lambda kv: kv[0].lower()))
 
 
-def requirements_txt(packages: Mapping[str, str] | None = None) -> str:
-    """``pip freeze``-like 'name==version' lines of ``packages`` (default: those installed
-    in the running interpreter, read with importlib.metadata, no pip subprocess)."""
-    packages = _installed_packages() if packages is None else packages
+def requirements_txt(packages: Mapping[str, str]) -> str:
+    """``pip freeze``-like 'name==version' lines of ``packages`` (``provenance()["packages"]``)."""
     return "".join(f"{name}=={version}\n" for name, version in packages.items())
 
 

@@ -42,8 +42,7 @@ TRIAL_FIELDS = pa.schema([
     ("pack", pa.string()),  # id of the pack it trained in (sweeps/launch/packs.py); null when trained alone
     ("error", pa.string()),  # why it failed, e.g. "training loss is nan at epoch 7: diverged"; else null
     ("mlflow_run_id", pa.string()),  # the trial's MLflow run: joins Parquet to MLflow without a search
-    ("restarts", pa.int64()),  # times Ray Train restarted it from its last checkpoint (a lost node, a crash),
-                               # all launches
+    ("restarts", pa.int64()),  # Ray Train's restarts from its last checkpoint (a lost node, a crash), all launches
     ("node", pa.string()),  # the Ray node that trained it last: "<ip> <node id>" (a restart may move it)
     ("started_at", pa.timestamp("us", tz="UTC")),  # when its (latest) launch started it
     ("ended_at", pa.timestamp("us", tz="UTC")),  # when it finished or failed; null while running

@@ -21,6 +21,7 @@ Every check names the URI (passwords redacted) and says what to use instead:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -60,8 +61,7 @@ def default_tracking_uri(results: str | os.PathLike) -> str:
         raise ValueError(f"--results {text!r} is on {scheme}:// storage, where a SQLite tracking file cannot live "
                          "(object stores have no file locking or in-place writes); pass --mlflow-uri with "
                          f"{_REMOTE_HINT}.")
-    path = tracking_db(text)
-    return f"sqlite:///{path.as_posix()}"
+    return f"sqlite:///{tracking_db(text).as_posix()}"
 
 
 def scheme(uri: str) -> str:
@@ -123,8 +123,7 @@ def reroot_artifacts(uri: str) -> str | None:
     if not path.is_file() or path.stat().st_size == 0:
         return None
     here = (path.parent / "mlartifacts").as_uri()
-    con = sqlite3.connect(path, timeout=20)
-    try:
+    with contextlib.closing(sqlite3.connect(path, timeout=20)) as con:
         try:
             found = con.execute("SELECT artifact_location FROM experiments WHERE artifact_location LIKE ?",
                                 ("file://%/mlartifacts/%",)).fetchall()
@@ -138,8 +137,6 @@ def reroot_artifacts(uri: str) -> str | None:
                 for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
                     con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 - fixed names
                                 f"WHERE substr({column}, 1, ?) = ?", (here, len(old) + 1, len(old) + 1, old + "/"))
-    finally:
-        con.close()
     return (f"MLflow store {path} was made beside artifacts at {', '.join(sorted(roots))}: its experiments and runs "
             f"now keep their artifacts at {here} (this copy's own)")
 
@@ -166,8 +163,7 @@ def _check_sqlite(uri: str) -> None:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise ValueError(f"MLflow tracking URI {uri!r}: {str(path)!r} is not a SQLite database.")
-    moved = reroot_artifacts(uri)
-    if moved:
+    if moved := reroot_artifacts(uri):
         logging.getLogger("vitsweep").warning(moved)
 
 

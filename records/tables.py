@@ -403,13 +403,16 @@ def compact(results: str, study: str, *, settled_only: bool = False) -> int:
     ``settled_only`` (a launch still training) only those of trials whose row is ``SETTLED``. Returns how
     many trials' files were left as they are."""
     left: set[str] = set()
+    listed: dict[str, _Folder | None] = {}
     if settled_only:
-        trials = _folder(results, study, "trials")
+        # The trials table is compacted from this same listing: a row written after it (a trial opening
+        # now) is neither read as settled nor folded in.
+        listed["trials"] = trials = _folder(results, study, "trials")
         if trials is not None and trials.units:
             rows = _scan(replace(trials, live=()), ["trial_id", "status"]).to_pydict()
             left = {t for t, s in zip(rows["trial_id"], rows["status"]) if s not in SETTLED}
     for table in TABLES:
-        folder = _folder(results, study, table)
+        folder = listed[table] if table in listed else _folder(results, study, table)
         if folder is not None:
             _compact(results, study, folder, tuple(u for u in folder.units if u.trial_id not in left))
     return len(left)

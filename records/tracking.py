@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from records.client import chunks, to_str, with_retries
+from records.client import to_str, with_retries
 from records.provenance import git_diff, provenance, requirements_txt
 from records.stores import redact, scheme, sqlite_path
 
@@ -81,20 +81,19 @@ def _default_artifact_location(uri: str, name: str) -> str | None:
     return folder.as_uri()
 
 
-def ensure_experiment(uri: str, name: str, artifact_location: str | None = None) -> str:
+def ensure_experiment(uri: str, name: str) -> str:
     """The id of experiment ``name``, created if missing (idempotent, race-safe).
 
     Two processes creating it at once both get the same id: the loser of the race
-    sees RESOURCE_ALREADY_EXISTS and reads the winner's. ``artifact_location``
-    defaults to ``<db folder>/mlartifacts/<name>`` for SQLite and to the server's
-    choice otherwise; it is ignored when the experiment already exists. Raises
-    ValueError if the experiment exists but was deleted (restore or purge it).
+    sees RESOURCE_ALREADY_EXISTS and reads the winner's. A new one keeps its artifacts in
+    ``<db folder>/mlartifacts/<name>`` for SQLite; a server chooses their place itself.
+    Raises ValueError if the experiment exists but was deleted (restore or purge it).
     """
     from mlflow.exceptions import MlflowException
 
     if not name:
         raise ValueError("empty MLflow experiment name")
-    location = artifact_location or _default_artifact_location(uri, name)
+    location = _default_artifact_location(uri, name)
 
     def get_or_create(client) -> str:
         experiment = client.get_experiment_by_name(name)
@@ -128,10 +127,9 @@ def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
     def describe(c):
         link = c.get_experiment(experiment_id).tags.get(REPORT_RUN_TAG)
         c.set_experiment_tag(experiment_id, "mlflow.note.content", _with_report(text, uri, link))
+        c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
 
-    with_retries("describe experiment", uri, lambda c: (
-        describe(c),
-        c.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")))
+    with_retries("describe experiment", uri, describe)
 
 
 MARKDOWN_MARKS = ("*", "`", "[", "#", "<")  # what the experiments list would show raw
@@ -162,15 +160,6 @@ def _search_all(client, experiment_id: str, filter_string: str, order_by=None) -
             return runs
 
 
-def _find_trial_run(client, experiment_id: str, trial_id: str):
-    runs = _search_all(client, experiment_id, f"tags.`{TRIAL_ID_TAG}` = '{trial_id}'",
-                       order_by=["attributes.start_time ASC"])
-    if len(runs) > 1:
-        _log.warning("trial %s has %d MLflow runs; using the oldest, %s",
-                     trial_id, len(runs), runs[0].info.run_id)
-    return runs[0] if runs else None
-
-
 def _trial_run(client, experiment_id: str, trial_id: str, run_id: str | None):
     """The trial's run: ``run_id`` (its trials row's ``mlflow_run_id``) with one ``get_run``, where that
     is the trial's active run in this experiment; else a tag search (a trial without a row yet, a
@@ -188,7 +177,11 @@ def _trial_run(client, experiment_id: str, trial_id: str, run_id: str | None):
             if (run.info.experiment_id == experiment_id and run.info.lifecycle_stage == "active"
                     and run.data.tags.get(TRIAL_ID_TAG) == trial_id):
                 return run
-    return _find_trial_run(client, experiment_id, trial_id)
+    runs = _search_all(client, experiment_id, f"tags.`{TRIAL_ID_TAG}` = '{trial_id}'",
+                       order_by=["attributes.start_time ASC"])
+    if len(runs) > 1:
+        _log.warning("trial %s has %d MLflow runs; using the oldest, %s", trial_id, len(runs), runs[0].info.run_id)
+    return runs[0] if runs else None
 
 
 def find_trial_run(uri: str, experiment_id: str, trial_id: str, run_id: str | None = None) -> str | None:
@@ -256,18 +249,17 @@ def log_batches(uri: str, run_id: str, kind: str, items: list, what: str) -> Non
     """``items`` (MLflow ``Metric``, ``Param`` or ``RunTag`` entities) as the run's ``kind`` ("metrics",
     "params" or "tags"), in batches of MLflow's size limits; ``what`` names the call in a TrackingError."""
     size = _MAX_METRICS_PER_BATCH if kind == "metrics" else _MAX_PARAMS_TAGS_PER_BATCH
-    for batch in chunks(items, size):
-        with_retries(what, uri, lambda c, b=batch: c.log_batch(run_id, synchronous=True, **{kind: b}))
+    for i in range(0, len(items), size):
+        with_retries(what, uri, lambda c, b=items[i : i + size]: c.log_batch(run_id, synchronous=True, **{kind: b}))
 
 
-def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int,
-                *, timestamp_ms: int | None = None) -> None:
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int) -> None:
     """Log ``{key: number}`` at ``step`` in batches (log_batch). None values are skipped
     so optional metrics can be passed as they are; NaN/inf are kept (MLflow stores them).
     Raises ValueError naming a key whose value is not a number."""
     from mlflow.entities import Metric
 
-    timestamp = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    timestamp = int(time.time() * 1000)
     points = []
     for key, value in metrics.items():
         if value is None:

@@ -449,10 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                            "Train, then analyse and report.", epilog="example: python sweeps/run.py demo --stage all"
                            "   |   python sweeps/run.py study_l --dry-run")
     options.add_arguments(parser)
-    if argv is not None:
-        return run(parser.parse_args(argv))
-    args = parser.parse_args()
-    if args.dry_run:
+    args = parser.parse_args(argv)
+    if argv is not None or args.dry_run:
         return run(args)
     # As the program (`ray job submit -- python sweeps/run.py ...`): kept by a parent process, as
     # `vitsweep sweep` is (see sweeps/launch/supervise.py).
@@ -561,17 +559,14 @@ def _stages(launch: Launch) -> int:
     if args.stage in ("train", "all"):
         with tables.compacting(results, args.study):  # settled trials' files folded as it trains, all at its end
             status = train_stage(launch)
-    if status == INTERRUPTED_EXIT:  # no later stage: the closing lines say where the launch stopped
-        print(progress.closing_lines(results, args.study, mlflow_uri, report=_report_of(results, args.study)),
-              flush=True)
-        return status
-    if args.stage in ("analyze", "all"):
+    interrupted = status == INTERRUPTED_EXIT  # no later stage: the closing lines say where the launch stopped
+    if args.stage in ("analyze", "all") and not interrupted:
         spec = launch.spec  # its EVAL_SIZE and CHECKPOINTS hooks
         statuses = analyze_stage(results, args.study, mlflow_uri, address=args.address, eval_size=spec.eval_size,
                                  checkpoints=spec.checkpoints, verbose=args.verbose)
         if any(s["status"] != "ok" for s in statuses):
             status = status or 1
-    if args.stage in ("report", "all"):
+    if args.stage in ("report", "all") and not interrupted:
         from analysis.reporting.report import build_report  # (see sweeps/cli.py)
 
         with manifest.heartbeat(results, args.study, stage="report"):  # `vitsweep status` shows the stage

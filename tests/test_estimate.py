@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from conftest import load_script
+
 from sweeps import run as launcher
 from sweeps.launch import estimate, options
 from sweeps.launch.packs import Pack
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _plan(*argv):
@@ -35,6 +41,11 @@ def test_unmeasured_presets_are_named_and_no_table_is_said():
     assert "not estimated (no measurement): study_p on imagenet100" in estimate.estimate(
         configs, packs, {"packing": {"study_l": {"K=1": {"images_per_s": 1.0}}}})
     assert estimate.estimate(configs, packs, None).startswith("GPU-hours: no estimate (no measured throughput table")
+
+
+def test_the_dry_run_reads_the_table_the_gpu_suite_keeps():
+    """The launch's estimate reads where `bench/gpu_suite.py --keep` writes (a room move once broke it)."""
+    assert estimate.TABLE == load_script(ROOT / "bench" / "gpu_suite.py").KEEP_PATH
 
 
 def test_dry_run_prints_the_estimate_line(capsys, monkeypatch, tmp_path):

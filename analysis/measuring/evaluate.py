@@ -55,17 +55,15 @@ def alpha_scale(pe: str | None) -> type[PEScale] | None:
 def evaluation_subset(split: Any, size: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The evaluation set of a split: (images uint8 (n, 3, H, W), labels int64 (n,)).
 
-    ``size`` None (the default) or >= len(split): the whole split, as the Study P code
-    measured all 5,000 ImageNet-100 validation images (a 1,000-image subset leaves a
-    fragility score a binomial standard error of ~0.017, the size of the paper's seed
-    spread). A smaller ``size`` is a cap for pilots, demos and tests: the class-stratified
-    draw the training loop scores every epoch (``trainables.data.datasets.capped_subset``, a
-    function of the labels and ``seed`` only), so every trial and snapshot of a data set
-    is measured on the same images, and with the default seed on the images of
-    ``epoch_eval_images`` of the same size (a cap below the number of classes: a seeded
-    draw). Indices ascend, so folder-backed splits are
-    read in order. ``split``: a Dataset of (uint8 image (3, H, W), int label) with
-    ``.labels`` (``TensorImages``, ``ImageFiles``); in-memory ``.images`` are sliced directly.
+    ``size`` None (the default) or >= len(split): the whole split, as the Study P code measured all 5,000
+    ImageNet-100 validation images (a 1,000-image subset leaves a fragility score a binomial standard error of
+    ~0.017, the size of the paper's seed spread). A smaller ``size`` is a cap for pilots, demos and tests: the
+    class-stratified draw the training loop scores every epoch (``trainables.data.datasets.capped_subset``, a
+    function of the labels and ``seed`` only), so every trial and snapshot of a data set is measured on the same
+    images, and with the default seed on the images of ``epoch_eval_images`` of the same size (a cap below the
+    number of classes: a seeded draw). Indices ascend, so folder-backed splits are read in order. ``split``: a
+    Dataset of (uint8 image (3, H, W), int label) with ``.labels`` (``TensorImages``, ``ImageFiles``); in-memory
+    ``.images`` are sliced directly.
     """
     if size is not None and size < 1:
         raise ValueError(f"evaluation subset size {size} must be >= 1 (or None: the whole split)")
@@ -150,10 +148,7 @@ class _Plan:
     def need(self, image: Intervention, *, alpha: float = 1.0, scale: type[PEScale] = PEScale,
              rpi: RandomPermutation | None = None, **wants: bool) -> _Pass:
         model = ((scale(alpha),) if alpha != 1.0 else ()) + ((rpi,) if rpi else ())
-        key = (image, model)
-        if key not in self.passes:
-            self.passes[key] = _Pass(image, model)
-        run = self.passes[key]
+        run = self.passes.setdefault((image, model), _Pass(image, model))
         for name, wanted in wants.items():
             setattr(run, name, getattr(run, name) or wanted)
         return run
@@ -280,16 +275,14 @@ def evaluate_checkpoint(model: nn.Module, images_uint8: torch.Tensor, labels: to
     scale = scale or PEScale
 
     clean = Clean()
-    jpegs = {q: Jpeg(q) for q in jpeg_levels}
-    blurs = {s: GaussianBlur(s, BLUR_KERNEL) for s in blur_levels}
     jpeg_headline, blur_headline = Jpeg(JPEG_HEADLINE), GaussianBlur(BLUR_HEADLINE[1], BLUR_HEADLINE[0])
 
     plan = _Plan(seed, model)
     clean_pass = plan.need(clean, tokens=True, attention=True)
     rpi_pass = plan.need(clean, rpi=plan.rpi, tokens=True, content=True)
     rpi_paper_pass = plan.need(clean, rpi=plan.rpi_paper, group=plan.rpi_paper.group)
-    jpeg_passes = {q: plan.need(j) for q, j in jpegs.items()}
-    blur_passes = {s: plan.need(b) for s, b in blurs.items()}
+    jpeg_passes = {q: plan.need(Jpeg(q)) for q in jpeg_levels}
+    blur_passes = {s: plan.need(GaussianBlur(s, BLUR_KERNEL)) for s in blur_levels}
     alpha_passes = {a: (plan.need(clean, alpha=a, scale=scale), plan.need(jpeg_headline, alpha=a, scale=scale),
                         plan.need(blur_headline, alpha=a, scale=scale),
                         plan.need(clean, alpha=a, scale=scale, rpi=plan.rpi, tokens=True))
@@ -307,8 +300,7 @@ def evaluate_checkpoint(model: nn.Module, images_uint8: torch.Tensor, labels: to
     rows: list[dict[str, Any]] = []
     acc_clean = clean_pass.accuracy
     rows.append(_row("clean", None, _WHOLE, _WHOLE, "acc", acc_clean))
-    for layer, value in enumerate(clean_pass.ssdc()):
-        rows.append(_row("clean", None, layer, _WHOLE, "ssdc", value))
+    rows.extend(_row("clean", None, layer, _WHOLE, "ssdc", v) for layer, v in enumerate(clean_pass.ssdc()))
     if plan.ape_ratio is not None:
         rows.append(_row("clean", None, _WHOLE, _WHOLE, "ape_norm_ratio", plan.ape_ratio.ratio()))
     for layer, stats in enumerate(clean_pass.attention_stats):

@@ -29,8 +29,6 @@ DISTANCES = ("manhattan", "euclidean")
 
 
 # --------------------------------------------------------------------------- grid geometry
-
-
 def grid_coords(grid: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Row-major ``(row, col)`` coordinates of a ``grid x grid`` patch grid: (N, 2) float64."""
     index = torch.arange(grid * grid, device=device)
@@ -51,8 +49,6 @@ def pairwise_distance(coords: torch.Tensor, distance: str = "manhattan") -> torc
 
 
 # --------------------------------------------------------------------------- Spearman with average ties
-
-
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
     """Ranks 1..n of a 1-D tensor (n,), tied values sharing their average rank, as
     ``scipy.stats.rankdata(values, method="average")``. Returns (n,) float64."""
@@ -68,8 +64,7 @@ def average_ranks(values: torch.Tensor) -> torch.Tensor:
 
 def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
     """Pearson correlation of two (n,) float64 vectors; NaN when either is constant (as scipy)."""
-    x = x - x.mean()
-    y = y - y.mean()
+    x, y = x - x.mean(), y - y.mean()
     denominator = torch.sqrt((x * x).sum() * (y * y).sum())
     if denominator == 0:
         return math.nan
@@ -82,8 +77,6 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 # --------------------------------------------------------------------------- SSDC
-
-
 def _cosine_similarity_sum(tokens: torch.Tensor) -> torch.Tensor:
     """Sum over images of the patch tokens' (B, N, D) cosine-similarity matrices: (N, N) in at least
     float32 (float64 stays float64)."""
@@ -186,8 +179,6 @@ def delta_ssdc(ssdc_per_layer: Sequence[float]) -> float:
 
 
 # --------------------------------------------------------------------------- attention statistics
-
-
 # Images per chunk when AttentionAccumulator runs on the CPU: about 2**18 attention weights (1 MiB in
 # float32), so the five element-wise passes over a chunk mostly hit L2 cache instead of memory. A GPU
 # takes the batch whole (chunks would only add kernel launches).
@@ -284,8 +275,6 @@ class AttentionAccumulator:
 
 
 # --------------------------------------------------------------------------- robustness
-
-
 def fragility(acc_clean: float, acc_shift: float) -> float:
     """Fragility score FS = 1 - acc_shift / acc_clean (Study P), accuracies as fractions in [0, 1].
 

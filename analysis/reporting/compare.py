@@ -151,8 +151,7 @@ def page(tables: dict[str, pd.DataFrame], results_a: str, results_b: str, study:
            "table{border-collapse:collapse;font-size:.85em;margin:.6em 0}th,td{border:1px solid #ddd;padding:3px 7px}"
            "th{background:#f3f3f3}td{text-align:right;white-space:nowrap}td.t{text-align:left;white-space:normal}"
            "td.claim{min-width:22em}td.set{min-width:14em}tr.changed td{background:#fff3cd}td.neg{color:#a40000}"
-           "td.pos{color:#075e00}"
-           ".meta{color:#555}")
+           "td.pos{color:#075e00}.meta{color:#555}")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vitsweep compare: {_e(study)}</title>"
              f"<style>{css}</style></head><body><h1>vitsweep compare: {_e(study)}</h1>",
              f"<p class='meta'>A: {_e(results_a)} · B: {_e(results_b)}. Rows with data first, a changed verdict "

@@ -50,9 +50,7 @@ def _attention_per_layer(data: StudyData, metric: str, title: str, ylabel: str) 
                         color=pl.colour(pe, False, proto), ls=ls, marker="o" if how == "mean" else "v")
             if metric == "mad":
                 canvas.uniform_level(ax, pl.grids(data.trials, ds))
-            ax.set_title(pl.panel_title(p, f"n={p['trial_id'].nunique()}"))
-            ax.set_xlabel("layer")
-            ax.set_ylabel(ylabel)
+            ax.set(title=pl.panel_title(p, f"n={p['trial_id'].nunique()}"), xlabel="layer", ylabel=ylabel)
             canvas.style(ax, layer_axis="x")
         for ax in axes.flat[len(protocols):]:
             ax.set_visible(False)
@@ -91,12 +89,10 @@ def mad_entropy(data: StudyData) -> list[pl.Plot]:
     cmap = colormaps["viridis"]  # colour here is the layer, a scale: the legend says so
     norm = BoundaryNorm(np.arange(n_layers + 1) - 0.5, cmap.N)
     for row, ds in enumerate(datasets):
-        panels = axes[row * rows_per_ds:(row + 1) * rows_per_ds].flat
-        for i, ax in enumerate(panels):
-            if i >= len(protocols):
-                ax.set_visible(False)
-                continue
-            proto = protocols[i]
+        panels = axes[row * rows_per_ds:(row + 1) * rows_per_ds].ravel()
+        for ax in panels[len(protocols):]:
+            ax.set_visible(False)
+        for ax, proto in zip(panels, protocols):
             p = both[(both["dataset"] == ds) & (both["protocol"] == proto)]
             ax.scatter(p["value_mad"], p["value_ent"], c=p["layer"], cmap=cmap, norm=norm, s=7, alpha=0.35, lw=0)
             canvas.uniform_level(ax, pl.grids(data.trials, ds), axis="x")

@@ -208,16 +208,14 @@ def _config_html(data: StudyData) -> str:
     result_columns = set(TRIAL_FIELDS.names) - {"study"} | {"code_version"}
     varying, constant = [], []
     for col in (c for c in raw.columns if c not in result_columns):
-        values = raw[col].dropna().unique()
-        shown = sorted(map(str, values))
+        shown = sorted(map(str, raw[col].dropna().unique()))
         if len(shown) > 1:
             listed = ", ".join(shown[:20]) + (f", … ({len(shown) - 20} more)" if len(shown) > 20 else "")
             varying.append({"column": col, "distinct": len(shown), "values": listed})
         else:
             constant.append({"column": col, "value": shown[0] if shown else "—"})
-    code = f"<p>Code version: {_e(_code_version(data))}.</p>"
-    return (code + f"<h3>Varying ({len(varying)})</h3>" + _table(pd.DataFrame(varying)) +
-            f"<h3>Constant ({len(constant)})</h3>" + _table(pd.DataFrame(constant)))
+    return (f"<p>Code version: {_e(_code_version(data))}.</p><h3>Varying ({len(varying)})</h3>"
+            + _table(pd.DataFrame(varying)) + f"<h3>Constant ({len(constant)})</h3>" + _table(pd.DataFrame(constant)))
 
 
 def _code_version(data: StudyData) -> str:

@@ -72,9 +72,7 @@ def colour(pe: str = "ape", rpt: bool = False, protocol: str = "baseline") -> st
         base = named_colour(protocol)
     else:  # neither study's series: the pair's own default
         base = named_colour(f"{pe}/{protocol}")
-    if not rpt:
-        return base
-    return to_hex(tuple(c * (1 - RPT_DARKEN) for c in to_rgb(base)))
+    return to_hex(tuple(c * (1 - RPT_DARKEN) for c in to_rgb(base))) if rpt else base
 
 
 def model_style(pe: str, rpt: bool, protocol: str = "baseline") -> dict:
@@ -250,10 +248,8 @@ def mean_point(ax, xs, ys, name: str, **style) -> None:
     ax.errorbar([sx.mean], [sy.mean], xerr=ci_bar(sx), yerr=ci_bar(sy), fmt="o", ms=6, elinewidth=1, **style)
 
 
-def by_model(s: pd.DataFrame):
-    groups = {k: g for k, g in s.groupby(["pe", "rpt"])}
-    for key in sorted(groups, key=lambda k: model_key(*k)):
-        yield key, groups[key]
+def by_model(s: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    return sorted(s.groupby(["pe", "rpt"]), key=lambda kg: model_key(*kg[0]))
 
 
 def datasets(df: pd.DataFrame) -> list[str]:

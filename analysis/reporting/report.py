@@ -50,9 +50,8 @@ def build_report(results: str, study: str, *, out_dir: str | os.PathLike | None 
     from analysis.measuring import canvas  # matplotlib: imported when figures are drawn, not for --help
     from analysis.reporting import figures, plotting
 
-    out_dir = report_dir(results, study) if out_dir is None else out_dir
     data = StudyData.load(results, study)  # first: a wrong study name must not leave a folder behind
-    out = Path(out_dir)
+    out = Path(report_dir(results, study) if out_dir is None else out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     body = {key: [] for key in page.SECTIONS}
@@ -162,7 +161,6 @@ def _experiment(uri: str | None, study: str) -> str | None:
     """The study's MLflow experiment id (created if missing), or None without a URI or store."""
     if not uri:
         return None
-
     try:
         return tracking.ensure_experiment(uri, study)
     except Exception as err:  # noqa: BLE001 - a tracking outage must not cost the report
@@ -176,7 +174,6 @@ def _run_links(uri: str | None, experiment_id: str | None) -> dict[str, str]:
     or, for a local store, at ``mlflow ui``'s (``records.tracking.ui_command`` starts it)."""
     if not uri or experiment_id is None:
         return {}
-
     base, suffix = tracking.run_url(uri, experiment_id, "RUN").split("RUN", 1)
     return {"base": base, "suffix": suffix}
 

@@ -4,9 +4,8 @@ A claim compares two groups of trials on one per-trial metric (paired by seed wh
 a within-trial statistic across seeds (``Claim.b`` None), or a per-seed ranking of several groups
 (``Claim.order``); the statistics of one claim are ``analysis.statistics.claim_tests``, the tests themselves
 ``analysis.statistics.seedstats``. The p values of one report are Holm-adjusted per paper and data set (one family
-each): every directional verdict reads the adjusted p, a claim of no effect its 95% interval against
-its margin. Trials
-flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group, and every
+each): every directional verdict reads the adjusted p, a claim of no effect its 95% interval against its margin.
+Trials flagged ``did_not_learn`` (final accuracy within 2 points of chance) are counted per group, and every
 claim is computed twice: on the trials that learned (the verdict) and with the non-learners kept, their
 measurements as they are (``verdict (all trials)``); a row whose two verdicts differ is flagged. A
 precondition is a reading aid: the row keeps its test's verdict and an unmet one adds a mark

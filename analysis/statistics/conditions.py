@@ -46,8 +46,7 @@ def normalise_trials(raw: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame,
     t["rpt"] = t["rpt"].fillna(False).astype(bool) if "rpt" in t else False
     t["protocol"] = t["protocol"].map(canonical_protocol)
     # The switches follow the protocol name, so a claim about "CutMix on" and one about protocol agree.
-    switches = pd.DataFrame([protocol_switches(p) for p in t["protocol"]], index=t.index)
-    t[list(SWITCHES)] = switches
+    t[list(SWITCHES)] = pd.DataFrame([protocol_switches(p) for p in t["protocol"]], index=t.index)
     t["model"] = [model_label(pe, rpt) for pe, rpt in zip(t["pe"], t["rpt"])]
     t["did_not_learn"] = _did_not_learn(t)
     extra = condition_fields(t)

@@ -49,30 +49,20 @@ PAPER_L_ACC_GAIN = {"cutmix": (0.06, 0.07), "autoaugment": (0.06, 0.07)}
 
 def paper_reference_table() -> pd.DataFrame:
     """The papers' numbers in one table, for reading beside ours when no setting matches."""
-    rows = [
-        {"paper": "Study P", "setting": "ImageNet-100, 224 px, 4 seeds", "condition": m, "quantity": q, "value": v}
-        for m, d in PAPER_P_MODELS.items()
-        for q, v in (("clean acc", d["test_acc"]), ("FS JPEG q5", d["fs_jpeg"]), ("FS blur s2.5", d["fs_blur"]))
-    ]
+    p_setting, l_setting = "ImageNet-100, 224 px, 4 seeds", "CIFAR-100, 1 seed"
+    rows = [("Study P", p_setting, m, q, v) for m, d in PAPER_P_MODELS.items()
+            for q, v in (("clean acc", d["test_acc"]), ("FS JPEG q5", d["fs_jpeg"]), ("FS blur s2.5", d["fs_blur"]))]
     for alpha, (d, lo, hi) in sorted(PAPER_P_APE_SCALING.items(), reverse=True):
-        setting = "ImageNet-100, 224 px, 4 seeds"
-        rows.append({"paper": "Study P", "setting": setting, "condition": f"ape, alpha {alpha:.1f}",
-                     "quantity": "dSSDC (RPI), the paper's estimator (one permutation per batch)",
-                     "value": f"{d:.3f}"})
-        fs = f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}"
-        rows.append({"paper": "Study P", "setting": setting, "condition": f"ape, alpha {alpha:.1f}",
-                     "quantity": "FS JPEG q5", "value": fs})
-    for proto, v in PAPER_L_MIN_MAD.items():
-        rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": protocol_label(proto),
-                     "quantity": "min MAD", "value": v})
-    rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": "every CutMix condition",
-                 "quantity": "min MAD", "value": f"<= {PAPER_L_CUTMIX_MAX}"})
-    rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": "every non-CutMix condition",
-                 "quantity": "min MAD", "value": f">= {PAPER_L_NO_CUTMIX_MIN}"})
-    for proto, (low, high) in PAPER_L_ACC_GAIN.items():
-        rows.append({"paper": "Study L", "setting": "CIFAR-100, 1 seed", "condition": protocol_label(proto),
-                     "quantity": "accuracy gain over baseline", "value": f"{low:.2f}-{high:.2f}"})
-    return pd.DataFrame(rows).astype({"value": str})
+        rows += [("Study P", p_setting, f"ape, alpha {alpha:.1f}",
+                  "dSSDC (RPI), the paper's estimator (one permutation per batch)", f"{d:.3f}"),
+                 ("Study P", p_setting, f"ape, alpha {alpha:.1f}", "FS JPEG q5",
+                  f"{lo:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}")]
+    rows += [("Study L", l_setting, protocol_label(proto), "min MAD", v) for proto, v in PAPER_L_MIN_MAD.items()]
+    rows += [("Study L", l_setting, "every CutMix condition", "min MAD", f"<= {PAPER_L_CUTMIX_MAX}"),
+             ("Study L", l_setting, "every non-CutMix condition", "min MAD", f">= {PAPER_L_NO_CUTMIX_MIN}")]
+    rows += [("Study L", l_setting, protocol_label(proto), "accuracy gain over baseline", f"{low:.2f}-{high:.2f}")
+             for proto, (low, high) in PAPER_L_ACC_GAIN.items()]
+    return pd.DataFrame(rows, columns=["paper", "setting", "condition", "quantity", "value"]).astype({"value": str})
 
 
 def condition_numbers(dataset: str, model: str, protocol: str, matches_p: bool) -> str:

@@ -260,8 +260,7 @@ def mde(se: float, df: float, alternative: str, alpha: float = ALPHA, power: flo
     """Minimum detectable effect: the |effect| the t test (``se``, ``df``, its rejection region at
     ``alpha``: a claim's Holm step, ``holm_step_alpha``) rejects with probability ``power``, from the
     noncentral t distribution.
-    One-sided: P(T' > t_{1-alpha}) = power; two-sided: P(|T'| > t_{1-alpha/2}) = power. NaN without
-    a spread."""
+    One-sided: P(T' > t_{1-alpha}) = power; two-sided: P(|T'| > t_{1-alpha/2}) = power. NaN without a spread."""
     if not (df >= 1 and math.isfinite(se)):
         return math.nan
     if se == 0:
@@ -275,7 +274,7 @@ def mde(se: float, df: float, alternative: str, alpha: float = ALPHA, power: flo
         lower = np.nan_to_num(stats.nct.cdf(-crit, df, ncp), nan=0.0) if two else 0.0
         return upper + lower - power
     high = 1.0
-    while missing(high) < 0:  # bracket the root; scipy's nct turns NaN far out in the tail
+    while missing(high) < 0:  # bracket the root
         high *= 2
     return float(optimize.brentq(missing, 0.0, high) * se)
 

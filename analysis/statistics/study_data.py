@@ -164,8 +164,7 @@ class StudyData:
         pe_scale_link: the Spearman correlation of dSSDC and FS JPEG over the paper's PE scales."""
         t = self.trials
         extra = [c for c in ("condition", *self.condition_fields, "img_size", "mlflow_run_id") if c in t]
-        out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]]
-        out = out.copy().set_index("trial_id")
+        out = t[[*TRIAL_KEYS, "did_not_learn", *dict.fromkeys(extra)]].copy().set_index("trial_id")
 
         def per(df: pd.DataFrame, how: str = "mean") -> pd.Series:
             return df.groupby("trial_id")["value"].agg(how) if not df.empty else pd.Series(dtype=float)
@@ -213,10 +212,8 @@ class StudyData:
         out["dssdc_pe_scale_drop"] = at["dssdc", 1.0] - at["dssdc", PE_SCALE_COLLAPSE]
         out["pe_scale_link"] = self._pe_scale_link().reindex(out.index)
         clean = self.select("clean", "acc")
-        if "n_images" in clean and not clean.empty:
-            out["n_images"] = clean.groupby("trial_id")["n_images"].max().reindex(out.index)
-        else:
-            out["n_images"] = np.nan
+        out["n_images"] = (clean.groupby("trial_id")["n_images"].max().reindex(out.index)
+                           if "n_images" in clean and not clean.empty else np.nan)
         out["acc_clean"] = measured.where(~tuning)  # on the analysis set (the test split): none for tuning runs
         final = self.final[["trial_id", "checkpoint_epoch"]].drop_duplicates("trial_id")
         last = pd.Series(final["checkpoint_epoch"].astype(self.stored.get("checkpoint_epoch", float)).to_numpy(),

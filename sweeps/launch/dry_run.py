@@ -31,10 +31,8 @@ SHOWN = ("preset", "epochs", "lr")  # beside the id: in the compact list when th
 def dry_run(args: argparse.Namespace, configs) -> int:
     """Print the plan of ``configs`` (the launch's trials, ``options.build_trials``); 0."""
     packs = build_packs(args, configs)
-    rows = [{**c.to_flat(), "trial_id": c.trial_id} for c in configs]  # each trial's config, built once
     pack = pack_of(packs)
-    for row in rows:
-        row["pack"] = pack[row["trial_id"]]
+    rows = [{**c.to_flat(), "trial_id": c.trial_id, "pack": pack[c.trial_id]} for c in configs]  # built once
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
@@ -65,10 +63,9 @@ def summary(study: str, rows: list[dict], packs, swept=()) -> str:
     return line + (f"; every trial: {', '.join(shared)}" if shared else "")
 
 
-def print_table(rows: list[dict], cols, stream=None) -> None:
+def print_table(rows: list[dict], cols) -> None:
     """``rows`` as aligned columns ``cols``, with a header line."""
-    stream = stream or sys.stdout  # looked up per call, so a redirected stdout is honoured
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols} if rows else {c: len(c) for c in cols}
-    print("  ".join(c.ljust(widths[c]) for c in cols).rstrip(), file=stream)
+    print("  ".join(c.ljust(widths[c]) for c in cols).rstrip())
     for r in rows:
-        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols).rstrip(), file=stream)
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols).rstrip())

@@ -17,12 +17,12 @@ from typing import Any
 
 from trainables.config.data_roots import DATASET_SPECS
 
-TABLE = Path(__file__).resolve().parent.parent / "bench" / "measured" / "gpu_suite.json"
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "measured" / "gpu_suite.json"  # bench/gpu_suite.py writes it
 
 
-def load_table(path: Path | None = None) -> dict[str, Any] | None:
+def load_table() -> dict[str, Any] | None:
     try:
-        return json.loads((path or TABLE).read_text())
+        return json.loads(TABLE.read_text())
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -32,10 +32,9 @@ def trial_images(flat: dict[str, Any]) -> int | None:
     official training split (`trainables.config.data_roots.DATASET_SPECS`) less the holdout, capped, times
     the epochs."""
     size = DATASET_SPECS.get(flat["dataset"])
-    n = size.train_images if size is not None else None
-    if n is None:
+    if size is None or size.train_images is None:
         return None
-    n = round(n * (1 - flat.get("holdout_fraction", 0.05)))
+    n = round(size.train_images * (1 - flat.get("holdout_fraction", 0.05)))
     if flat.get("max_train_images", 0) > 0:
         n = min(n, flat["max_train_images"])
     return n * flat["epochs"]
@@ -78,12 +77,9 @@ def estimate(configs, packs, table: dict[str, Any] | None) -> str:
     line = f"GPU-hours: {seconds / 3600:.1f} on {device} (measured {table.get('measured_at', '?')})"
     if unmeasured:
         line += f"; not estimated (no measurement): {', '.join(sorted(unmeasured))}"
-    speedups = {}  # (preset, K) -> the measured speed-up of the sweep's pack sizes above one
-    for p in packs:
-        k, preset = len(p.members), p.members[0].to_flat()["preset"]
-        if k > 1 and (preset, k) not in speedups:
-            speedups[(preset, k)] = packing_speedup(table, preset, k)
-    shown = [f"{preset} K={k} x{s:.1f}" for (preset, k), s in sorted(speedups.items()) if s is not None]
+    sizes = {(p.members[0].to_flat()["preset"], len(p.members)) for p in packs if len(p.members) > 1}  # (preset, K)
+    shown = [f"{preset} K={k} x{s:.1f}" for preset, k in sorted(sizes)
+             if (s := packing_speedup(table, preset, k)) is not None]
     if shown:
         line += f"; packing speed-up over lone trials: {', '.join(shown)}"
     return line

@@ -57,7 +57,7 @@ def classify(exc: BaseException) -> str | None:
             return f"MLflow {state}: {text}"
         if isinstance(e, (pickle.UnpicklingError, EOFError)):
             return f"a Tune state file is truncated ({type(e).__name__}: {str(e) or 'end of file'})"
-        if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or _storage_words(str(e))):
+        if isinstance(e, OSError) and (e.errno in STORAGE_ERRNOS or errno_of(str(e)) is not None):
             return f"{type(e).__name__}: {e}"
     for e in cause_chain(exc):  # Ray's errors carry the remote one's traceback as text
         why = classify_text(str(e))
@@ -72,13 +72,9 @@ def classify_text(text: str) -> str | None:
         line = line.strip()
         if "TrackingError" in line:
             return "MLflow unreachable: " + line.split("TrackingError:", 1)[-1].strip()[:400]
-        if _storage_words(line):
+        if errno_of(line) is not None:
             return line[:400]
     return None
-
-
-def _storage_words(text: str) -> bool:
-    return errno_of(text) is not None
 
 
 # ---------------------------------------------------------------------------------------------- the log
@@ -108,7 +104,6 @@ def remove_trial_temp_folders(names) -> None:
     """Remove the local temp folders of Train runs (``vitsweep-<trial or pack id>-*``, made by each
     run's worker, ``trainables.trial.ray_trial``) that a killed or stopped worker could not remove. Call it
     while none of them runs (the launch lock is held): before a launch, and after its Tune returns."""
-
     for name in dict.fromkeys(names):
         pattern = f"vitsweep-{glob.escape(name)}-{'[a-z0-9_]' * 8}"  # mkdtemp's suffix: no other run's folder
         for folder in glob.glob(os.path.join(tempfile.gettempdir(), pattern)):
@@ -134,13 +129,11 @@ class LaunchLog(logging.Handler):
     def _next(self) -> bool:
         while self._candidates:
             path = self._candidates.pop(0)
-            try:
+            with contextlib.suppress(OSError):
                 path = path or os.path.join(private_log_folder(), self._fallback_name)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._file, self.path = open(path, "a", encoding="utf-8"), path  # noqa: SIM115
                 return True
-            except OSError:
-                continue
         self._file = None
         return False
 
@@ -260,7 +253,6 @@ class FaultWatch:
             self._thread.join(timeout=PROBE_INTERVAL_S * 2)
 
     def _probe(self) -> None:
-
         down_since = None
         while not self._stop.wait(PROBE_INTERVAL_S):
             try:
@@ -285,8 +277,7 @@ class FaultWatch:
             def on_trial_recover(self, iteration, trials, trial, **info):
                 watch.trial_failed(trial)
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                watch.trial_failed(trial)
+            on_trial_error = on_trial_recover
 
         return _Watch()
 
@@ -316,7 +307,6 @@ def set_aside_truncated_train_state(storage: str, study: str, names: list[str]) 
     every retry (``CheckpointManagerInitializationError``). Call it while no trial runs (the launch
     lock is held): each such file is renamed aside, so the run starts over instead of failing.
     Returns one line per file set aside."""
-
     from pyarrow import fs as pafs
 
     fs, root = filesystem(train_storage(storage, study))

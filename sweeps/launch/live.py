@@ -129,12 +129,9 @@ def sweep_eta(units: Sequence[Unit], slots: int, now: float) -> float | None:
     est = estimate(units)
     running = [u for u in units if u.ended is None and u.started is not None]
     waiting = [u for u in units if u.ended is None and u.started is None]
-    free = []  # when each slot frees, seconds from now
-    for u in running:
-        r = remaining_s(u, est, now)
-        if r is None:
-            return None
-        free.append(r)
+    free = [remaining_s(u, est, now) for u in running]  # when each slot frees, seconds from now
+    if None in free:
+        return None
     free += [0.0] * (max(1, slots, len(running)) - len(free))  # an idle slot starts a waiting unit now
     free.sort()
     for u in waiting:
@@ -279,13 +276,11 @@ class RecordReader:
         base = Unit(name, len(ids), int(plan.get("epochs") or 0), plan.get("shape", ""))
         if not live:
             return base
-        started = min(r["started_at"].timestamp() for r in live if r.get("started_at") is not None) \
-            if any(r.get("started_at") is not None for r in live) else None
+        started = min((r["started_at"].timestamp() for r in live if r.get("started_at") is not None), default=None)
         open_ids = [r["trial_id"] for r in live if r["status"] == "running"]
         ended = None
         if not open_ids and all(r["status"] != "running" for r in live) and len(live) == len(ids):
-            ends = [r["ended_at"].timestamp() for r in live if r.get("ended_at") is not None]
-            ended = max(ends) if ends else None
+            ended = max((r["ended_at"].timestamp() for r in live if r.get("ended_at") is not None), default=None)
         probe = (open_ids or [r["trial_id"] for r in live])[0]
         fs, root = layout.filesystem(layout.table_path(self.results, self.study, "epochs"))
         path = f"{root}/{layout.unit_file(probe)}"

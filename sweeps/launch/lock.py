@@ -134,7 +134,7 @@ class LaunchLock:
             self._thread.join(timeout=5)
         try:
             current = self._read()
-            if current is not None and current.get("token") == self.token:  # never remove a taker's lock
+            if self._ours(current):  # never remove a taker's lock
                 self._remove(self.uri)
         except OSError as exc:  # harmless: the next launch sees this process is gone and takes it over
             log.warning("could not remove the launch lock %s: %s", self.uri, exc)
@@ -169,11 +169,7 @@ class LaunchLock:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(self._payload())
             return True
-        if self._read() is not None:
-            return False
-        self._write_remote()
-        current = self._read()  # read back: no conditional put (see the module doc)
-        return current is not None and current.get("token") == self.token
+        return self._read() is None and self._put_remote()
 
     def _read(self) -> dict[str, Any] | None:
         try:
@@ -194,9 +190,7 @@ class LaunchLock:
     def _take_over(self, stale: dict[str, Any]) -> bool:
         """Replace the stale lock by ours; False if another launch got there first."""
         if not self._local:
-            self._write_remote()
-            current = self._read()
-            return current is not None and current.get("token") == self.token
+            return self._put_remote()
         moved = f"{self.uri}.stale-{self.token}"
         try:
             os.rename(self.uri, moved)  # only one of two takers renames the file away
@@ -231,6 +225,14 @@ class LaunchLock:
         with fs.open_output_stream(path) as fh:
             fh.write(self._payload())
 
+    def _put_remote(self) -> bool:
+        """Write the lease object, then read it back: whether it is ours (no conditional put: see the module doc)."""
+        self._write_remote()
+        return self._ours(self._read())
+
+    def _ours(self, current: dict[str, Any] | None) -> bool:
+        return current is not None and current.get("token") == self.token
+
     def _remove(self, uri: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             if self._local:
@@ -245,7 +247,7 @@ class LaunchLock:
             self.holder["heartbeat"] = time.time()
             try:
                 current = self._read()
-                if current is None or current.get("token") != self.token:
+                if not self._ours(current):
                     log.warning("the launch lock %s was taken over by %s", self.uri,
                                 describe(current) if current else "nobody (it was removed)")
                     return

@@ -94,12 +94,8 @@ def form_packs(configs: Sequence[RunConfig], k: int, *, workers_per_trial: int =
         else:
             key = (pack_key(cfg), resume_epochs.get(cfg.trial_id, 0))
         groups.setdefault(key, []).append(cfg)
-    packs = []
-    for members in groups.values():
-        for start in range(0, len(members), k):
-            chunk = tuple(members[start : start + k])
-            packs.append(Pack(pack_id(chunk), chunk))
-    return packs
+    chunks = [tuple(members[start : start + k]) for members in groups.values() for start in range(0, len(members), k)]
+    return [Pack(pack_id(chunk), chunk) for chunk in chunks]
 
 
 def pack_of(packs: Sequence[Pack]) -> dict[str, str]:

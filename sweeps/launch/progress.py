@@ -38,6 +38,7 @@ import shlex
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
@@ -100,8 +101,7 @@ class _Pump:
     def __init__(self, guard: QuietConsole, fd: int):
         self.guard, self.fd = guard, fd
         self.target = os.dup(fd)
-        read, write = os.pipe()
-        self.read = read
+        self.read, write = os.pipe()
         os.dup2(write, fd)
         os.close(write)
         self.thread = threading.Thread(target=self.run, name=f"vitsweep-console-{fd}", daemon=True)
@@ -246,7 +246,7 @@ class TrialProgress:
         self.stream = stream  # None: sys.stdout when printing (Tune pickles its callbacks; a terminal is no pickle)
         self.start = time.monotonic()
         self.done = 0
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
         self._seen: set[str] = set()
         self._started: set[str] = set()  # Tune trials (packs, or lone trials) seen running
         self._restarts: dict[str, int] = {}  # Tune trial -> the restarts already said
@@ -302,7 +302,7 @@ class TrialProgress:
             row = tables.read_trial(self.results, self.study, trial_id)
             self.done += 1
             status = row["status"] if row else "unrecorded"
-            self.counts[status] = self.counts.get(status, 0) + 1
+            self.counts[status] += 1
             left = self.total - self.done
             seconds = self._eta(left) if left else None
             eta = f"; ETA {format_duration(seconds)}" if seconds is not None else ""
@@ -336,16 +336,13 @@ class TrialProgress:
         them now (the record of truth, not what this object counted: a restored or missed callback
         cannot make it wrong); what this launch saw when the table cannot be read."""
         ids = list(dict.fromkeys([*(t for members in self.members.values() for t in members), *self._seen]))
-        counts: dict[str, int] = {}
         try:
             table = tables.read_table(self.results, self.study, "trials", ["trial_id", "status"])
             rows = {r["trial_id"]: r["status"] for r in (table.to_pylist() if table is not None else [])}
         except OSError:  # the results folder is what failed: what this launch saw is all there is
             return dict(self.counts), False
-        for trial_id in ids:
-            status = rows.get(trial_id, "unrecorded" if trial_id in self._seen else "not started")
-            counts[status] = counts.get(status, 0) + 1
-        return counts, bool(ids)
+        counts = Counter(rows.get(t, "unrecorded" if t in self._seen else "not started") for t in ids)
+        return dict(counts), bool(ids)
 
     def summary(self) -> str:
         """One line: the launch's trials by status (``final_counts``) and its time."""
@@ -397,8 +394,7 @@ class TrialProgress:
             def on_trial_complete(self, iteration, trials, trial, **info):
                 ended(trial)
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                ended(trial)
+            on_trial_error = on_trial_complete
 
         return _Callback()
 

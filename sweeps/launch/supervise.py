@@ -54,8 +54,7 @@ def run(argv: list[str], entry: Callable[[list[str]], int], where: Callable[[], 
     study, MLflow URI or None for the default, the next command), for the keeper's own closing."""
     if os.environ.get(CHILD_ENV):
         code = entry(argv)
-        note = os.environ.get(NOTE_ENV)
-        if note:
+        if note := os.environ.get(NOTE_ENV):
             Path(note).write_text(str(code))
         return code
     with tempfile.TemporaryDirectory(prefix="vitsweep-keeper-") as folder:
@@ -64,9 +63,9 @@ def run(argv: list[str], entry: Callable[[list[str]], int], where: Callable[[], 
 
 def _keep(note: Path, where) -> int:
     """Run this process's own command line again as the child (``CHILD_ENV``), and keep it."""
-    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env={**os.environ, CHILD_ENV: "1",
-                                                                        NOTE_ENV: str(note)},
-                             process_group=0, preexec_fn=_die_with_parent)
+    env = {**os.environ, CHILD_ENV: "1", NOTE_ENV: str(note)}
+    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env=env, process_group=0,
+                             preexec_fn=_die_with_parent)
     received: list[tuple[str, float]] = []  # (signal name, when)
 
     def forward(signum, frame) -> None:

@@ -86,12 +86,14 @@ NUMERIC_FLAGS = (
 TEXT_FLAGS = (("--datasets", "datasets"), ("--preset", "preset"), ("--results", "results"),
               ("--storage", "storage"), ("--mlflow-uri", "mlflow_uri"), ("--data-root", "data_root"),
               ("--address", "address"), ("--defaults-from", "defaults_from"))
+EXPECTED = {"--datasets": f"pass comma-separated data sets from {list(DATASET_SPECS)}",
+            "--preset": f"pass one of {list(PRESETS)}"}  # what an empty text flag should have been
 
 
-def check_numbers(args: argparse.Namespace, flags=NUMERIC_FLAGS) -> None:
+def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric flag in its range (zero epochs is an error, not "the default"):
     raises ValueError naming the flag, the value and the valid range."""
-    for flag, attr, low, inclusive, integer in flags:
+    for flag, attr, low, inclusive, integer in NUMERIC_FLAGS:
         value = getattr(args, attr, None)
         if value is None:
             continue
@@ -103,20 +105,13 @@ def check_numbers(args: argparse.Namespace, flags=NUMERIC_FLAGS) -> None:
             raise ValueError(f"{flag} must be a multiple of 0.0001 (Ray's resource precision), got {value!r}")
 
 
-def check_texts(args: argparse.Namespace, flags=TEXT_FLAGS) -> None:
+def check_texts(args: argparse.Namespace) -> None:
     """A text flag given as "" (or only commas and blanks) is an error, never a silent default."""
-    for flag, attr in flags:
+    for flag, attr in TEXT_FLAGS:
         value = getattr(args, attr, None)
         if value is not None and not value.replace(",", "").strip():
-            raise ValueError(f"{flag} is empty ({value!r}); omit it for the default, or {_expected(flag)}")
-
-
-def _expected(flag: str) -> str:
-    if flag == "--datasets":
-        return f"pass comma-separated data sets from {list(DATASET_SPECS)}"
-    if flag == "--preset":
-        return f"pass one of {list(PRESETS)}"
-    return "pass a value"
+            expected = EXPECTED.get(flag, "pass a value")
+            raise ValueError(f"{flag} is empty ({value!r}); omit it for the default, or {expected}")
 
 
 # The flags that take a path or URI: typed as they are, they stand on the launcher's command line.
@@ -124,12 +119,12 @@ PATH_FLAGS = (("--results", "results"), ("--storage", "storage"), ("--data-root"
               ("--mlflow-uri", "mlflow_uri"), ("--defaults-from", "defaults_from"))
 
 
-def check_ascii_paths(args: argparse.Namespace, flags=PATH_FLAGS) -> None:
+def check_ascii_paths(args: argparse.Namespace) -> None:
     """A path flag with a non-ASCII character is refused: it stands on the launcher's command line, and
     Ray's memory monitor, reporting the processes that use the most memory, cuts their command lines at
     a byte length; a cut inside a multi-byte character made every raylet on the machine abort on the
     invalid UTF-8 (other users' included). A symlink gives such a folder an ASCII path."""
-    for flag, attr in flags:
+    for flag, attr in PATH_FLAGS:
         value = getattr(args, attr, None)
         if value is None or value.isascii():
             continue
@@ -153,8 +148,7 @@ def check_names(args: argparse.Namespace) -> None:
 
 
 def check_args(args: argparse.Namespace) -> dict[str, list[Any]]:
-    """All of the above for a launch; returns the parsed ``--set`` overrides."""
-    check_study(args.study)
+    """The flags' checks above (the study's name: ``options.check``, first); returns the ``--set`` overrides."""
     check_numbers(args)
     check_texts(args)
     check_ascii_paths(args)

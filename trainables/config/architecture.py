@@ -87,20 +87,15 @@ class ViTConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.img_size % self.patch_size:
-            raise ValueError(
-                f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}; "
-                f"valid patch sizes for img_size={self.img_size}: {_divisors(self.img_size)}"
-            )
+            raise ValueError(f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}; "
+                             f"valid patch sizes for img_size={self.img_size}: {_divisors(self.img_size)}")
         if self.dim % self.heads:
-            raise ValueError(
-                f"dim={self.dim} is not divisible by heads={self.heads}; "
-                f"valid heads for dim={self.dim}: {_divisors(self.dim)}"
-            )
+            raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}; "
+                             f"valid heads for dim={self.dim}: {_divisors(self.dim)}")
         if self.pe in vocab.PES:
             check_pe_geometry(self)
-        else:  # only a PE registered at run time (a test, a notebook) lacks a vocabulary name
-            if self.pe not in (registered := _registered_pes()):
-                raise Spec(str, choices=registered).error("pe", self.pe)
+        elif self.pe not in (registered := _registered_pes()):  # a PE registered at run time (a test, a notebook)
+            raise Spec(str, choices=registered).error("pe", self.pe)
 
     @property
     def grid(self) -> int:
@@ -165,14 +160,10 @@ def check_pe_geometry(config: ViTConfig) -> None:
     """Raise ValueError naming the nearest valid values when `config.pe` does not suit the geometry."""
     width = PE_QUARTERS.get(config.pe)
     if width == "dim" and config.dim % 4:
-        raise ValueError(
-            f"pe={config.pe!r} needs dim divisible by 4 (sin/cos x column/row), got dim={config.dim}; "
-            f"nearest valid dims: {config.dim - config.dim % 4}, {config.dim - config.dim % 4 + 4}"
-        )
+        raise ValueError(f"pe={config.pe!r} needs dim divisible by 4 (sin/cos x column/row), got dim={config.dim}; "
+                         f"nearest valid dims: {config.dim - config.dim % 4}, {config.dim - config.dim % 4 + 4}")
     if width == "head_dim" and config.head_dim % 4:
         valid = [h for h in range(1, config.dim + 1) if config.dim % h == 0 and (config.dim // h) % 4 == 0]
-        raise ValueError(
-            f"pe={config.pe!r} needs head_dim = dim / heads divisible by 4 (pairs x column/row), got "
-            f"head_dim={config.head_dim} (dim={config.dim}, heads={config.heads}); valid heads for "
-            f"dim={config.dim}: {valid}"
-        )
+        raise ValueError(f"pe={config.pe!r} needs head_dim = dim / heads divisible by 4 (pairs x column/row), got "
+                         f"head_dim={config.head_dim} (dim={config.dim}, heads={config.heads}); valid heads for "
+                         f"dim={config.dim}: {valid}")

@@ -115,11 +115,9 @@ def check_tinyimagenet(root: Path) -> Path:
     expected = [folder / "train", folder / "val" / "images", folder / "val" / "val_annotations.txt"]
     missing = [str(p) for p in expected if not p.exists()]
     if missing:
-        raise DataRootError(
-            f"tinyimagenet: no Tiny-ImageNet under {root} (looked in {folder}); missing {missing}. Expected the "
-            f"official layout tiny-imagenet-200/{{train/<wnid>/images/*.JPEG, val/images/*.JPEG, "
-            f"val/val_annotations.txt}}. {DATASET_SPECS['tinyimagenet'].obtain}"
-        )
+        raise DataRootError(f"tinyimagenet: no Tiny-ImageNet under {root} (looked in {folder}); missing {missing}. "
+                            f"Expected the official layout tiny-imagenet-200/{{train/<wnid>/images/*.JPEG, "
+                            f"val/images/*.JPEG, val/val_annotations.txt}}. {DATASET_SPECS['tinyimagenet'].obtain}")
     return folder
 
 

@@ -22,18 +22,13 @@ STOCHASTIC_FIELDS = ("drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path
 
 def pack_key(cfg: RunConfig) -> tuple[tuple[str, Any], ...]:
     """Trials with equal keys may train in one pack: every flat field but `PACK_FREE_FIELDS`."""
-    flat = cfg.to_flat()
-    for name in PACK_FREE_FIELDS + DERIVED_FIELDS:
-        flat.pop(name, None)
-    return tuple(sorted(flat.items()))
+    return tuple(sorted((k, v) for k, v in cfg.to_flat().items() if k not in PACK_FREE_FIELDS + DERIVED_FIELDS))
 
 
 def pack_blocker(cfg: RunConfig) -> str | None:
     """Why `cfg` must train alone (K = 1), or None when it may be packed."""
     on = [f"{name}={getattr(cfg.model, name)}" for name in STOCHASTIC_FIELDS if getattr(cfg.model, name) > 0]
     if on:
-        return (
-            f"{', '.join(on)} (preset {cfg.preset!r}): dropout and drop path would need per-member "
-            "random draws under vmap, so such trials train alone"
-        )
+        return (f"{', '.join(on)} (preset {cfg.preset!r}): dropout and drop path would need per-member "
+                "random draws under vmap, so such trials train alone")
     return None

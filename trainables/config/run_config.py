@@ -230,9 +230,5 @@ def _id_value(value: Any) -> str:
 
 def _defaults() -> dict[str, Any]:
     """Each run and model field's dataclass default (fields without one are absent)."""
-    out = {}
-    for cls in (RunConfig, ViTConfig):
-        for f in fields(cls):
-            if f.default is not dataclasses.MISSING:
-                out[f.name] = f.default
-    return out
+    return {f.name: f.default for cls in (RunConfig, ViTConfig) for f in fields(cls)
+            if f.default is not dataclasses.MISSING}

@@ -47,7 +47,6 @@ STRONG = (None, "color_jitter", "autoaugment_cifar10", "autoaugment_imagenet")
 
 # Draw slots: each kind of draw reads its own counters of an image's key, so adding one never shifts another.
 _CROP, _FLIP, _POLICY, _APPLY, _SIGN, _JITTER, _ORDER, _RRC_TRY, _RRC_AT = range(9)
-_M64 = 0xFFFFFFFFFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -386,8 +385,7 @@ def _grouped(images: torch.Tensor, stages: list[np.ndarray], kernel, extra: torc
     rows = to_device(torch.from_numpy(np.stack(orders)), images.device)
     x = images.clone()
     for stage, (codes, order) in enumerate(zip(stages, orders)):
-        sorted_codes = codes[order]
-        values, starts = np.unique(sorted_codes, return_index=True)
+        values, starts = np.unique(codes[order], return_index=True)
         ends = np.append(starts[1:], len(order))
         for code, a, b in zip(values.tolist(), starts.tolist(), ends.tolist()):
             if code >= 0:

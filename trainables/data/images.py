@@ -147,8 +147,7 @@ class ImageFiles(Dataset):
 
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of uint8 (N, 3, H, W) images on the [0, 1] scale."""
-    total = torch.zeros(3, dtype=torch.float64)
-    squares = torch.zeros(3, dtype=torch.float64)
+    total, squares = torch.zeros(2, 3, dtype=torch.float64)
     for chunk in images.split(4096):
         x = chunk.transpose(0, 1).reshape(3, -1).double()  # float64: sums of ~1e8 squares stay exact enough
         total += x.sum(1)

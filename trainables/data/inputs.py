@@ -50,11 +50,8 @@ def epoch_order(length: int, *, seed: int, epoch: int, shuffle: bool = True, num
                 drop_last: bool = False) -> torch.Tensor:
     """This rank's image indices of `epoch`, int64: the shuffle from (seed, epoch) (seeded by index -1's key),
     sharded like DistributedSampler (padded by repetition so every rank gets the same count, or the tail dropped)."""
-    if shuffle:
-        g = torch.Generator().manual_seed(int(item_keys(seed, epoch, -1)))
-        order = torch.randperm(length, generator=g)
-    else:
-        order = torch.arange(length)
+    g = torch.Generator().manual_seed(int(item_keys(seed, epoch, -1)))
+    order = torch.randperm(length, generator=g) if shuffle else torch.arange(length)
     per_rank = length // num_replicas if drop_last else -(-length // num_replicas)
     total = per_rank * num_replicas
     if total > length:
@@ -130,9 +127,6 @@ class TrainSource:
         return DataLoader(dataset, batch_size=len(orders) * batch_size, sampler=sampler, num_workers=self.num_workers,
                           collate_fn=_collate, pin_memory=self.device.type == "cuda")
 
-    def _crop(self, decoded: list[torch.Tensor], keys: np.ndarray) -> list[torch.Tensor]:
-        return [_train_crop(image, key, self.spec) for image, key in zip(decoded, keys)]
-
 
 def pack_epoch(sources: Sequence[TrainSource], seeds: Sequence[int], *, epoch: int, batch_size: int,
                num_replicas: int = 1, rank: int = 0,
@@ -185,7 +179,8 @@ def _stream_pack(source: TrainSource, groups: dict[Augmentation, list[int]], see
     buffer: list[list] = [[] for _ in orders]
     for step_number, (step_keys, images, labels) in enumerate(source.loader(orders, keys, batch_size), 1):
         if source.gpu_decode:
-            images = torch.stack(source._crop(decode_on_device(images, source.device), step_keys))
+            decoded = decode_on_device(images, source.device)
+            images = torch.stack([_train_crop(image, key, source.spec) for image, key in zip(decoded, step_keys)])
         images = images.to(source.device, non_blocking=True)
         labels = labels.to(source.device, non_blocking=True)
         for k, rows in enumerate(range(0, len(orders) * batch_size, batch_size)):

@@ -141,8 +141,7 @@ class PackedViT:
     ):
         if not configs:
             raise ValueError("a pack needs at least one member config")
-        keys = {pack_key(c) for c in configs}
-        if len(keys) > 1:
+        if len({pack_key(c) for c in configs}) > 1:
             diff = sorted({k for k, v in pack_key(configs[0]) if any(dict(pack_key(c))[k] != v for c in configs)})
             raise ValueError(f"pack members differ in {diff}; they may differ only in {list(PACK_FREE_FIELDS)}")
         for c in configs:
@@ -331,9 +330,8 @@ class PackedViT:
             return copy.deepcopy(optimizer.state_dict())
         state = optimizer.state_dict()
         params = self._stacked_params(optimizer)
-        state["state"] = {
-            i: {key: _slice(v, params[i], k) for key, v in slot.items()} for i, slot in state["state"].items()
-        }
+        state["state"] = {i: {key: _slice(v, params[i], k) for key, v in slot.items()}
+                          for i, slot in state["state"].items()}
         return state
 
     @torch.no_grad()
@@ -346,9 +344,8 @@ class PackedViT:
             optimizer.load_state_dict(state)
             return
         params = self._stacked_params(optimizer)
-        if len(state["param_groups"]) != len(optimizer.param_groups) or sum(
-            len(g["params"]) for g in state["param_groups"]
-        ) != len(params):
+        if len(state["param_groups"]) != len(optimizer.param_groups) or \
+                sum(len(g["params"]) for g in state["param_groups"]) != len(params):
             raise ValueError(f"the optimiser state of member {k} does not match this pack's parameter groups")
         for group, saved in zip(optimizer.param_groups, state["param_groups"]):
             # lr (set by the scheduler), initial_lr, betas...: one schedule for the whole pack.
@@ -368,10 +365,8 @@ class PackedViT:
                         mine[key] = torch.zeros_like(p, dtype=value.dtype)
                     mine[key][k].copy_(value)
                 elif key in mine and not _equal(mine[key], value):
-                    raise ValueError(
-                        f"optimiser {key!r} of member {k} is {value}, the pack's is {mine[key]}: "
-                        "members of one pack must resume from the same step"
-                    )
+                    raise ValueError(f"optimiser {key!r} of member {k} is {value}, the pack's is {mine[key]}: "
+                                     "members of one pack must resume from the same step")
                 else:
                     mine[key] = value.clone() if torch.is_tensor(value) else value
 
@@ -387,9 +382,7 @@ class PackedViT:
         if not keep or not self.stacked:
             raise ValueError("cannot drop every member of a pack; end the pack instead")
         index = torch.tensor(keep, device=self.device)
-        fresh = {}
-        for name, p in self.params.items():
-            fresh[name] = p[index].detach().clone().requires_grad_(p.requires_grad)
+        fresh = {name: p[index].detach().clone().requires_grad_(p.requires_grad) for name, p in self.params.items()}
         if optimizer is not None:
             old_to_new = {id(p): fresh[name] for name, p in self.params.items()}
             for group in optimizer.param_groups:

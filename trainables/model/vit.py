@@ -108,10 +108,8 @@ def permute_patches(patches: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     if perm.dtype.is_floating_point or perm.dtype.is_complex or perm.dtype == torch.bool:
         raise ValueError(f"perm has dtype={perm.dtype}; valid: an integer dtype (torch.long)")
     if perm.shape not in ((N,), (B, N)):
-        raise ValueError(
-            f"perm has shape {tuple(perm.shape)}; valid: (N,) = ({N},) for one permutation of the batch "
-            f"or (B, N) = ({B}, {N}) for one per image"
-        )
+        raise ValueError(f"perm has shape {tuple(perm.shape)}; valid: (N,) = ({N},) for one permutation of the "
+                         f"batch or (B, N) = ({B}, {N}) for one per image")
     perm = perm.to(patches.device)
     if perm.ndim == 1:
         return patches[:, perm]
@@ -186,8 +184,4 @@ class ViT(nn.Module):
         # LayerNorm is per token, so normalising CLS alone equals timm's norm-all-then-pool (Identity
         # without final_norm, as Study P's `final_feed_forward(out[:, 0])`).
         logits = self.head(self.norm(x[:, 0]))  # (B, C)
-        return ViTOutput(
-            logits=logits,
-            tokens=tokens if return_tokens else None,
-            attention=attention if return_attention else None,
-        )
+        return ViTOutput(logits, tokens if return_tokens else None, attention if return_attention else None)

@@ -260,9 +260,5 @@ def prior_wall_time(row: dict[str, Any] | None) -> float:
 def still_open(settings: LaunchSettings, cfgs: Sequence[RunConfig]) -> list[tuple[RunConfig, dict[str, Any]]]:
     """(config, row or {}) of the members whose row is "running" or missing: what a (retried) worker
     trains. A member closed already (finished, or failed for a non-finite loss) never rejoins its pack."""
-    todo = []
-    for cfg in cfgs:
-        row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
-        if row is None or row["status"] == "running":
-            todo.append((cfg, row or {}))
-    return todo
+    rows = [(cfg, tables.read_trial(settings.results, settings.study, cfg.trial_id)) for cfg in cfgs]
+    return [(cfg, row or {}) for cfg, row in rows if row is None or row["status"] == "running"]

@@ -189,11 +189,8 @@ def _first_line(error: BaseException) -> str:
 
 def _last_node(settings: LaunchSettings, cfgs: list[RunConfig]) -> str | None:
     """The node the members' rows say they trained on (written by the worker when it started)."""
-    for cfg in cfgs:
-        row = tables.read_trial(settings.results, settings.study, cfg.trial_id)
-        if row and row.get("node"):
-            return row["node"]
-    return None
+    rows = (tables.read_trial(settings.results, settings.study, cfg.trial_id) for cfg in cfgs)
+    return next((row["node"] for row in rows if row and row.get("node")), None)
 
 
 def this_node() -> str:
@@ -227,8 +224,7 @@ def train_worker(loop_config: dict[str, Any]) -> dict[str, str] | None:
     import ray.train
 
     os.environ[SHARED_ENV] = str(node_folder())  # the data set decoded once per node (`datasets.shared_splits`)
-    worker = PackWorker(loop_config["settings"], loop_config,
-                        ray.train.get_context().get_world_rank())
+    worker = PackWorker(loop_config["settings"], loop_config, ray.train.get_context().get_world_rank())
     try:
         return worker.run(ray.train.report)
     finally:
@@ -299,8 +295,7 @@ class PackWorker:
 
     def run(self, report_to_train) -> dict[str, str] | None:
         try:
-            # this node's copy (the launcher checked its own)
-            prepare_root(self.cfgs[0].dataset, self.cfgs[0].data_root)
+            prepare_root(self.cfgs[0].dataset, self.cfgs[0].data_root)  # this node's copy; the launcher checked its own
         except DataRootError as exc:
             error = {UNRETRIABLE: f"{type(exc).__name__}: {exc}"}
             report_to_train(error)  # for Tune's result (the launcher counts the trial as failed)
