@@ -23,6 +23,6 @@ def test_the_changelogs_newest_heading_is_pyprojects_version():
 
 
 def test_without_git_the_code_version_names_pyprojects_version(tmp_path):
-    # tmp_path lies outside any checkout; "unknown": vitsweep not installed at all.
-    assert provenance.code_version(tmp_path) in (f"vitsweep-{VERSION}", "unknown"), (
-        "the installed metadata predates pyproject.toml's version: install again (pip install -e .)")
+    # tmp_path lies outside any checkout, and `make install` installs the package (editable).
+    assert provenance.code_version(tmp_path) == f"vitsweep-{VERSION}", (
+        "the installed metadata is not pyproject.toml's version: install again (make install)")

@@ -86,8 +86,6 @@ NUMERIC_FLAGS = (
 TEXT_FLAGS = (("--datasets", "datasets"), ("--preset", "preset"), ("--results", "results"),
               ("--storage", "storage"), ("--mlflow-uri", "mlflow_uri"), ("--data-root", "data_root"),
               ("--address", "address"), ("--defaults-from", "defaults_from"))
-EXPECTED = {"--datasets": f"pass comma-separated data sets from {list(DATASET_SPECS)}",
-            "--preset": f"pass one of {list(PRESETS)}"}  # what an empty text flag should have been
 
 
 def check_numbers(args: argparse.Namespace) -> None:
@@ -110,7 +108,8 @@ def check_texts(args: argparse.Namespace) -> None:
     for flag, attr in TEXT_FLAGS:
         value = getattr(args, attr, None)
         if value is not None and not value.replace(",", "").strip():
-            expected = EXPECTED.get(flag, "pass a value")
+            expected = {"--datasets": f"pass comma-separated data sets from {list(DATASET_SPECS)}",
+                        "--preset": f"pass one of {list(PRESETS)}"}.get(flag, "pass a value")
             raise ValueError(f"{flag} is empty ({value!r}); omit it for the default, or {expected}")
 
 
