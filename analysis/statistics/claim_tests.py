@@ -47,8 +47,15 @@ HOLM_FAMILY = "Holm family (m: tested rows of its paper and data set)"
 # would gate them on their result).
 APE_FRAME_MIN_DSSDC = 0.10  # "APE frame": on the paper's estimator, where the paper's APE falls to 0.098 at alpha 0.6
 MAD_BELOW_UNIFORM = 0.05  # "local heads": baseline's minimum MAD this far below uniform attention's MAD
-# A claim's precondition (``Claim.needs``); its value is the words the tables and pages print.
-Needs = enum.StrEnum("Needs", {"APE_FRAME": "APE frame", "LOCAL_HEADS": "local heads"})
+
+
+class Needs(enum.StrEnum):
+    """A claim's precondition (``Claim.needs``); its value is the words the tables and pages print."""
+
+    APE_FRAME = "APE frame"
+    LOCAL_HEADS = "local heads"
+
+
 PRECONDITIONS = {
     Needs.APE_FRAME: f"the trained APE (fixed order, reference protocol) has mean dSSDC under RPI on the paper's "
                      f"estimator (dssdc_per_batch) >= {APE_FRAME_MIN_DSSDC}",
