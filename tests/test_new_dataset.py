@@ -1,6 +1,7 @@
 """A new data set is one row (`DATASET_SPECS`) and one loader (a function and its line in `formats.LOADERS`):
 with exactly those two edits the launcher's pre-torch checks take its name, a run config fits its model to
-it and the data loads. A row without a loader, or a loader without a row, is refused naming it. No Ray."""
+it and the data loads. A row without a loader, or a loader without a row, is refused naming it. A new
+preset is one row of `PRESETS`. No Ray."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import pytest
 
 from sweeps.launch import validate
+from trainables.config.architecture import PRESETS
 from trainables.config.data_roots import DATASET_SPECS, DataSpec
 from trainables.config.run_config import RunConfig
 from trainables.data import datasets, formats, shapes
@@ -53,3 +55,11 @@ def test_a_row_without_a_loader_or_a_loader_without_a_row_is_refused_by_name(few
         formats.check_loaders()
     with pytest.raises(ValueError, match="unknown data set 'loaderonly'"):  # and no launch takes its name
         validate.check_names(argparse.Namespace(datasets="loaderonly", preset=None))
+
+
+def test_a_new_preset_is_one_row(monkeypatch):
+    monkeypatch.setitem(PRESETS, "tinier", {**PRESETS["tiny"], "dim": 32, "heads": 2})  # the one edit
+    validate.check_names(argparse.Namespace(datasets=None, preset="tinier"))  # --preset tinier, before torch
+    assert validate.check_value("preset", "tinier") == "tinier"  # --set preset=tinier
+    cfg = RunConfig.for_dataset("cifar10", preset="tinier")
+    assert (cfg.preset, cfg.model.dim, cfg.model.heads, cfg.model.depth) == ("tinier", 32, 2, PRESETS["tiny"]["depth"])
