@@ -305,12 +305,15 @@ def check_n_images(results: str, study: str, rows: list[dict[str, Any]], eval_si
     had = tables.read_table(results, study, "measurements", ["trial_id", "n_images"]) if rows else None
     if had is None:
         return
+    # (one pair per trial and image count: a measurements table holds millions of rows at 10,000 trials)
+    pairs = had.group_by(["trial_id", "n_images"]).aggregate([]).to_pylist()
     dataset_of = {r["trial_id"]: r["dataset"] for r in rows}
-    trials = tables.read_table(results, study, "trials").select(["trial_id", "dataset"]).to_pylist()
+    trials = tables.read_table(results, study, "trials", ["trial_id", "dataset"]).to_pylist()
     dataset_of.update({t["trial_id"]: t["dataset"] for t in trials})
-    for trial_id, n in set(zip(had.column("trial_id").to_pylist(), had.column("n_images").to_pylist())):
-        dataset = dataset_of.get(trial_id)
-        if n is None or dataset not in {r["dataset"] for r in rows}:
+    measuring = {r["dataset"] for r in rows}
+    for pair in pairs:
+        dataset, n = dataset_of.get(pair["trial_id"]), pair["n_images"]
+        if n is None or dataset not in measuring:
             continue
         whole = DATASET_SPECS[dataset].test_images
         want = whole if eval_size is None else min(eval_size, whole or eval_size)

@@ -160,17 +160,10 @@ class RunConfig:
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> RunConfig:
-        """Inverse of ``to_flat``. Unknown keys raise, so a typo in ``--set`` is caught."""
-        run_names = {f.name for f in fields(cls)} - {"model"}
-        model_names = {f.name for f in fields(ViTConfig)}
-        unknown = set(flat) - run_names - model_names - {"protocol"}
-        if unknown:
-            raise ValueError(f"unknown run-config field(s) {sorted(unknown)}; valid fields: "
-                             f"{sorted(run_names | model_names)}")
-        # Parquet and MLflow hand numbers back as numpy/float types: cast each to the field's type.
-        run = {k: (FIELD_SPECS[k].kind if k in FIELD_SPECS else str)(v) for k, v in flat.items() if k in run_names}
-        model = ViTConfig.from_flat({k: v for k, v in flat.items() if k in model_names})
-        cfg = cls(**run, model=model)
+        """Inverse of ``to_flat``: each value checked and cast as an override is (`_split`); an unknown key
+        raises, and so does a ``protocol`` that contradicts the switches."""
+        run, model = _split({k: v for k, v in flat.items() if k != "protocol"})
+        cfg = cls(**run, model=ViTConfig(**model))
         if "protocol" in flat and flat["protocol"] != cfg.protocol.name:
             raise ValueError(f"protocol {flat['protocol']!r} contradicts the switches (autoaugment={cfg.autoaugment}, "
                              f"cutmix={cfg.cutmix}, label_smoothing={cfg.label_smoothing})")
@@ -197,8 +190,8 @@ class RunConfig:
 # Every key of `to_flat()` a user may set, with its spec: the run fields, the derived protocol, the ViT's.
 FIELD_SPECS: dict[str, Spec] = {**specs(RunConfig), "protocol": Spec(str, choices=vocab.PROTOCOLS), **specs(ViTConfig)}
 
-# Fields the trial id names already (a sweep over them adds no label).
 _MODEL_FIELDS = frozenset(f.name for f in fields(ViTConfig))
+# Fields the trial id names already (a sweep over them adds no label).
 _NAMED = frozenset(("dataset", "pe", "rpt", "protocol", "autoaugment", "cutmix", "label_smoothing", "seed", "swept"))
 
 
